@@ -1,0 +1,54 @@
+//! Ring buffer, lost-event counter and helpers every probe family uses.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_boot_ns,
+    },
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+};
+use observer_common::{EventHeader, EVENTS_RING_BYTES};
+
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+/// Index 0: events dropped because the ring buffer was full.
+#[map(name = "EVENTS_LOST")]
+pub static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn count_lost() {
+    if let Some(slot) = EVENTS_LOST.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Header for an event about the current task.
+#[inline(always)]
+pub fn current_header(kind: u32) -> EventHeader {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    EventHeader {
+        kind,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        _pad: 0,
+        // SAFETY: plain helper calls without pointer arguments.
+        ts_boot_ns: unsafe { bpf_ktime_get_boot_ns() },
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    }
+}
+
+/// Send one event, counting it as lost when the ring buffer is full.
+#[inline(always)]
+pub fn emit<T: Copy + 'static>(event: &T) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut slot) => {
+            slot.write(*event);
+            slot.submit(0);
+        }
+        None => count_lost(),
+    }
+}

@@ -1,0 +1,176 @@
+//! GPU runtime calls: one uprobe and one uretprobe program shared by every
+//! probed function of `libamdhip64` and `libcuda`/`libnvcuda`; the attach
+//! cookie (see `observer_common::gpu::cookie`) says which function fired.
+//!
+//! match-proto: every probed function returns `hipError_t` / `CUresult`, a
+//! 32-bit enum in `eax` (x86-64 SysV), so the return value is read as `i32`.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
+        bpf_ktime_get_boot_ns,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, PerCpuHashMap},
+    programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
+};
+use observer_common::{
+    gpu::{
+        cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey,
+        InflightFrame, InflightKey, InflightStack, MAX_INFLIGHT_THREADS, MAX_NESTING,
+        MAX_STATS_ENTRIES,
+    },
+    latency_bucket, EventKind,
+};
+
+use crate::common::{current_header, emit};
+
+#[map(name = "GPU_INFLIGHT")]
+static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
+    HashMap::with_max_entries(MAX_INFLIGHT_THREADS, 0);
+
+#[map(name = "GPU_STATS")]
+static GPU_STATS: PerCpuHashMap<GpuStatsKey, GpuStats> =
+    PerCpuHashMap::with_max_entries(MAX_STATS_ENTRIES, 0);
+
+/// Non-zero: every return is an event (`canaryscope trace --all`).
+#[unsafe(no_mangle)]
+static GPU_EMIT_ALL: u32 = 0;
+/// Calls at least this slow are events even when they succeed (stall returns).
+#[unsafe(no_mangle)]
+static GPU_SLOW_NS: u64 = 10_000_000_000;
+
+#[inline(always)]
+fn read_global<T: Copy>(v: &T) -> T {
+    // SAFETY: globals are overridden at load time; the volatile read keeps
+    // the compiler from folding the compile-time default into the code.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[uprobe]
+pub fn gpu_enter(ctx: ProbeContext) -> u32 {
+    try_gpu_enter(&ctx).unwrap_or(1)
+}
+
+fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
+    // SAFETY: helper reading this program's own attach cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = InflightKey {
+        tid: pid_tgid as u32,
+        api: cookie_api(cookie),
+    };
+    // SAFETY: plain helper without pointer arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let frame = InflightFrame {
+        start_ns: now,
+        function: cookie_function(cookie),
+        library: cookie_library(cookie),
+    };
+
+    if let Some(stack) = GPU_INFLIGHT.get_ptr_mut(&key) {
+        // SAFETY: the map value stays valid while this program runs, and only
+        // this thread touches its own key.
+        let stack = unsafe { &mut *stack };
+        let depth = stack.depth as usize;
+        if depth < MAX_NESTING {
+            stack.frames[depth] = frame;
+        }
+        stack.depth = stack.depth.saturating_add(1);
+        return Ok(0);
+    }
+    let mut stack = InflightStack {
+        pid: (pid_tgid >> 32) as u32,
+        depth: 1,
+        // SAFETY: plain helper without pointer arguments.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        frames: [InflightFrame::default(); MAX_NESTING],
+    };
+    stack.frames[0] = frame;
+    GPU_INFLIGHT.insert(&key, &stack, 0).map_err(|e| e as i64)?;
+    Ok(0)
+}
+
+#[uretprobe]
+pub fn gpu_exit(ctx: RetProbeContext) -> u32 {
+    try_gpu_exit(&ctx).unwrap_or(1)
+}
+
+fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
+    // SAFETY: helper reading this program's own attach cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let api = cookie_api(cookie);
+    let function = cookie_function(cookie);
+    let key = InflightKey {
+        tid: pid_tgid as u32,
+        api,
+    };
+    // SAFETY: plain helper without pointer arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let result: i32 = ctx.ret();
+
+    // A return without a recorded entry (the probe attached mid-call) still
+    // counts, with an unknown duration of zero.
+    let mut start = now;
+    if let Some(stack) = GPU_INFLIGHT.get_ptr_mut(&key) {
+        // SAFETY: see try_gpu_enter.
+        let stack = unsafe { &mut *stack };
+        if stack.depth > 0 {
+            stack.depth -= 1;
+            let depth = stack.depth as usize;
+            if depth < MAX_NESTING && stack.frames[depth].function == function {
+                start = stack.frames[depth].start_ns;
+            }
+        }
+        if stack.depth == 0 {
+            let _ = GPU_INFLIGHT.remove(&key);
+        }
+    }
+    let duration_ns = now.saturating_sub(start);
+
+    // SAFETY: plain helper without pointer arguments.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let stats_key = GpuStatsKey {
+        cgroup_id,
+        api,
+        function,
+        result,
+        _pad: 0,
+    };
+    let bucket = latency_bucket(duration_ns);
+    match GPU_STATS.get_ptr_mut(&stats_key) {
+        Some(stats) => {
+            // SAFETY: per-CPU value, no concurrent writer on this CPU.
+            let stats = unsafe { &mut *stats };
+            stats.calls += 1;
+            stats.total_ns += duration_ns;
+            if bucket < stats.buckets.len() {
+                stats.buckets[bucket] += 1;
+            }
+        }
+        None => {
+            let mut stats = GpuStats::default();
+            stats.calls = 1;
+            stats.total_ns = duration_ns;
+            if bucket < stats.buckets.len() {
+                stats.buckets[bucket] = 1;
+            }
+            let _ = GPU_STATS.insert(&stats_key, &stats, 0);
+        }
+    }
+
+    if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
+        let event = GpuCallEvent {
+            header: current_header(EventKind::GpuCall as u32),
+            api,
+            function,
+            result,
+            library: cookie_library(cookie),
+            duration_ns,
+        };
+        emit(&event);
+    }
+    Ok(0)
+}

@@ -1,0 +1,21 @@
+//! canaryscope's kernel side: one object, one file per probe family.
+//!
+//! Hot paths aggregate into per-CPU maps; only rare events (failures, stalls,
+//! crashes, kills) go through the single ring buffer `EVENTS`.
+#![no_std]
+#![no_main]
+
+mod common;
+mod gpu;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the verifier rejects any program that could reach this, so it
+    // is never executed; it exists because `no_std` binaries must name one.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,151 @@
+//! Resolving cgroup2 ids (what `bpf_get_current_cgroup_id()` returns: the
+//! inode number of the cgroup's directory in cgroupfs) to cgroup paths.
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// Where the cgroup2 hierarchy is mounted: `/sys/fs/cgroup` on pure v2
+/// hosts, `/sys/fs/cgroup/unified` on hybrid ones (this machine's kind).
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_cgroup2_mount(&mountinfo)
+}
+
+fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    // Fields: id parent major:minor root mount_point options ... - fstype source super_options
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        left.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// Caches id -> path; a miss rescans the tree at most once per `rescan_every`
+/// so a flood of events from an unknown cgroup cannot turn into a flood of
+/// directory walks.
+pub struct CgroupResolver {
+    root: Option<PathBuf>,
+    by_id: HashMap<u64, String>,
+    last_scan: Option<Instant>,
+    rescan_every: Duration,
+}
+
+impl CgroupResolver {
+    pub fn new() -> Self {
+        Self::with_root(cgroup2_root())
+    }
+
+    pub fn with_root(root: Option<PathBuf>) -> Self {
+        let mut resolver = Self {
+            root,
+            by_id: HashMap::new(),
+            last_scan: None,
+            rescan_every: Duration::from_millis(200),
+        };
+        resolver.rescan();
+        resolver
+    }
+
+    pub fn root(&self) -> Option<&Path> {
+        self.root.as_deref()
+    }
+
+    /// The cgroup path below the cgroup2 root (`/` for the root itself), or
+    /// `None` when the cgroup is gone or was never seen.
+    pub fn path(&mut self, id: u64) -> Option<String> {
+        if let Some(path) = self.by_id.get(&id) {
+            return Some(path.clone());
+        }
+        let due = self
+            .last_scan
+            .is_none_or(|t| t.elapsed() >= self.rescan_every);
+        if due {
+            self.rescan();
+        }
+        self.by_id.get(&id).cloned()
+    }
+
+    /// The id of a cgroup path (below the root), read from its inode.
+    pub fn id_of(&self, path: &str) -> Option<u64> {
+        let root = self.root.as_ref()?;
+        let full = root.join(path.trim_start_matches('/'));
+        fs::metadata(full).ok().map(|m| m.ino())
+    }
+
+    /// Drop a cgroup that was removed so a reused id cannot resolve to it.
+    pub fn forget(&mut self, id: u64) {
+        self.by_id.remove(&id);
+    }
+
+    pub fn rescan(&mut self) {
+        self.last_scan = Some(Instant::now());
+        let Some(root) = self.root.clone() else {
+            return;
+        };
+        let mut fresh = HashMap::with_capacity(self.by_id.len().max(64));
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(meta) = fs::metadata(&dir) else {
+                continue;
+            };
+            let rel = dir
+                .strip_prefix(&root)
+                .map(|p| format!("/{}", p.display()))
+                .unwrap_or_else(|_| "/".into());
+            fresh.insert(meta.ino(), rel);
+            // A cgroup removed while we walk is simply skipped.
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    stack.push(entry.path());
+                }
+            }
+        }
+        self.by_id = fresh;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_in_hybrid_and_pure_layouts() {
+        let hybrid = "25 20 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                      26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n\
+                      27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        assert_eq!(
+            parse_cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            parse_cgroup2_mount(pure),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(parse_cgroup2_mount("garbage line\n"), None);
+    }
+
+    #[test]
+    fn resolves_a_real_directory_tree() {
+        let dir = std::env::temp_dir().join(format!("canaryscope-cg-{}", std::process::id()));
+        let leaf = dir.join("kubepods.slice/pod.slice");
+        fs::create_dir_all(&leaf).expect("temp dir");
+        let mut r = CgroupResolver::with_root(Some(dir.clone()));
+        let id = fs::metadata(&leaf).expect("leaf").ino();
+        assert_eq!(r.path(id).as_deref(), Some("/kubepods.slice/pod.slice"));
+        assert_eq!(r.id_of("/kubepods.slice/pod.slice"), Some(id));
+        fs::remove_dir_all(&dir).expect("cleanup");
+        r.forget(id);
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(r.path(id), None);
+    }
+}

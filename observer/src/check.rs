@@ -1,0 +1,219 @@
+//! `canaryscope check`: what this node offers and what the observer would
+//! attach, for a person (table) or a machine (`--json`).
+use std::{fs, path::Path, process::ExitCode};
+
+use serde::Serialize;
+
+use crate::{
+    attribution::cgroups::cgroup2_root,
+    cli_error::CliError,
+    probes::gpu::{self, Flavor},
+    CheckArgs,
+};
+
+#[derive(Serialize, Debug)]
+pub struct Item {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Library {
+    pub path: String,
+    pub flavor: Option<Flavor>,
+    pub functions: usize,
+    pub problem: Option<String>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub kernel: String,
+    pub facilities: Vec<Item>,
+    pub gpu_libraries: Vec<Library>,
+    /// Whether anything at all can be observed.
+    pub observable: bool,
+}
+
+fn item(name: &str, ok: bool, detail: impl Into<String>) -> Item {
+    Item {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+    }
+}
+
+fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Tracefs is where tracepoint formats live; on this kind of machine it is
+/// not mounted by default but can be.
+pub fn tracefs_dir() -> Option<&'static str> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .find(|d| Path::new(d).join("events").is_dir())
+}
+
+fn kprobes_available() -> (bool, String) {
+    if Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+        (true, "kprobe PMU present".into())
+    } else {
+        (false, "kernel built without CONFIG_KPROBES (no kprobe PMU); KFD ioctls fall back to syscall tracepoints".into())
+    }
+}
+
+pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut facilities = vec![
+        item(
+            "root",
+            root,
+            if root {
+                "running as root"
+            } else {
+                "not root: eBPF programs cannot be loaded"
+            },
+        ),
+        item(
+            "bpf",
+            Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists(),
+            "bpf() syscall available",
+        ),
+        item(
+            "btf",
+            Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux (field offsets for exits and scheduler probes)",
+        ),
+    ];
+    let tracefs = tracefs_dir();
+    facilities.push(item(
+        "tracefs",
+        tracefs.is_some() || root,
+        match tracefs {
+            Some(dir) => format!("mounted at {dir}"),
+            None if root => "not mounted; canaryscope mounts it at /sys/kernel/tracing".into(),
+            None => "not mounted (needs root to mount)".into(),
+        },
+    ));
+    let uprobes = Path::new("/sys/bus/event_source/devices/uprobe").exists();
+    facilities.push(item(
+        "uprobes",
+        uprobes,
+        if uprobes {
+            "uprobe PMU present"
+        } else {
+            "no uprobe PMU"
+        },
+    ));
+    let (kprobes, kdetail) = kprobes_available();
+    facilities.push(item("kprobes", kprobes, kdetail));
+    let cgroup2 = cgroup2_root();
+    facilities.push(item(
+        "cgroup2",
+        cgroup2.is_some(),
+        cgroup2
+            .map(|p| format!("mounted at {}", p.display()))
+            .unwrap_or_else(|| "not mounted".into()),
+    ));
+    let kfd = Path::new("/dev/kfd").exists();
+    facilities.push(item(
+        "amdgpu_kfd",
+        kfd,
+        if kfd {
+            "/dev/kfd present"
+        } else {
+            "no /dev/kfd (amdgpu not loaded)"
+        },
+    ));
+
+    let mut paths: Vec<(std::path::PathBuf, String)> = extra_libs
+        .iter()
+        .map(|p| (p.clone(), p.display().to_string()))
+        .collect();
+    paths.extend(gpu::host_libraries().into_iter().map(|p| {
+        let d = p.display().to_string();
+        (p, d)
+    }));
+    let mut seen = std::collections::HashSet::new();
+    let mut gpu_libraries = Vec::new();
+    for (path, display) in paths {
+        match gpu::inspect(&path, &display) {
+            Ok(lib) => {
+                if seen.insert(lib.id) {
+                    gpu_libraries.push(Library {
+                        path: display,
+                        flavor: Some(lib.flavor),
+                        functions: lib.functions.len(),
+                        problem: None,
+                    });
+                }
+            }
+            Err(e) => gpu_libraries.push(Library {
+                path: display,
+                flavor: None,
+                functions: 0,
+                problem: Some(e.to_string()),
+            }),
+        }
+    }
+    let probe_ready = root && uprobes && gpu_libraries.iter().any(|l| l.problem.is_none());
+    let tracepoints_ready = root && (tracefs.is_some() || root);
+    Report {
+        kernel: kernel_release(),
+        facilities,
+        gpu_libraries,
+        observable: probe_ready || tracepoints_ready,
+    }
+}
+
+pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
+    let report = collect(&args.libs);
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| CliError::runtime(e.to_string()))?;
+        println!("{text}");
+    } else {
+        println!("canaryscope check: kernel {}", report.kernel);
+        for f in &report.facilities {
+            println!(
+                "  {} {:<11} {}",
+                if f.ok { "ok  " } else { "MISS" },
+                f.name,
+                f.detail
+            );
+        }
+        println!("GPU runtime libraries:");
+        if report.gpu_libraries.is_empty() {
+            println!("  none found (install libamdhip64 or ZLUDA, or pass --lib PATH)");
+        }
+        for l in &report.gpu_libraries {
+            match (&l.flavor, &l.problem) {
+                (Some(flavor), None) => {
+                    println!("  ok   {} ({flavor:?}, {} functions)", l.path, l.functions)
+                }
+                (_, problem) => println!(
+                    "  MISS {} ({})",
+                    l.path,
+                    problem.as_deref().unwrap_or("unusable")
+                ),
+            }
+        }
+        println!(
+            "{}",
+            if report.observable {
+                "=> this node can be observed"
+            } else {
+                "=> nothing can be observed here"
+            }
+        );
+    }
+    Ok(if report.observable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

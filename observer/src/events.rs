@@ -1,0 +1,266 @@
+//! Decoding ring-buffer records into events userspace can render, filter
+//! and count. Field names here are the `trace --json` contract.
+use observer_common::{
+    comm_str,
+    gpu::{Api, GpuCallEvent},
+    names, EventHeader, EventKind,
+};
+use serde_json::{json, Map, Value};
+
+/// Where an event happened: process, thread and cgroup.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Origin {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+    /// Path below the cgroup2 root; `None` when the cgroup is already gone.
+    pub cgroup: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Detail {
+    GpuCall {
+        api: Api,
+        library: String,
+        function: String,
+        result: i32,
+        duration_ns: u64,
+    },
+    GpuStall {
+        api: Api,
+        library: String,
+        function: String,
+        elapsed_ns: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub origin: Origin,
+    pub detail: Detail,
+}
+
+/// Name of a GPU API result code in that API's own vocabulary.
+pub fn result_name(api: Api, result: i32) -> Option<&'static str> {
+    match api {
+        Api::Hip => names::hip_error_name(result),
+        Api::Cuda => names::cu_result_name(result),
+    }
+}
+
+pub fn function_name(api: Api, index: u32) -> String {
+    api.functions()
+        .get(index as usize)
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| format!("fn#{index}"))
+}
+
+/// A raw record as it left the kernel, before paths and names are attached.
+pub enum Raw {
+    GpuCall(GpuCallEvent),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    #[error("record of {0} bytes is shorter than its header")]
+    Short(usize),
+    #[error("unknown event kind {0}")]
+    UnknownKind(u32),
+    #[error("{kind:?} record of {len} bytes, expected {expected}")]
+    Size {
+        kind: EventKind,
+        len: usize,
+        expected: usize,
+    },
+}
+
+fn read<T: Copy>(data: &[u8], kind: EventKind) -> Result<T, DecodeError> {
+    let expected = core::mem::size_of::<T>();
+    if data.len() < expected {
+        return Err(DecodeError::Size {
+            kind,
+            len: data.len(),
+            expected,
+        });
+    }
+    // SAFETY: length checked above; T is a plain #[repr(C)] integer struct
+    // for which every bit pattern is valid; read_unaligned copes with the
+    // ring buffer's 8-byte alignment.
+    Ok(unsafe { core::ptr::read_unaligned(data.as_ptr().cast::<T>()) })
+}
+
+pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
+    if data.len() < core::mem::size_of::<EventHeader>() {
+        return Err(DecodeError::Short(data.len()));
+    }
+    let kind_raw = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+    let kind = EventKind::from_u32(kind_raw).ok_or(DecodeError::UnknownKind(kind_raw))?;
+    match kind {
+        EventKind::GpuCall => Ok(Raw::GpuCall(read(data, kind)?)),
+        _ => Err(DecodeError::UnknownKind(kind_raw)),
+    }
+}
+
+pub fn origin_of(h: &EventHeader, clock: crate::clock::BootClock) -> Origin {
+    Origin {
+        ts_ns: clock.to_unix_ns(h.ts_boot_ns),
+        pid: h.pid,
+        tid: h.tid,
+        comm: comm_str(&h.comm).to_string(),
+        cgroup_id: h.cgroup_id,
+        cgroup: None,
+    }
+}
+
+impl Event {
+    pub fn kind(&self) -> &'static str {
+        match self.detail {
+            Detail::GpuCall { .. } => "gpu_call",
+            Detail::GpuStall { .. } => "gpu_stall",
+        }
+    }
+
+    /// Whether this event is a failure (as opposed to an `--all` success).
+    pub fn is_failure(&self) -> bool {
+        match &self.detail {
+            Detail::GpuCall { result, .. } => *result != 0,
+            Detail::GpuStall { .. } => true,
+        }
+    }
+
+    /// The `trace --json` object.
+    pub fn to_json(&self) -> Value {
+        let o = &self.origin;
+        let mut m = Map::new();
+        m.insert("kind".into(), json!(self.kind()));
+        m.insert("ts_ns".into(), json!(o.ts_ns));
+        m.insert("pid".into(), json!(o.pid));
+        m.insert("tid".into(), json!(o.tid));
+        m.insert("comm".into(), json!(o.comm));
+        m.insert("cgroup_id".into(), json!(o.cgroup_id));
+        m.insert("cgroup".into(), json!(o.cgroup));
+        match &self.detail {
+            Detail::GpuCall {
+                api,
+                library,
+                function,
+                result,
+                duration_ns,
+            } => {
+                m.insert("api".into(), json!(api.as_str()));
+                m.insert("library".into(), json!(library));
+                m.insert("function".into(), json!(function));
+                m.insert("result".into(), json!(result));
+                m.insert("result_name".into(), json!(result_name(*api, *result)));
+                m.insert("duration_ns".into(), json!(duration_ns));
+            }
+            Detail::GpuStall {
+                api,
+                library,
+                function,
+                elapsed_ns,
+            } => {
+                m.insert("api".into(), json!(api.as_str()));
+                m.insert("library".into(), json!(library));
+                m.insert("function".into(), json!(function));
+                m.insert("elapsed_ns".into(), json!(elapsed_ns));
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_record(result: i32) -> Vec<u8> {
+        let ev = GpuCallEvent {
+            header: EventHeader {
+                kind: EventKind::GpuCall as u32,
+                pid: 42,
+                tid: 43,
+                ..Default::default()
+            },
+            api: Api::Hip as u32,
+            function: 0,
+            result,
+            library: 0,
+            duration_ns: 1500,
+        };
+        // SAFETY: plain #[repr(C)] struct viewed as bytes for the test.
+        unsafe {
+            core::slice::from_raw_parts(
+                (&ev as *const GpuCallEvent).cast::<u8>(),
+                core::mem::size_of_val(&ev),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn decodes_a_gpu_call_record() {
+        let Ok(Raw::GpuCall(ev)) = decode(&gpu_record(101)) else {
+            panic!("decodes")
+        };
+        assert_eq!(
+            (ev.header.pid, ev.header.tid, ev.result, ev.duration_ns),
+            (42, 43, 101, 1500)
+        );
+    }
+
+    #[test]
+    fn rejects_short_and_unknown_records() {
+        assert_eq!(decode(&[0u8; 3]).err(), Some(DecodeError::Short(3)));
+        let mut rec = gpu_record(0);
+        rec[0] = 99;
+        assert_eq!(decode(&rec).err(), Some(DecodeError::UnknownKind(99)));
+        let rec = gpu_record(0);
+        assert!(matches!(decode(&rec[..60]), Err(DecodeError::Size { .. })));
+    }
+
+    #[test]
+    fn json_follows_the_contract() {
+        let ev = Event {
+            origin: Origin {
+                ts_ns: 1,
+                pid: 10,
+                tid: 11,
+                comm: "hip_probe".into(),
+                cgroup_id: 77,
+                cgroup: Some("/kubepods.slice/x.scope".into()),
+            },
+            detail: Detail::GpuCall {
+                api: Api::Hip,
+                library: "/usr/lib/libamdhip64.so.5".into(),
+                function: "hipInit".into(),
+                result: 101,
+                duration_ns: 900,
+            },
+        };
+        let v = ev.to_json();
+        assert_eq!(v["kind"], "gpu_call");
+        assert_eq!(v["api"], "hip");
+        assert_eq!(v["function"], "hipInit");
+        assert_eq!(v["result"], 101);
+        assert_eq!(v["result_name"], "hipErrorInvalidDevice");
+        assert_eq!(v["cgroup"], "/kubepods.slice/x.scope");
+        assert_eq!(v["cgroup_id"], 77);
+        for field in ["ts_ns", "pid", "tid", "comm", "library", "duration_ns"] {
+            assert!(v.get(field).is_some(), "{field} missing");
+        }
+        let cuda = Event {
+            detail: Detail::GpuCall {
+                api: Api::Cuda,
+                library: "libcuda.so.1".into(),
+                function: "cuInit".into(),
+                result: 100,
+                duration_ns: 1,
+            },
+            ..ev
+        };
+        assert_eq!(cuda.to_json()["result_name"], "CUDA_ERROR_NO_DEVICE");
+    }
+}

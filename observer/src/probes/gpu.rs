@@ -1,0 +1,457 @@
+//! GPU runtime libraries: finding them (host paths, running processes and
+//! their container roots, `--lib`), telling HIP from a CUDA driver library
+//! and ZLUDA from NVIDIA, and attaching the shared entry/return programs to
+//! each probed function with a cookie naming it.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
+    },
+    Ebpf,
+};
+use log::{debug, info};
+use object::{Object, ObjectSection, ObjectSymbol};
+use observer_common::gpu::{cookie, Api};
+
+pub const ENTER_PROGRAM: &str = "gpu_enter";
+pub const EXIT_PROGRAM: &str = "gpu_exit";
+
+/// Directories the dynamic loader and ROCm installs use for these libraries.
+const LIBRARY_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/opt/rocm/lib",
+    "/opt/zluda",
+    "/usr/lib/zluda",
+];
+
+/// What kind of GPU runtime a library file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flavor {
+    /// AMD's HIP runtime, `libamdhip64.so*`.
+    Hip,
+    /// A CUDA driver API library built on HIP: ZLUDA's `libcuda.so`/`libnvcuda.so`.
+    Zluda,
+    /// NVIDIA's own driver library.
+    Nvidia,
+}
+
+impl Flavor {
+    pub fn api(self) -> Api {
+        match self {
+            Self::Hip => Api::Hip,
+            Self::Zluda | Self::Nvidia => Api::Cuda,
+        }
+    }
+}
+
+/// Whether a file name looks like a GPU runtime library we probe.
+pub fn candidate_api(file_name: &str) -> Option<Api> {
+    if file_name.starts_with("libamdhip64.so") {
+        Some(Api::Hip)
+    } else if file_name.starts_with("libcuda.so") || file_name.starts_with("libnvcuda.so") {
+        Some(Api::Cuda)
+    } else {
+        None
+    }
+}
+
+/// Identity of a library file: uprobes live on inodes, so two paths to the
+/// same file (symlinks, a container root that bind-mounts the host's) are
+/// one library and get one set of probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GpuLibrary {
+    /// A path through which the file can be opened now (may go via /proc/PID/root).
+    pub path: PathBuf,
+    /// The path as the workload sees it (inside its container).
+    pub display_path: String,
+    pub id: FileId,
+    pub flavor: Flavor,
+    /// Function name -> file offset of its entry point.
+    pub functions: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LibraryError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not an ELF shared object ({reason})")]
+    NotElf { path: String, reason: String },
+    #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so* or libnvcuda.so*)")]
+    NotGpuLibrary { path: String },
+    #[error("{path}: exports none of the probed {api} functions")]
+    NoFunctions { path: String, api: &'static str },
+}
+
+/// Opens and inspects one library file.
+pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryError> {
+    let io_err = |source| LibraryError::Io {
+        path: display_path.to_string(),
+        source,
+    };
+    let meta = fs::metadata(path).map_err(io_err)?;
+    let data = fs::read(path).map_err(io_err)?;
+    let file = object::File::parse(&*data).map_err(|e| LibraryError::NotElf {
+        path: display_path.to_string(),
+        reason: e.to_string(),
+    })?;
+
+    let file_name = Path::new(display_path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let api = match candidate_api(file_name) {
+        Some(api) => api,
+        // A renamed copy still counts if it exports the entry points.
+        None if has_symbol(&file, "hipInit") => Api::Hip,
+        None if has_symbol(&file, "cuInit") => Api::Cuda,
+        None => {
+            return Err(LibraryError::NotGpuLibrary {
+                path: display_path.to_string(),
+            })
+        }
+    };
+    let flavor = match api {
+        Api::Hip => Flavor::Hip,
+        // ZLUDA's CUDA library is built on HIP and links libamdhip64;
+        // NVIDIA's driver library does not.
+        Api::Cuda if needs_library(&file, "libamdhip64") => Flavor::Zluda,
+        Api::Cuda => Flavor::Nvidia,
+    };
+    let functions = resolve_functions(&file, api.functions());
+    if functions.is_empty() {
+        return Err(LibraryError::NoFunctions {
+            path: display_path.to_string(),
+            api: api.as_str(),
+        });
+    }
+    Ok(GpuLibrary {
+        path: path.to_path_buf(),
+        display_path: display_path.to_string(),
+        id: FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+        flavor,
+        functions,
+    })
+}
+
+fn has_symbol(file: &object::File<'_>, name: &str) -> bool {
+    file.dynamic_symbols()
+        .any(|s| s.name() == Ok(name) && s.is_definition())
+}
+
+fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
+    // object exposes DT_NEEDED only through the ELF-specific API; the
+    // imports list carries the library of each imported symbol on ELF files
+    // that use symbol versioning, so check both.
+    if let Ok(imports) = file.imports() {
+        if imports
+            .iter()
+            .any(|i| String::from_utf8_lossy(i.library()).starts_with(prefix))
+        {
+            return true;
+        }
+    }
+    dt_needed(file).iter().any(|n| n.starts_with(prefix))
+}
+
+/// DT_NEEDED entries of an ELF64 little-endian shared object.
+fn dt_needed(file: &object::File<'_>) -> Vec<String> {
+    let (Some(dynamic), Some(dynstr)) = (
+        file.section_by_name(".dynamic"),
+        file.section_by_name(".dynstr"),
+    ) else {
+        return Vec::new();
+    };
+    let (Ok(dynamic), Ok(dynstr)) = (dynamic.data(), dynstr.data()) else {
+        return Vec::new();
+    };
+    const DT_NEEDED: u64 = 1;
+    dynamic
+        .chunks_exact(16)
+        .filter_map(|entry| {
+            let tag = u64::from_le_bytes(entry[..8].try_into().ok()?);
+            let val = u64::from_le_bytes(entry[8..].try_into().ok()?) as usize;
+            if tag != DT_NEEDED {
+                return None;
+            }
+            let rest = dynstr.get(val..)?;
+            let end = rest.iter().position(|b| *b == 0)?;
+            Some(String::from_utf8_lossy(&rest[..end]).into_owned())
+        })
+        .collect()
+}
+
+/// File offsets of the wanted functions. Uprobes attach at file offsets, so
+/// each symbol's virtual address is translated through its section.
+fn resolve_functions(
+    file: &object::File<'_>,
+    wanted: &'static [&'static str],
+) -> BTreeMap<&'static str, u64> {
+    let mut found = BTreeMap::new();
+    for symbol in file.dynamic_symbols() {
+        if !symbol.is_definition() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let Some(&want) = wanted.iter().find(|w| **w == name) else {
+            continue;
+        };
+        let Some(section) = symbol
+            .section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+        else {
+            continue;
+        };
+        let Some((section_offset, _)) = section.file_range() else {
+            continue;
+        };
+        if let Ok(UProbeAttachLocation::AbsoluteOffset(offset)) =
+            UProbeAttachLocation::from_virtual_address(
+                symbol.address(),
+                section.address(),
+                section_offset,
+            )
+        {
+            found.insert(want, offset);
+        }
+    }
+    found
+}
+
+/// Libraries in the host's standard directories.
+pub fn host_libraries() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in LIBRARY_DIRS {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if candidate_api(&name.to_string_lossy()).is_some() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// GPU libraries mapped by one process, as (path through its root, path it sees).
+pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for path in crate::probes::maps::mapped_files(&maps) {
+        let name = Path::new(path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
+            continue;
+        }
+        // The path is the one inside the process's mount namespace; reach it
+        // through /proc/PID/root so containers' own copies are found.
+        out.push((
+            PathBuf::from(format!("/proc/{pid}/root{path}")),
+            path.to_string(),
+        ));
+    }
+    out
+}
+
+/// Every pid in /proc (used once at start; later processes are found
+/// through exec-mapping events, not by polling).
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The attached state: which files carry probes and on which functions.
+#[derive(Default)]
+pub struct GpuProbes {
+    attached: HashMap<FileId, AttachedLibrary>,
+    /// Files that failed to attach, so they are not retried on every event.
+    failed: HashMap<FileId, String>,
+    /// Library paths by the index carried in attach cookies.
+    table: Vec<String>,
+}
+
+pub struct AttachedLibrary {
+    pub library: GpuLibrary,
+    pub functions: usize,
+}
+
+impl GpuProbes {
+    /// Loads the two programs; attaching comes per library.
+    pub fn load(ebpf: &mut Ebpf) -> Result<(), aya::programs::ProgramError> {
+        for name in [ENTER_PROGRAM, EXIT_PROGRAM] {
+            let program: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or(aya::programs::ProgramError::UnexpectedProgramType)?
+                .try_into()?;
+            program.load()?;
+        }
+        Ok(())
+    }
+
+    pub fn is_attached(&self, id: &FileId) -> bool {
+        self.attached.contains_key(id) || self.failed.contains_key(id)
+    }
+
+    /// The library path for the index found in an event's cookie.
+    pub fn library_path(&self, index: u32) -> &str {
+        self.table
+            .get(index as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
+    }
+
+    pub fn libraries(&self) -> impl Iterator<Item = &AttachedLibrary> {
+        self.attached.values()
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = (&FileId, &String)> {
+        self.failed.iter()
+    }
+
+    /// Attaches entry and return probes to every resolved function of `library`.
+    pub fn attach(&mut self, ebpf: &mut Ebpf, library: GpuLibrary) -> Result<usize, String> {
+        if self.is_attached(&library.id) {
+            return Ok(0);
+        }
+        let api = library.flavor.api();
+        let library_index = self.table.len() as u32;
+        let mut count = 0;
+        let mut first_error = None;
+        for (index, name) in api.functions().iter().enumerate() {
+            let Some(&offset) = library.functions.get(name) else {
+                continue;
+            };
+            let point_cookie = cookie(library_index, api, index as u32);
+            let mut ok = true;
+            for program_name in [ENTER_PROGRAM, EXIT_PROGRAM] {
+                let result = ebpf
+                    .program_mut(program_name)
+                    .ok_or_else(|| format!("program {program_name} missing from the eBPF object"))
+                    .and_then(|p| <&mut UProbe>::try_from(p).map_err(|e| e.to_string()))
+                    .and_then(|p| {
+                        p.attach(
+                            UProbeAttachPoint {
+                                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                                cookie: Some(point_cookie),
+                            },
+                            &library.path,
+                            UProbeScope::AllProcesses,
+                        )
+                        .map_err(|e| format!("{name}: {e}"))
+                    });
+                if let Err(e) = result {
+                    debug!("attach {} {name}: {e}", library.display_path);
+                    first_error.get_or_insert(e);
+                    ok = false;
+                }
+            }
+            if ok {
+                count += 1;
+            }
+        }
+        if count == 0 {
+            let reason = first_error.unwrap_or_else(|| "no probed function found".into());
+            self.failed.insert(library.id, reason.clone());
+            return Err(format!("{}: {reason}", library.display_path));
+        }
+        info!(
+            "probing {} ({:?}): {count} functions",
+            library.display_path, library.flavor
+        );
+        self.table.push(library.display_path.clone());
+        self.attached.insert(
+            library.id,
+            AttachedLibrary {
+                library,
+                functions: count,
+            },
+        );
+        Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_select_the_api() {
+        assert_eq!(candidate_api("libamdhip64.so.5"), Some(Api::Hip));
+        assert_eq!(candidate_api("libamdhip64.so"), Some(Api::Hip));
+        assert_eq!(candidate_api("libcuda.so.1"), Some(Api::Cuda));
+        assert_eq!(candidate_api("libnvcuda.so"), Some(Api::Cuda));
+        assert_eq!(candidate_api("libcudart.so.12"), None);
+        assert_eq!(candidate_api("libc.so.6"), None);
+    }
+
+    #[test]
+    fn a_non_gpu_library_is_refused_clearly() {
+        // libc exists on every machine this runs on and exports no GPU API.
+        let libc = host_like_libc();
+        let err = inspect(&libc, "/renamed/libfoo.so").expect_err("libc is no GPU runtime");
+        assert!(
+            err.to_string().contains("not a GPU runtime library"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_names_the_path() {
+        let err = inspect(
+            Path::new("/nonexistent/libamdhip64.so"),
+            "/nonexistent/libamdhip64.so",
+        )
+        .expect_err("missing");
+        assert!(
+            err.to_string().starts_with("/nonexistent/libamdhip64.so: "),
+            "{err}"
+        );
+    }
+
+    fn host_like_libc() -> PathBuf {
+        [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/libc.so.6",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("a libc on this machine")
+    }
+}

@@ -1,0 +1,100 @@
+//! Parsing `/proc/PID/maps`, which comes from processes we do not control.
+
+/// One mapping line: address range, permissions, offset, device, inode, path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping<'a> {
+    pub start: u64,
+    pub end: u64,
+    pub executable: bool,
+    pub offset: u64,
+    pub inode: u64,
+    pub path: &'a str,
+}
+
+/// Parses one line; `None` for anything malformed (never panics).
+pub fn parse_line(line: &str) -> Option<Mapping<'_>> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let offset = fields.next()?;
+    let _dev = fields.next()?;
+    let inode = fields.next()?;
+    let path = fields.next().map(str::trim_start).unwrap_or("");
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    if end < start || perms.len() != 4 {
+        return None;
+    }
+    Some(Mapping {
+        start,
+        end,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// Distinct file paths with at least one mapping (anonymous and special
+/// mappings such as `[heap]` are skipped).
+pub fn mapped_files(maps: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for m in maps.lines().filter_map(parse_line) {
+        if m.inode != 0 && m.path.starts_with('/') && !out.contains(&m.path) {
+            out.push(m.path);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+55d0c0a00000-55d0c0a02000 r--p 00000000 fd:01 1311 /usr/bin/hip_probe
+7f1a2c000000-7f1a2c400000 r-xp 00100000 fd:01 4242 /usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.50203
+7f1a2c400000-7f1a2c500000 r--p 00500000 fd:01 4242 /usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.50203
+7f1a2d000000-7f1a2d021000 rw-p 00000000 00:00 0 [heap]
+7f1a2e000000-7f1a2e001000 r-xp 00000000 00:00 0
+7ffd1000-7ffd2000 r-xp 00000000 00:00 0                          [vdso]
+7f1a2f000000-7f1a2f001000 r-xp 00000000 fd:01 99 /tmp/lib with space.so (deleted)
+";
+
+    #[test]
+    fn parses_real_lines() {
+        let m = parse_line(SAMPLE.lines().nth(1).expect("line")).expect("parses");
+        assert!(m.executable);
+        assert_eq!(m.offset, 0x100000);
+        assert_eq!(m.inode, 4242);
+        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.50203");
+    }
+
+    #[test]
+    fn lists_each_file_once() {
+        let files = mapped_files(SAMPLE);
+        assert_eq!(
+            files,
+            vec![
+                "/usr/bin/hip_probe",
+                "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.50203",
+                "/tmp/lib with space.so (deleted)"
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_is_rejected_not_panicked_on() {
+        for line in [
+            "",
+            "zz-yy r-xp 0 0 0 /x",
+            "1-0 r-xp 0 0:0 1 /x",
+            "1-2 r-x 0 0:0 1 /x",
+            "1-2",
+            "é-ü r-xp",
+        ] {
+            assert_eq!(parse_line(line), None, "{line:?}");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Human output of `canaryscope trace`: one aligned line per event, readable
+//! at a glance; the full record is one `--json` away.
+use crate::events::{result_name, Detail, Event};
+
+pub const HEADER: &str =
+    "TIME (UTC)    PID      COMM             CGROUP                          EVENT       DETAIL";
+
+/// `HH:MM:SS.mmm` of a Unix timestamp in ns (UTC; avoids reading the local
+/// time zone database on minimal node images).
+pub fn clock_time(ts_ns: u64) -> String {
+    let ms_of_day = (ts_ns / 1_000_000) % 86_400_000;
+    let (h, rest) = (ms_of_day / 3_600_000, ms_of_day % 3_600_000);
+    let (m, rest) = (rest / 60_000, rest % 60_000);
+    format!("{h:02}:{m:02}:{:02}.{:03}", rest / 1000, rest % 1000)
+}
+
+/// Keeps the start and the end (where the container id lives) of long paths.
+pub fn shorten(s: &str, width: usize) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.len() <= width || width < 5 {
+        return s.to_string();
+    }
+    let keep_end = (width - 1) * 2 / 3;
+    let keep_start = width - 1 - keep_end;
+    let start: String = chars[..keep_start].iter().collect();
+    let end: String = chars[chars.len() - keep_end..].iter().collect();
+    format!("{start}…{end}")
+}
+
+pub fn duration(ns: u64) -> String {
+    match ns {
+        0..=999 => format!("{ns} ns"),
+        1_000..=999_999 => format!("{:.1} µs", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
+}
+
+pub fn detail(event: &Event) -> String {
+    match &event.detail {
+        Detail::GpuCall {
+            api,
+            library,
+            function,
+            result,
+            duration_ns,
+        } => {
+            let name = result_name(*api, *result).unwrap_or("unknown result");
+            let lib = library.rsplit('/').next().unwrap_or(library);
+            format!(
+                "{function} -> {result} {name} in {} [{lib}]",
+                duration(*duration_ns)
+            )
+        }
+        Detail::GpuStall {
+            library,
+            function,
+            elapsed_ns,
+            ..
+        } => {
+            let lib = library.rsplit('/').next().unwrap_or(library);
+            format!(
+                "{function} still running after {} [{lib}]",
+                duration(*elapsed_ns)
+            )
+        }
+    }
+}
+
+pub fn line(event: &Event) -> String {
+    let o = &event.origin;
+    let cgroup = o.cgroup.as_deref().unwrap_or("(gone)");
+    format!(
+        "{:<13} {:<8} {:<16} {:<31} {:<11} {}",
+        clock_time(o.ts_ns),
+        o.pid,
+        shorten(&o.comm, 16),
+        shorten(cgroup, 31),
+        event.kind(),
+        detail(event)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::Origin;
+    use observer_common::gpu::Api;
+
+    #[test]
+    fn times_and_durations_read_naturally() {
+        assert_eq!(
+            clock_time(((13 * 3600 + 5 * 60 + 9) * 1000 + 42) * 1_000_000),
+            "13:05:09.042"
+        );
+        assert_eq!(duration(950), "950 ns");
+        assert_eq!(duration(1_500), "1.5 µs");
+        assert_eq!(duration(12_300_000), "12.3 ms");
+        assert_eq!(duration(12_000_000_000), "12.00 s");
+    }
+
+    #[test]
+    fn long_cgroups_keep_both_ends() {
+        let s = shorten(
+            "/kubepods.slice/kubepods-burstable.slice/cri-containerd-0123456789abcdef.scope",
+            31,
+        );
+        assert_eq!(s.chars().count(), 31);
+        assert!(s.starts_with("/kubepods"));
+        assert!(s.ends_with("abcdef.scope"));
+        assert_eq!(shorten("/short", 31), "/short");
+    }
+
+    #[test]
+    fn a_failed_call_line_names_function_and_error() {
+        let ev = Event {
+            origin: Origin {
+                ts_ns: 0,
+                pid: 7,
+                tid: 7,
+                comm: "hip_probe".into(),
+                cgroup_id: 1,
+                cgroup: Some("/".into()),
+            },
+            detail: Detail::GpuCall {
+                api: Api::Hip,
+                library: "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5".into(),
+                function: "hipInit".into(),
+                result: 101,
+                duration_ns: 2_000_000,
+            },
+        };
+        let l = line(&ev);
+        assert!(
+            l.contains("hipInit -> 101 hipErrorInvalidDevice in 2.0 ms [libamdhip64.so.5]"),
+            "{l}"
+        );
+        assert!(l.starts_with("00:00:00.000  7 "), "{l}");
+        // columns line up with the header
+        assert_eq!(l.find("gpu_call"), HEADER.find("EVENT"));
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs everything canaryscope needs to build and test on a Debian 12 machine
+# of the project's kind. Idempotent: a second run only checks and returns quickly.
+set -euo pipefail
+
+step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: must run as root (installs Debian packages); try: sudo $0" >&2
+    exit 2
+fi
+
+# Debian's Rust ships a prebuilt `core` for bpfel-unknown-none, which rustup's
+# offline toolchains lack; bpf-linker must share that compiler's LLVM major (22).
+PACKAGES=(
+    rustc-web cargo-web libstd-rust-web-dev-bpf
+    llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev
+    libamdhip64-5 gcc make pkg-config
+    bpftool bpftrace libbpf-tools prometheus
+    qemu-system-x86 busybox-static cpio kmod
+    buildah
+)
+if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
+    PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    step "installing ${#missing[@]} Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    step "Debian packages: all ${#PACKAGES[@]} present"
+fi
+
+BPF_LINKER_VERSION=0.13.0
+have_linker=""
+if command -v bpf-linker >/dev/null 2>&1; then
+    have_linker="$(bpf-linker --version 2>/dev/null || true)"
+fi
+if [[ "$have_linker" == *"$BPF_LINKER_VERSION"* ]]; then
+    step "bpf-linker $BPF_LINKER_VERSION: present"
+else
+    step "building bpf-linker $BPF_LINKER_VERSION against LLVM 22 (about 4 minutes, once)"
+    LLVM_PREFIX=/usr/lib/llvm-22 cargo install bpf-linker --version "$BPF_LINKER_VERSION" \
+        --no-default-features --features llvm-22 --locked 2>&1 | grep -E '^\s*(Compiling bpf-linker|Installing|Installed|error)' || true
+    command -v bpf-linker >/dev/null || { echo "setup.sh: bpf-linker build failed" >&2; exit 1; }
+fi
+
+# tracefs is not mounted on this kind of machine; the probes read tracepoint formats.
+if [ ! -e /sys/kernel/tracing/events ]; then
+    step "mounting tracefs at /sys/kernel/tracing"
+    mount -t tracefs tracefs /sys/kernel/tracing || note "could not mount tracefs"
+fi
+step "setup complete"

@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# Runs one command inside a QEMU (TCG) VM that boots Debian's stock 6.1 kernel
+# (kprobes, BTF, amdgpu + /dev/kfd) with the host's root filesystem mounted
+# read-only over 9p and chrooted into. Exits with the command's exit status.
+#
+#   tests/vm/run.sh [--mem MB] [--smp N] [--timeout SECS] [--env NAME[=VALUE]]...
+#                   [-i|--interactive] -- CMD [ARGS...]
+#
+# See tests/vm/README.md.
+set -euo pipefail
+
+PROG=tests/vm/run.sh
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+INIT_SRC="$HERE/guest-init.sh"
+
+say() { printf '==> %s\n' "$*" >&2; }
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 125; }
+usage() {
+    cat >&2 <<'EOF'
+usage: tests/vm/run.sh [options] -- CMD [ARGS...]
+  --mem MB            guest memory (default 3072)
+  --smp N             guest CPUs (default 2)
+  --timeout SECS      kill the VM after SECS seconds (default 600); exit 124
+  --env NAME[=VALUE]  export NAME into the command's environment (repeatable;
+                      without =VALUE the host's value is passed)
+  -i, --interactive   attach the terminal to the guest serial line (tty stdin)
+env: CANARYSCOPE_VM_CACHE, CANARYSCOPE_VM_KERNEL, CANARYSCOPE_VM_VERBOSE,
+     CANARYSCOPE_VM_TARGET_RW
+EOF
+    exit 125
+}
+
+# ---------------------------------------------------------------- arguments
+MEM=3072
+SMP=2
+TIMEOUT=600
+INTERACTIVE=0
+EXTRA_ENV=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --mem) [ $# -ge 2 ] || usage; MEM="$2"; shift 2 ;;
+        --mem=*) MEM="${1#*=}"; shift ;;
+        --smp) [ $# -ge 2 ] || usage; SMP="$2"; shift 2 ;;
+        --smp=*) SMP="${1#*=}"; shift ;;
+        --timeout) [ $# -ge 2 ] || usage; TIMEOUT="$2"; shift 2 ;;
+        --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        --env) [ $# -ge 2 ] || usage; EXTRA_ENV+=("$2"); shift 2 ;;
+        --env=*) EXTRA_ENV+=("${1#*=}"); shift ;;
+        -i|--interactive) INTERACTIVE=1; shift ;;
+        -h|--help) usage ;;
+        --) shift; break ;;
+        -*) printf '%s: error: unknown option %s\n' "$PROG" "$1" >&2; usage ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || usage
+[[ "$MEM" =~ ^[0-9]+$ ]] || die "--mem wants a number of MB, got '$MEM'"
+[[ "$SMP" =~ ^[0-9]+$ ]] || die "--smp wants a number, got '$SMP'"
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "--timeout wants a number of seconds, got '$TIMEOUT'"
+if [ "$INTERACTIVE" = 1 ] && ! { [ -t 0 ] && [ -t 1 ]; }; then
+    die "--interactive needs a terminal on stdin and stdout"
+fi
+VERBOSE="${CANARYSCOPE_VM_VERBOSE:-0}"
+[ "$VERBOSE" = 1 ] || VERBOSE=0
+CACHE="${CANARYSCOPE_VM_CACHE:-$REPO/target/vm}"
+
+# ---------------------------------------------------------------- host tools
+need() {  # need TOOL HINT
+    command -v "$1" >/dev/null 2>&1 || die "$1 not found; $2"
+}
+SETUP_HINT="run scripts/setup.sh (as root) to install it"
+need qemu-system-x86_64 "$SETUP_HINT (Debian package qemu-system-x86)"
+need cpio "$SETUP_HINT (Debian package cpio)"
+need depmod "$SETUP_HINT (Debian package kmod)"
+need modprobe "$SETUP_HINT (Debian package kmod)"
+need apt-get "this harness needs a Debian host"
+need apt-cache "this harness needs a Debian host"
+need dpkg "this harness needs a Debian host"
+need timeout "install coreutils"
+need flock "install util-linux"
+need sha256sum "install coreutils"
+BUSYBOX=""
+for b in /usr/bin/busybox /bin/busybox; do
+    if [ -x "$b" ]; then BUSYBOX="$(readlink -f "$b")"; break; fi
+done
+[ -n "$BUSYBOX" ] || die "busybox not found; $SETUP_HINT (Debian package busybox-static)"
+elf_has_interp() {  # does the ELF file have a PT_INTERP program header (dynamic)?
+    local f="$1" phoff phentsize phnum i
+    phoff=$(od -An -t u8 -j 32 -N 8 "$f" | tr -d ' ')
+    phentsize=$(od -An -t u2 -j 54 -N 2 "$f" | tr -d ' ')
+    phnum=$(od -An -t u2 -j 56 -N 2 "$f" | tr -d ' ')
+    for ((i = 0; i < phnum; i++)); do
+        [ "$(od -An -t u4 -j $((phoff + i * phentsize)) -N 4 "$f" | tr -d ' ')" != 3 ] || return 0
+    done
+    return 1
+}
+if elf_has_interp "$BUSYBOX"; then
+    die "$BUSYBOX is dynamically linked; $SETUP_HINT (Debian package busybox-static)"
+fi
+[ -r "$INIT_SRC" ] || die "missing $INIT_SRC"
+
+mkdir -p "$CACHE" || die "cannot create cache dir $CACHE"
+CACHE="$(cd "$CACHE" && pwd)"
+exec 9>"$CACHE/.lock"
+flock 9  # serialise cache preparation between concurrent runs
+
+# ---------------------------------------------------------------- kernel
+# A ready kernel tree: $CACHE/kernel-<version>/ with boot/vmlinuz-<version>,
+# lib/modules/<version>/ and depmod's output, marked by .ready.
+latest_cached_kernel() {
+    local d best=""
+    for d in "$CACHE"/kernel-6.1.0-*-amd64; do
+        [ -e "$d/.ready" ] || continue
+        best="$(printf '%s\n%s\n' "$best" "${d##*/kernel-}" | sed '/^$/d' | sort -V | tail -n1)"
+    done
+    printf '%s' "$best"
+}
+
+resolve_kernel_from_apt() {
+    local v
+    v="$(apt-cache depends linux-image-amd64 2>/dev/null \
+        | sed -n 's/^ *Depends: *\(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' | head -n1)"
+    if [ -z "$v" ]; then
+        v="$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' 2>/dev/null \
+            | awk '{print $1}' | sort -V | tail -n1)"
+    fi
+    printf '%s' "${v#linux-image-}"
+}
+
+KVER="${CANARYSCOPE_VM_KERNEL:-}"
+KVER="${KVER#linux-image-}"
+if [ -z "$KVER" ]; then
+    KVER="$(latest_cached_kernel)"
+fi
+if [ -z "$KVER" ]; then
+    KVER="$(resolve_kernel_from_apt)"
+    if [ -z "$KVER" ]; then
+        say "updating apt package lists (no linux-image-6.1.0-*-amd64 known yet)"
+        apt-get update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
+        KVER="$(resolve_kernel_from_apt)"
+    fi
+    [ -n "$KVER" ] || die "apt knows no linux-image-6.1.0-NN-amd64 package; is this a Debian 12 host?"
+fi
+[[ "$KVER" =~ ^6\.1\.0-[0-9]+-amd64$ ]] || die "unexpected kernel version '$KVER' (want 6.1.0-NN-amd64)"
+
+KDIR="$CACHE/kernel-$KVER"
+VMLINUZ="$KDIR/boot/vmlinuz-$KVER"
+if [ ! -e "$KDIR/.ready" ]; then
+    say "fetching Debian kernel $KVER"
+    mkdir -p "$CACHE/debs"
+    deb="$(ls "$CACHE/debs/linux-image-${KVER}_"*.deb 2>/dev/null | sort -V | tail -n1 || true)"
+    if [ -z "$deb" ]; then
+        apt_opts=(-q)
+        [ "$(id -u)" -ne 0 ] || apt_opts+=(-o APT::Sandbox::User=root)
+        if ! (cd "$CACHE/debs" && apt-get "${apt_opts[@]}" download "linux-image-$KVER" >&2); then
+            say "apt-get download failed; updating package lists and retrying"
+            apt-get update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
+            (cd "$CACHE/debs" && apt-get "${apt_opts[@]}" download "linux-image-$KVER" >&2) \
+                || die "could not download linux-image-$KVER"
+        fi
+        deb="$(ls "$CACHE/debs/linux-image-${KVER}_"*.deb 2>/dev/null | sort -V | tail -n1 || true)"
+        [ -n "$deb" ] || die "apt-get download left no .deb for linux-image-$KVER in $CACHE/debs"
+    fi
+    say "extracting ${deb##*/}"
+    rm -rf "$KDIR.tmp"
+    dpkg -x "$deb" "$KDIR.tmp" || die "dpkg -x $deb failed"
+    [ -e "$KDIR.tmp/boot/vmlinuz-$KVER" ] || die "$deb has no boot/vmlinuz-$KVER"
+    say "running depmod for $KVER"
+    depmod -b "$KDIR.tmp" "$KVER" || die "depmod -b $KDIR.tmp $KVER failed"
+    touch "$KDIR.tmp/.ready"
+    rm -rf "$KDIR"
+    mv "$KDIR.tmp" "$KDIR"
+fi
+[ -r "$VMLINUZ" ] || die "missing $VMLINUZ; remove $KDIR and retry"
+
+# ---------------------------------------------------------------- initramfs
+# Modules the guest needs, in load order (dependencies first), from modules.dep.
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p amdgpu)
+module_load_list() {
+    local m
+    for m in "${GUEST_MODULES[@]}"; do
+        modprobe -d "$KDIR" -S "$KVER" --show-depends "$m" \
+            || die "modprobe could not resolve module $m in $KDIR"
+    done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
+}
+MODS="$(module_load_list)"
+[ -n "$MODS" ] || die "no modules resolved for ${GUEST_MODULES[*]}"
+
+INITRD="$CACHE/initramfs-$KVER.cpio"
+STAMP_WANT="$( { sha256sum "$HERE/run.sh" "$INIT_SRC" "$BUSYBOX"; printf '%s\n' "$KVER" "$MODS"; } \
+    | sha256sum | cut -d' ' -f1)"
+STAMP_HAVE="$(cat "$INITRD.stamp" 2>/dev/null || true)"
+if [ ! -e "$INITRD" ] || [ "$STAMP_WANT" != "$STAMP_HAVE" ]; then
+    say "building initramfs ($(printf '%s\n' "$MODS" | wc -l) modules)"
+    stage="$CACHE/initramfs.stage"
+    rm -rf "$stage"
+    mkdir -p "$stage"/{bin,dev,proc,sys,newroot,lib/modules}
+    cp "$BUSYBOX" "$stage/bin/busybox"
+    cp "$INIT_SRC" "$stage/init"
+    chmod 0755 "$stage/init" "$stage/bin/busybox"
+    : > "$stage/lib/modules/load-order"
+    while IFS= read -r ko; do
+        rel="${ko#"$KDIR"/}"
+        mkdir -p "$stage/$(dirname "$rel")"
+        cp "$ko" "$stage/$rel"
+        printf '/%s\n' "$rel" >> "$stage/lib/modules/load-order"
+    done <<< "$MODS"
+    (cd "$stage" && find . -print0 | LC_ALL=C sort -z \
+        | cpio --quiet --null -o -H newc -R 0:0 > "$INITRD.tmp") || die "cpio failed"
+    mv "$INITRD.tmp" "$INITRD"
+    printf '%s\n' "$STAMP_WANT" > "$INITRD.stamp"
+    rm -rf "$stage"
+fi
+flock -u 9
+
+# ---------------------------------------------------------------- the job
+# The guest reads $JOBDIR (through the read-only 9p mount of the host root):
+# meta (sourced by the guest init) and job.sh (run by bash inside the chroot).
+q() { local s="$1"; printf "'%s'" "${s//\'/\'\\\'\'}"; }
+
+JOBDIR="$(mktemp -d "${TMPDIR:-/tmp}/canaryscope-vm.XXXXXX")"
+LOG="$JOBDIR/console.log"
+QEMU_ERR="$JOBDIR/qemu.err"
+cleanup() { rm -rf "$JOBDIR"; }
+trap cleanup EXIT
+[[ "$JOBDIR" != *[[:space:]]* ]] || die "temporary dir '$JOBDIR' contains whitespace; set TMPDIR"
+
+NONCE="$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')"
+TARGET_DIR=""
+if [ "${CANARYSCOPE_VM_TARGET_RW:-1}" = 1 ]; then
+    mkdir -p "$REPO/target"
+    TARGET_DIR="$REPO/target"
+fi
+ROWS=0 COLS=0
+if [ "$INTERACTIVE" = 1 ]; then
+    read -r ROWS COLS < <(stty size 2>/dev/null || echo "0 0")
+fi
+{
+    printf 'NONCE=%s\n' "$(q "$NONCE")"
+    printf 'INTERACTIVE=%s\n' "$INTERACTIVE"
+    printf 'VERBOSE=%s\n' "$VERBOSE"
+    printf 'TARGET_DIR=%s\n' "$(q "$TARGET_DIR")"
+    printf 'ROWS=%s\nCOLS=%s\n' "$ROWS" "$COLS"
+} > "$JOBDIR/meta"
+
+GUEST_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Keep the host's extra PATH entries (e.g. ~/.cargo/bin): same filesystem.
+IFS=: read -r -a host_path <<< "${PATH:-}"
+for p in "${host_path[@]}"; do
+    case ":$GUEST_PATH:" in *":$p:"*) ;; *) [ -z "$p" ] || GUEST_PATH="$GUEST_PATH:$p" ;; esac
+done
+{
+    echo '# generated by tests/vm/run.sh; runs inside the chroot'
+    printf 'export PATH=%s\n' "$(q "$GUEST_PATH")"
+    echo 'export HOME=/root USER=root LOGNAME=root SHELL=/bin/bash'
+    echo 'export LANG=C.UTF-8 CANARYSCOPE_IN_VM=1'
+    if [ "$INTERACTIVE" = 1 ]; then
+        printf 'export TERM=%s\n' "$(q "${TERM:-vt100}")"
+    else
+        echo 'export TERM=dumb'
+    fi
+    for v in RUST_LOG RUST_BACKTRACE RUST_LIB_BACKTRACE NO_COLOR; do
+        [ -z "${!v+x}" ] || printf 'export %s=%s\n' "$v" "$(q "${!v}")"
+    done
+    # Every CANARYSCOPE_* variable except the harness's own.
+    while IFS= read -r v; do
+        case "$v" in CANARYSCOPE_VM_*|CANARYSCOPE_IN_VM) continue ;; esac
+        printf 'export %s=%s\n' "$v" "$(q "${!v}")"
+    done < <(compgen -e | grep '^CANARYSCOPE_' || true)
+    for e in ${EXTRA_ENV[@]+"${EXTRA_ENV[@]}"}; do
+        name="${e%%=*}"
+        [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "--env: bad variable name '$name'"
+        if [[ "$e" == *=* ]]; then
+            printf 'export %s=%s\n' "$name" "$(q "${e#*=}")"
+        elif [ -n "${!name+x}" ]; then
+            printf 'export %s=%s\n' "$name" "$(q "${!name}")"
+        fi
+    done
+    printf 'cd -- %s 2>/dev/null || { echo "%s: warning: cwd %s is not visible in the guest (under a tmpfs?); running in /" >&2; cd /; }\n' \
+        "$(q "$PWD")" "$PROG" "$(q "$PWD")"
+    printf 'exec'
+    for a in "$@"; do printf ' %s' "$(q "$a")"; done
+    printf '\n'
+} > "$JOBDIR/job.sh"
+
+# ---------------------------------------------------------------- boot
+APPEND="console=ttyS0,115200 panic=-1 oops=panic rdinit=/init mitigations=off"
+APPEND+=" tsc=unstable 8250.nr_uarts=1 nokaslr canaryscope.job=$JOBDIR"
+if [ "$VERBOSE" = 1 ]; then
+    APPEND+=" loglevel=7"
+else
+    APPEND+=" quiet loglevel=3"
+fi
+
+QEMU=(qemu-system-x86_64
+    -accel tcg -cpu max -m "$MEM" -smp "$SMP"
+    -nographic -no-reboot -net none
+    -kernel "$VMLINUZ" -initrd "$INITRD" -append "$APPEND"
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
+)
+if [ -n "$TARGET_DIR" ]; then
+    QEMU+=(-virtfs "local,path=$TARGET_DIR,mount_tag=target,security_model=none,multidevs=remap")
+fi
+
+# Console filter: show only what lies between the START and EXIT markers (the
+# command's output), report the guest boot time on stderr. Verbose: show all.
+M="@@CANARYSCOPE-$NONCE"
+if [ "$VERBOSE" = 1 ]; then
+    FILTER=(sed -u -e 's/\r$//')
+else
+    FILTER=(sed -u -n -e 's/\r$//' -e "
+        /$M-START /,/$M-EXIT=/{
+            /$M-START /{
+                s/.*$M-START uptime=\\([0-9.]*\\)@@.*/==> guest up after \\1 s (kernel uptime); running the command/
+                w /dev/stderr
+                d
+            }
+            /$M-EXIT=/{
+                s/$M-EXIT=[0-9]*@@.*//
+                /^\$/d
+            }
+            p
+        }")
+fi
+
+say "booting VM (tcg, ${MEM} MB, ${SMP} CPUs, kernel $KVER, timeout ${TIMEOUT}s)"
+t0=$(date +%s.%N)
+set +e
+if [ "$INTERACTIVE" = 1 ]; then
+    timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" 2>"$QEMU_ERR" | tee "$LOG"
+    rcs=("${PIPESTATUS[@]}")
+else
+    timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>"$QEMU_ERR" \
+        | tee "$LOG" | "${FILTER[@]}"
+    rcs=("${PIPESTATUS[@]}")
+fi
+set -e
+t1=$(date +%s.%N)
+elapsed="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
+qemu_rc="${rcs[0]}"
+
+status="$(LC_ALL=C grep -ao "$M-EXIT=[0-9]*@@" "$LOG" | tail -n1 | sed 's/.*EXIT=\([0-9]*\)@@/\1/' || true)"
+if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
+    printf '%s: error: timed out after %s s; VM killed (console log above%s)\n' "$PROG" "$TIMEOUT" \
+        "$( [ "$VERBOSE" = 1 ] || echo '; CANARYSCOPE_VM_VERBOSE=1 shows the boot' )" >&2
+    exit 124
+fi
+if [ -z "$status" ]; then
+    printf '%s: error: the VM stopped (qemu status %s) without reporting the command'"'"'s exit status\n' \
+        "$PROG" "$qemu_rc" >&2
+    if [ -s "$QEMU_ERR" ]; then sed 's/^/qemu: /' "$QEMU_ERR" >&2; fi
+    if [ "$VERBOSE" != 1 ]; then
+        echo "---- last console lines ----" >&2
+        tr -d '\r' < "$LOG" | tail -n 30 >&2
+    fi
+    exit 125
+fi
+say "VM done in ${elapsed} s; command exit status $status"
+exit "$status"
