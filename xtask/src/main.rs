@@ -1,1 +1,95 @@
-fn main() {}
+//! Project tasks: `cargo xtask <build|run|test|vm|bench|image|fixtures>`.
+//!
+//! Every task says what it is doing before it does it: builds, VM boots and
+//! benchmarks take long enough that silence would look like a hang.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+mod fixtures;
+mod test;
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "canaryscope project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the eBPF object and the `canaryscope` binary (target/release/canaryscope).
+    Build,
+    /// Build, then run `canaryscope ARGS...` (as root; `trace` by default).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build the C test programs and libraries into target/fixtures.
+    Fixtures,
+    /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, VM, bench smoke.
+    Test(test::TestArgs),
+    /// Boot the test VM (Debian 6.1 kernel with amdgpu) and run CMD inside it.
+    Vm {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace root").to_path_buf()
+}
+
+pub fn step(msg: &str) {
+    eprintln!("\x1b[1m==> {msg}\x1b[0m");
+}
+
+/// Runs a command from the workspace root, echoing it, failing on a non-zero exit.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let started = Instant::now();
+    let status = cmd.current_dir(root()).status().with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status}) after {:.0?}", started.elapsed());
+    }
+    Ok(())
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+pub fn build() -> Result<PathBuf> {
+    step("building eBPF programs (Debian rustc, bpfel-unknown-none) and canaryscope (release)");
+    run(cargo().args(["build", "--release", "-p", "observer"]))?;
+    let bin = root().join("target/release/canaryscope");
+    eprintln!("    built {}", bin.display());
+    Ok(bin)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Build => build().map(|_| ()),
+        Task::Run { args } => build().and_then(|bin| {
+            let args = if args.is_empty() { vec!["trace".to_string()] } else { args };
+            step(&format!("running canaryscope {}", args.join(" ")));
+            run(Command::new(bin).args(args))
+        }),
+        Task::Fixtures => fixtures::build_all().map(|_| ()),
+        Task::Test(args) => test::run_all(args),
+        Task::Vm { cmd } => run(Command::new(root().join("tests/vm/run.sh")).arg("--").args(cmd)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -62,6 +62,10 @@ impl CgroupResolver {
         if let Some(path) = self.by_id.get(&id) {
             return Some(path.clone());
         }
+        if let Some(path) = self.path_by_handle(id) {
+            self.by_id.insert(id, path.clone());
+            return Some(path);
+        }
         let due = self
             .last_scan
             .is_none_or(|t| t.elapsed() >= self.rescan_every);
@@ -69,6 +73,42 @@ impl CgroupResolver {
             self.rescan();
         }
         self.by_id.get(&id).cloned()
+    }
+
+    /// O(1) lookup: kernfs accepts a cgroup id as a file handle
+    /// (`FILEID_KERNFS`), so the directory can be opened by id and its path
+    /// read back from /proc/self/fd. Needs CAP_DAC_READ_SEARCH; without it
+    /// the directory walk still works.
+    fn path_by_handle(&self, id: u64) -> Option<String> {
+        use std::os::fd::AsRawFd;
+        #[repr(C)]
+        struct KernfsHandle {
+            handle_bytes: u32,
+            handle_type: i32,
+            id: u64,
+        }
+        const FILEID_KERNFS: i32 = 0xfe;
+        let root = self.root.as_ref()?;
+        let mount = fs::File::open(root).ok()?;
+        let mut handle = KernfsHandle { handle_bytes: 8, handle_type: FILEID_KERNFS, id };
+        // SAFETY: `handle` is a valid file_handle header followed by its
+        // 8 payload bytes, and `mount` is an open directory on the cgroup2 mount.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                mount.as_raw_fd(),
+                (&mut handle as *mut KernfsHandle).cast::<libc::file_handle>(),
+                libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        let link = fs::read_link(format!("/proc/self/fd/{fd}"));
+        // SAFETY: `fd` was just returned to us and is closed exactly once.
+        unsafe { libc::close(fd) };
+        let link = link.ok()?;
+        let rel = link.strip_prefix(root).ok()?;
+        Some(format!("/{}", rel.display()))
     }
 
     /// The id of a cgroup path (below the root), read from its inode.

@@ -1,0 +1,940 @@
+#!/usr/bin/env python3
+"""Checks for canaryscope's deploy/ directory; deploy/check.sh runs them in order.
+
+Subcommands
+  sync-rules            rewrite deploy/prometheusrule.yaml from deploy/prometheus/rules.yaml
+  rules-equal           PrometheusRule spec == plain rule file
+  contract              metric names / labels used by rules, tests and templates are the
+                        ones of the metric contract (docs/ARCHITECTURE.md)
+  coverage              every alert has a firing and a non-firing promtool test, canary
+                        alerts a test with stable series; every Argo metric and Flagger
+                        template is exercised by an analysis test
+  render-analysis DIR   render the Argo / Flagger queries with test arguments into DIR:
+                        queries.rules.yaml (for `promtool check rules`) and the
+                        analysis tests (for `promtool test rules`)
+  validate              Kubernetes + CRD schema validation and structural checks of the
+                        manifests (kustomize output when kubectl/kustomize is available)
+  extract-schemas ...   regenerate deploy/schemas/*.json from upstream CRD files
+
+Needs: python3 with PyYAML (Debian: python3-yaml); for `validate` also jsonschema
+(Debian: python3-jsonschema) and kubernetes-validate (PyPI only).
+"""
+import argparse
+import copy
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover
+    sys.stderr.write("deploycheck: PyYAML is missing: apt-get install python3-yaml "
+                     "(or pip install PyYAML)\n")
+    sys.exit(2)
+
+DEPLOY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RULES = os.path.join(DEPLOY, "prometheus", "rules.yaml")
+PROMRULE = os.path.join(DEPLOY, "prometheusrule.yaml")
+TESTS_GLOB = os.path.join(DEPLOY, "prometheus", "tests", "*.yaml")
+ANALYSIS_TESTS_GLOB = os.path.join(DEPLOY, "prometheus", "analysis-tests", "*.yaml")
+ARGO = os.path.join(DEPLOY, "argo-analysistemplate.yaml")
+FLAGGER = os.path.join(DEPLOY, "flagger-metrictemplate.yaml")
+SCHEMAS = os.path.join(DEPLOY, "schemas")
+
+# Kubernetes versions whose built-in schemas the manifests must satisfy.
+K8S_VERSIONS = ["1.28", "1.37"]
+
+# ---------------------------------------------------------------------------------
+# Metric contract (docs/ARCHITECTURE.md, "Metric names"). Keep in step with it.
+# name (without prefix) -> (type, extra labels, carries workload labels)
+CONTRACT = {
+    "gpu_api_calls_total": ("counter", ["api", "function", "result"], True),
+    "gpu_api_call_duration_seconds": ("histogram", ["api", "function"], True),
+    "gpu_init_failures_total": ("counter", ["api", "function", "result"], True),
+    "gpu_api_stalled_calls": ("gauge", ["api", "function"], True),
+    "native_crashes_total": ("counter", ["signal", "library"], True),
+    "kfd_ioctls_total": ("counter", ["ioctl", "result"], True),
+    "kfd_ioctl_duration_seconds": ("histogram", ["ioctl"], True),
+    "gpu_memory_faults_total": ("counter", [], True),
+    "gpu_resets_total": ("counter", [], True),
+    "gpu_queue_evictions_total": ("counter", [], True),
+    "cpu_runqueue_latency_seconds": ("histogram", [], True),
+    "cpu_throttled_periods_total": ("counter", [], True),
+    "cpu_periods_total": ("counter", [], True),
+    "cpu_throttled_seconds_total": ("counter", [], True),
+    "cpu_runnable_threads": ("gauge", [], True),
+    "cpu_quota_cores": ("gauge", [], True),
+    "oom_kills_total": ("counter", ["scope"], True),
+    "abnormal_exits_total": ("counter", ["signal"], True),
+    "probe_attached": ("gauge", ["probe", "target"], False),
+    "events_lost_total": ("counter", [], False),
+}
+PREFIX = "canaryscope_"
+WORKLOAD_LABELS = ["namespace", "pod", "container", "workload", "revision", "track"]
+# Added by the scrape (job, instance) and by the ServiceMonitor relabelling (node).
+TARGET_LABELS = ["job", "instance", "node"]
+
+ERRORS = []
+
+
+def err(msg):
+    ERRORS.append(msg)
+    print("  FAIL: " + msg)
+
+
+def ok(msg):
+    print("  ok: " + msg)
+
+
+def finish(what):
+    if ERRORS:
+        print("%s: %d problem(s)" % (what, len(ERRORS)))
+        sys.exit(1)
+    print("%s: all good" % what)
+
+
+def load_yaml(path):
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def load_all(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def rel(path):
+    return os.path.relpath(path, os.path.dirname(DEPLOY))
+
+
+# ---------------------------------------------------------------------------------
+# Metric names and labels
+
+
+def metric_series():
+    """Every exported series name -> allowed label names."""
+    out = {}
+    for base, (typ, extra, workload) in CONTRACT.items():
+        labels = set(extra) | set(TARGET_LABELS)
+        if workload:
+            labels |= set(WORKLOAD_LABELS)
+        name = PREFIX + base
+        if typ == "histogram":
+            out[name + "_bucket"] = labels | {"le"}
+            out[name + "_sum"] = labels
+            out[name + "_count"] = labels
+        else:
+            out[name] = labels
+    return out
+
+
+SERIES = metric_series()
+ALL_LABELS = set().union(*SERIES.values()) | {"le"}
+NAME_RE = re.compile(r"\b(canaryscope_[A-Za-z0-9_]+)")
+SELECTOR_RE = re.compile(r"\b(canaryscope_[A-Za-z0-9_]+)\s*\{([^{}]*)\}")
+MATCHER_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
+GROUPING_RE = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+def check_promql(where, expr):
+    for name in NAME_RE.findall(expr):
+        if name not in SERIES:
+            err("%s: %s is not in the metric contract" % (where, name))
+    for name, body in SELECTOR_RE.findall(expr):
+        allowed = SERIES.get(name)
+        if allowed is None:
+            continue
+        for part in [p for p in body.split(",") if p.strip()]:
+            m = MATCHER_RE.fullmatch(part)
+            if not m:
+                err("%s: cannot parse matcher %r of %s" % (where, part, name))
+                continue
+            if m.group(1) not in allowed:
+                err("%s: %s has no label %r (has: %s)"
+                    % (where, name, m.group(1), ", ".join(sorted(allowed))))
+    for group in GROUPING_RE.findall(expr):
+        for label in [x.strip() for x in group.split(",") if x.strip()]:
+            if label not in ALL_LABELS:
+                err("%s: grouping label %r is not exported by canaryscope" % (where, label))
+
+
+def parse_series(spec):
+    """'name{a="b",...}' -> (name, {labels})"""
+    m = re.fullmatch(r"\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{(.*)\})?\s*", spec)
+    if not m:
+        raise ValueError("bad series %r" % spec)
+    labels = {}
+    body = m.group(2) or ""
+    for part in [p for p in re.findall(r'[A-Za-z_][A-Za-z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"', body)]:
+        k, v = part.split("=", 1)
+        labels[k.strip()] = v.strip()[1:-1]
+    return m.group(1), labels
+
+
+# ---------------------------------------------------------------------------------
+# Rendering of the Argo / Flagger query templates
+
+
+def argo_template():
+    docs = [d for d in load_all(ARGO) if d.get("kind") == "AnalysisTemplate"]
+    if len(docs) != 1:
+        raise SystemExit("expected one AnalysisTemplate in %s" % rel(ARGO))
+    return docs[0]
+
+
+def flagger_templates():
+    return [d for d in load_all(FLAGGER) if d.get("kind") == "MetricTemplate"]
+
+
+ARGO_ARG_RE = re.compile(r"\{\{\s*args\.([A-Za-z0-9_.-]+)\s*\}\}")
+FLAGGER_VAR_RE = re.compile(r"\{\{\s*([A-Za-z]+)\s*\}\}")
+FLAGGER_VARS = {"name", "namespace", "target", "service", "ingress", "route", "interval"}
+
+
+def render_argo(text, args):
+    def sub(m):
+        if m.group(1) not in args:
+            raise KeyError("args.%s" % m.group(1))
+        return str(args[m.group(1)])
+    out = ARGO_ARG_RE.sub(sub, text)
+    if "{{" in out:
+        raise ValueError("unrendered template in %r" % out)
+    return out
+
+
+def render_flagger(text, variables):
+    def sub(m):
+        if m.group(1) not in variables:
+            raise KeyError(m.group(1))
+        return str(variables[m.group(1)])
+    out = FLAGGER_VAR_RE.sub(sub, text)
+    if "{{" in out:
+        raise ValueError("unrendered template in %r" % out)
+    return out
+
+
+def argo_defaults():
+    return {a["name"]: a["value"] for a in argo_template()["spec"].get("args", []) if "value" in a}
+
+
+SAMPLE_ARGO_ARGS = {"namespace": "infer", "workload": "zluda-worker", "canary-hash": "7c9d5f"}
+SAMPLE_FLAGGER_VARS = {"name": "zluda-worker", "namespace": "infer", "target": "zluda-worker",
+                       "service": "zluda-worker", "ingress": "", "route": "", "interval": "1m"}
+
+
+def rendered_queries():
+    """[(where, key, promql)] of every Argo metric and Flagger template, sample values."""
+    out = []
+    args = dict(argo_defaults())
+    args.update(SAMPLE_ARGO_ARGS)
+    for m in argo_template()["spec"]["metrics"]:
+        q = m["provider"]["prometheus"]["query"]
+        out.append(("%s metric %s" % (rel(ARGO), m["name"]), "argo:" + m["name"], render_argo(q, args)))
+    for t in flagger_templates():
+        out.append(("%s template %s" % (rel(FLAGGER), t["metadata"]["name"]),
+                    "flagger:" + t["metadata"]["name"], render_flagger(t["spec"]["query"], SAMPLE_FLAGGER_VARS)))
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# sync-rules / rules-equal
+
+PROMRULE_HEADER = """\
+# canaryscope alerts as a Prometheus Operator PrometheusRule.
+#
+# GENERATED from deploy/prometheus/rules.yaml by
+#     python3 deploy/tools/deploycheck.py sync-rules
+# Edit rules.yaml (the plain Prometheus rule file, which the promtool unit tests in
+# deploy/prometheus/tests/ exercise) and regenerate; deploy/check.sh fails when the two
+# differ.
+#
+# Labels: kube-prometheus' Prometheus selects rules labelled prometheus=k8s and
+# role=alert-rules; kube-prometheus-stack wants `release: <helm release>` instead.
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: canaryscope
+  namespace: canaryscope
+  labels:
+    app.kubernetes.io/name: canaryscope
+    app.kubernetes.io/part-of: canaryscope
+    prometheus: k8s
+    role: alert-rules
+spec:
+"""
+
+
+def cmd_sync_rules(_):
+    with open(RULES) as f:
+        lines = f.read().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("groups:"))
+    body = "\n".join(("  " + l) if l.strip() else "" for l in lines[start:])
+    with open(PROMRULE, "w") as f:
+        f.write(PROMRULE_HEADER + body + "\n")
+    print("wrote %s" % rel(PROMRULE))
+    cmd_rules_equal(None)
+
+
+def cmd_rules_equal(_):
+    print("PrometheusRule spec vs plain rule file")
+    plain = load_yaml(RULES)
+    docs = load_all(PROMRULE)
+    if len(docs) != 1 or docs[0].get("kind") != "PrometheusRule":
+        err("%s must hold exactly one PrometheusRule" % rel(PROMRULE))
+    elif docs[0].get("spec") != plain:
+        a = json.dumps(docs[0].get("spec"), indent=1, sort_keys=True).splitlines()
+        b = json.dumps(plain, indent=1, sort_keys=True).splitlines()
+        import difflib
+        print("\n".join(difflib.unified_diff(a, b, "prometheusrule.yaml spec", "prometheus/rules.yaml", lineterm="")))
+        err("spec of %s differs from %s (run: python3 deploy/tools/deploycheck.py sync-rules)"
+            % (rel(PROMRULE), rel(RULES)))
+    else:
+        ok("%s spec == %s (%d groups, %d rules)"
+           % (rel(PROMRULE), rel(RULES), len(plain["groups"]), sum(len(g["rules"]) for g in plain["groups"])))
+    finish("rules-equal")
+
+
+# ---------------------------------------------------------------------------------
+# contract
+
+
+def cmd_contract(_):
+    print("metric contract (names and labels)")
+    rules = load_yaml(RULES)
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            name = r.get("alert") or r.get("record")
+            check_promql("%s %s expr" % (rel(RULES), name), r["expr"])
+            for k, v in (r.get("annotations") or {}).items():
+                for n in NAME_RE.findall(v):
+                    if n not in SERIES:
+                        err("%s %s annotation %s: %s is not in the metric contract" % (rel(RULES), name, k, n))
+            if r.get("alert", "").startswith("Canary") and 'track="canary"' in r["expr"]:
+                for group in GROUPING_RE.findall(r["expr"]):
+                    labels = [x.strip() for x in group.split(",")]
+                    if "le" in labels:
+                        continue
+                    if "workload" not in labels:
+                        err("%s %s: aggregation (%s) drops `workload`" % (rel(RULES), name, group))
+    for where, _key, q in rendered_queries():
+        check_promql(where, q)
+    # test input series must look like what canaryscope exports
+    for path in sorted(glob.glob(TESTS_GLOB)) + sorted(glob.glob(ANALYSIS_TESTS_GLOB)):
+        for t in load_yaml(path).get("tests", []):
+            for s in t.get("input_series", []):
+                name, labels = parse_series(s["series"])
+                if name == "up":
+                    continue
+                allowed = SERIES.get(name)
+                if allowed is None:
+                    err("%s (%s): input series %s is not in the metric contract" % (rel(path), t.get("name"), name))
+                    continue
+                extra = set(labels) - allowed
+                if extra:
+                    err("%s (%s): %s has labels not exported: %s" % (rel(path), t.get("name"), name, sorted(extra)))
+                base = name[len(PREFIX):]
+                for suffix in ("_bucket", "_sum", "_count"):
+                    if base.endswith(suffix) and base[:-len(suffix)] in CONTRACT:
+                        base = base[:-len(suffix)]
+                if CONTRACT[base][2]:
+                    missing = set(WORKLOAD_LABELS) - set(labels)
+                    if missing:
+                        err("%s (%s): %s lacks workload labels %s" % (rel(path), t.get("name"), name, sorted(missing)))
+    if not ERRORS:
+        ok("rules, annotations, Argo/Flagger queries and test series use only contract metrics and labels")
+    finish("contract")
+
+
+# ---------------------------------------------------------------------------------
+# coverage
+
+
+def cmd_coverage(_):
+    print("test coverage")
+    rules = load_yaml(RULES)
+    alerts = [(r["alert"], r["expr"]) for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    tests = []
+    for path in sorted(glob.glob(TESTS_GLOB)):
+        for t in load_yaml(path).get("tests", []):
+            tests.append((path, t))
+    for alert, expr in alerts:
+        fires = silent = with_stable = False
+        for _path, t in tests:
+            cases = [c for c in t.get("alert_rule_test", []) if c.get("alertname") == alert]
+            if not cases:
+                continue
+            if any(c.get("exp_alerts") for c in cases):
+                fires = True
+            if any(not c.get("exp_alerts") for c in cases):
+                silent = True
+            for s in t.get("input_series", []):
+                if parse_series(s["series"])[1].get("track") == "stable":
+                    with_stable = True
+        if not fires:
+            err("alert %s has no test where it fires" % alert)
+        if not silent:
+            err("alert %s has no test where it must stay silent" % alert)
+        if 'track="canary"' in expr and not with_stable:
+            err("canary alert %s is never tested against stable series" % alert)
+    if not ERRORS:
+        ok("%d alerts: each fires in a test and stays silent in another; canary alerts see stable series"
+           % len(alerts))
+    # analysis templates
+    used = set()
+    for path in sorted(glob.glob(ANALYSIS_TESTS_GLOB)):
+        for t in load_yaml(path).get("tests", []):
+            for c in t.get("promql_expr_test", []):
+                if c["expr"].startswith("@"):
+                    used.add(c["expr"][1:].strip())
+    keys = [k for _w, k, _q in rendered_queries()]
+    for k in keys:
+        if k not in used:
+            err("analysis query %s is not exercised by any test in %s" % (k, rel(os.path.dirname(ANALYSIS_TESTS_GLOB))))
+    for k in used - set(keys):
+        err("analysis test refers to unknown query @%s" % k)
+    if not ERRORS:
+        ok("%d Argo metrics / Flagger templates each exercised by analysis tests" % len(keys))
+    finish("coverage")
+
+
+# ---------------------------------------------------------------------------------
+# render-analysis
+
+
+def cmd_render_analysis(ns):
+    out = ns.dir
+    os.makedirs(out, exist_ok=True)
+    # 1. every query as a recording rule, so that promtool parses all of them
+    rules = {"groups": [{"name": "canaryscope-analysis-queries", "rules": []}]}
+    for _where, key, q in rendered_queries():
+        rules["groups"][0]["rules"].append(
+            {"record": "analysis:" + re.sub(r"[^A-Za-z0-9_]", "_", key), "expr": q})
+    with open(os.path.join(out, "queries.rules.yaml"), "w") as f:
+        yaml.safe_dump(rules, f, sort_keys=False, width=1000)
+    with open(os.path.join(out, "empty.rules.yaml"), "w") as f:
+        f.write("groups: []\n")
+    # 2. analysis tests with @argo:/@flagger: placeholders replaced
+    argo = {"argo:" + m["name"]: m["provider"]["prometheus"]["query"] for m in argo_template()["spec"]["metrics"]}
+    flagger = {"flagger:" + t["metadata"]["name"]: t["spec"]["query"] for t in flagger_templates()}
+    defaults = argo_defaults()
+    n = 0
+    for path in sorted(glob.glob(ANALYSIS_TESTS_GLOB)):
+        doc = load_yaml(path)
+        doc["rule_files"] = ["empty.rules.yaml"]
+        for t in doc.get("tests", []):
+            args = dict(defaults)
+            args.update(t.pop("x-argo-args", {}) or {})
+            variables = dict(t.pop("x-flagger-vars", {}) or {})
+            for c in t.get("promql_expr_test", []):
+                e = c["expr"]
+                if not e.startswith("@"):
+                    continue
+                key = e[1:].strip()
+                if key in argo:
+                    c["expr"] = render_argo(argo[key], args)
+                elif key in flagger:
+                    c["expr"] = render_flagger(flagger[key], variables)
+                else:
+                    raise SystemExit("%s: unknown query %s" % (rel(path), e))
+                n += 1
+        with open(os.path.join(out, os.path.basename(path)), "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False, width=1000)
+    print("rendered %d analysis queries and %d test expressions into %s" % (len(argo) + len(flagger), n, out))
+
+
+# ---------------------------------------------------------------------------------
+# validate
+
+BLOCK_RE = r"^# --- begin example {kind} ---\n(.*?)^# --- end example {kind} ---$"
+
+
+def commented_example(path, kind):
+    with open(path) as f:
+        text = f.read()
+    m = re.search(BLOCK_RE.format(kind=kind), text, re.S | re.M)
+    if not m:
+        err("%s: no commented example %s block" % (rel(path), kind))
+        return None
+    lines = []
+    for l in m.group(1).splitlines():
+        if not l.startswith("#"):
+            err("%s: uncommented line inside example %s: %r" % (rel(path), kind, l))
+            return None
+        lines.append(l[2:] if l.startswith("# ") else l[1:])
+    return yaml.safe_load("\n".join(lines))
+
+
+def strictify(schema):
+    """CRD structural schema (OpenAPI v3 subset) -> strict JSON schema: unknown fields
+    are errors (like kubeconform -strict), `nullable` becomes a null type."""
+    if isinstance(schema, list):
+        return [strictify(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    s = {}
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "definitions"):
+            s[k] = {pk: strictify(pv) for pk, pv in v.items()}
+        elif k in ("items", "additionalProperties", "not") and isinstance(v, dict):
+            s[k] = strictify(v)
+        elif k in ("anyOf", "allOf", "oneOf"):
+            s[k] = [strictify(x) for x in v]
+        else:
+            s[k] = v
+    if s.get("nullable") and "type" in s:
+        s["type"] = [s["type"], "null"]
+    if "properties" in s and "additionalProperties" not in s \
+            and not s.get("x-kubernetes-preserve-unknown-fields"):
+        s["additionalProperties"] = False
+    return s
+
+
+OBJECT_META = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253},
+        "namespace": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+
+
+def load_crd_schemas():
+    out = {}
+    for path in sorted(glob.glob(os.path.join(SCHEMAS, "*.json"))):
+        with open(path) as f:
+            d = json.load(f)
+        schema = strictify(d["schema"])
+        schema.setdefault("properties", {})["metadata"] = OBJECT_META
+        out[(d["apiVersion"], d["kind"])] = (schema, os.path.basename(path))
+    return out
+
+
+def find_nulls(obj, path=""):
+    if obj is None:
+        return [path or "/"]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in find_nulls(v, "%s/%s" % (path, k))]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in find_nulls(v, "%s/%d" % (path, i))]
+    return []
+
+
+def kustomize_build(directory):
+    """Rendered docs of a kustomization, or None when no kustomize is available."""
+    for cmd in (["kustomize", "build", directory], ["kubectl", "kustomize", directory]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            err("%s failed: %s" % (" ".join(cmd), p.stderr.strip()))
+            return []
+        return [d for d in yaml.safe_load_all(p.stdout) if d is not None]
+    return None
+
+
+def files_of_kustomization(directory):
+    """Fallback without kustomize: the resources listed, namespace applied, no patches."""
+    k = load_yaml(os.path.join(directory, "kustomization.yaml"))
+    docs = []
+    for r in k.get("resources", []):
+        p = os.path.join(directory, r)
+        if os.path.isdir(p):
+            docs += files_of_kustomization(p)
+        else:
+            docs += load_all(p)
+    ns = k.get("namespace")
+    for d in docs:
+        if ns and d.get("kind") not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            d.setdefault("metadata", {})["namespace"] = ns
+    return docs
+
+
+def image_has_registry(image):
+    first = image.split("/")[0]
+    return "/" in image and ("." in first or ":" in first or first == "localhost")
+
+
+def validate_doc(where, doc, crds, kv):
+    nulls = find_nulls(doc)
+    if nulls:
+        err("%s: null values at %s" % (where, ", ".join(nulls)))
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key in crds:
+        import jsonschema
+        schema, name = crds[key]
+        v = jsonschema.Draft7Validator(schema)
+        errors = sorted(v.iter_errors(doc), key=lambda e: list(e.absolute_path))
+        for e in errors:
+            err("%s: %s at /%s" % (where, e.message, "/".join(str(p) for p in e.absolute_path)))
+        if not errors:
+            ok("%s: valid against %s (strict)" % (where, name))
+        return
+    if key[0] in ("argoproj.io/v1alpha1", "flagger.app/v1beta1", "monitoring.coreos.com/v1"):
+        err("%s: no vendored schema for %s %s" % (where, key[0], key[1]))
+        return
+    for version in K8S_VERSIONS:
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as e:
+            err("%s: Kubernetes %s schema: %s at /%s"
+                % (where, version, e.message, "/".join(str(p) for p in e.path)))
+            return
+        except kv.SchemaNotFoundError as e:
+            err("%s: %s" % (where, e.message))
+            return
+    ok("%s: valid against Kubernetes %s schemas (strict)" % (where, " and ".join(K8S_VERSIONS)))
+
+
+def by_kind(docs, kind, name=None):
+    return [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def check_daemonset_policy(where, docs, secure):
+    ds = by_kind(docs, "DaemonSet", "canaryscope")
+    if len(ds) != 1:
+        err("%s: expected one DaemonSet canaryscope" % where)
+        return
+    ds = ds[0]
+    pod = ds["spec"]["template"]["spec"]
+    if pod.get("hostPID") is not True:
+        err("%s: hostPID must be true (host-pid /proc access)" % where)
+    for k in ("hostNetwork", "hostIPC"):
+        if pod.get(k):
+            err("%s: %s must not be set" % (where, k))
+    if pod.get("priorityClassName") != "system-node-critical":
+        err("%s: priorityClassName must be system-node-critical" % where)
+    if not pod.get("tolerations"):
+        err("%s: no tolerations for GPU nodes" % where)
+    sa = pod.get("serviceAccountName")
+    if not by_kind(docs, "ServiceAccount", sa):
+        err("%s: serviceAccountName %r has no ServiceAccount" % (where, sa))
+    bound = [s for b in by_kind(docs, "ClusterRoleBinding") for s in b.get("subjects", [])
+             if s.get("kind") == "ServiceAccount" and s.get("name") == sa
+             and s.get("namespace") == ds["metadata"].get("namespace")]
+    if not bound:
+        err("%s: ServiceAccount %s/%s is bound to no ClusterRole" % (where, ds["metadata"].get("namespace"), sa))
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    allowed_caps = {"BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH", "SYS_RESOURCE"}
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    for c in pod["containers"]:
+        cw = "%s container %s" % (where, c["name"])
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            err("%s: privileged" % cw)
+        if sc.get("allowPrivilegeEscalation") is not False:
+            err("%s: allowPrivilegeEscalation must be false" % cw)
+        if sc.get("readOnlyRootFilesystem") is not True:
+            err("%s: readOnlyRootFilesystem must be true" % cw)
+        caps = sc.get("capabilities", {})
+        if caps.get("drop") != ["ALL"]:
+            err("%s: capabilities must drop ALL" % cw)
+        added = set(caps.get("add", []))
+        if c["name"] == "canaryscope":
+            if added - allowed_caps:
+                err("%s: unexpected capabilities %s" % (cw, sorted(added - allowed_caps)))
+            if not {"BPF", "PERFMON"} <= added:
+                err("%s: BPF and PERFMON are required" % cw)
+            env = {e["name"]: e for e in c.get("env", [])}
+            if env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
+                err("%s: NODE_NAME must come from fieldRef spec.nodeName" % cw)
+            listen = [a for a in c.get("args", []) if a.startswith("--listen")]
+            want = "--listen=127.0.0.1:9464" if secure else "--listen=0.0.0.0:9464"
+            if listen != [want]:
+                err("%s: expected %s, got %s" % (cw, want, listen))
+        elif added:
+            err("%s: sidecar must not add capabilities" % cw)
+        if "SYS_ADMIN" in added:
+            err("%s: CAP_SYS_ADMIN is not allowed" % cw)
+        res = c.get("resources", {})
+        for k in ("requests", "limits"):
+            if not all(x in res.get(k, {}) for x in ("cpu", "memory")):
+                err("%s: resources.%s needs cpu and memory" % (cw, k))
+        if image_has_registry(c["image"]):
+            err("%s: image %s names a registry host" % (cw, c["image"]))
+        for probe in ("livenessProbe", "readinessProbe"):
+            if probe not in c:
+                err("%s: no %s" % (cw, probe))
+        ports = {p.get("name") for cc in pod["containers"] for p in cc.get("ports", [])}
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            port = c.get(probe, {}).get("httpGet", {}).get("port")
+            if isinstance(port, str) and port not in ports:
+                err("%s: %s uses unknown port %s" % (cw, probe, port))
+        for m in c.get("volumeMounts", []):
+            v = volumes.get(m["name"])
+            if v is None:
+                err("%s: volumeMount %s has no volume" % (cw, m["name"]))
+            elif "hostPath" in v and m.get("readOnly") is not True:
+                err("%s: hostPath mount %s must be readOnly" % (cw, m["mountPath"]))
+    # Service -> pods, ServiceMonitor -> Service
+    svc = by_kind(docs, "Service", "canaryscope")
+    if len(svc) != 1:
+        err("%s: expected one Service canaryscope" % where)
+        return
+    svc = svc[0]
+    sel = svc["spec"].get("selector", {})
+    if any(pod_labels.get(k) != v for k, v in sel.items()):
+        err("%s: Service selector %s does not select the DaemonSet pods" % (where, sel))
+    cports = {p.get("name") for c in pod["containers"] for p in c.get("ports", [])}
+    for p in svc["spec"]["ports"]:
+        if isinstance(p.get("targetPort"), str) and p["targetPort"] not in cports:
+            err("%s: Service targetPort %s is no container port" % (where, p["targetPort"]))
+    for sm in by_kind(docs, "ServiceMonitor"):
+        msel = sm["spec"]["selector"].get("matchLabels", {})
+        if any(svc["metadata"].get("labels", {}).get(k) != v for k, v in msel.items()):
+            err("%s: ServiceMonitor selector %s does not select the Service" % (where, msel))
+        names = {p.get("name") for p in svc["spec"]["ports"]}
+        for e in sm["spec"]["endpoints"]:
+            if e.get("port") not in names:
+                err("%s: ServiceMonitor port %s is not a Service port" % (where, e.get("port")))
+            if e.get("honorLabels") is not True:
+                err("%s: ServiceMonitor endpoint must set honorLabels: true" % where)
+    if not ERRORS:
+        ok("%s: DaemonSet/Service/ServiceMonitor/RBAC structure and privilege policy" % where)
+
+
+def check_capability_comments():
+    with open(os.path.join(DEPLOY, "daemonset.yaml")) as f:
+        lines = f.read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == "add:"), None)
+    if start is None:
+        err("daemonset.yaml: no capabilities add: list")
+        return
+    indent = None
+    for i in range(start + 1, len(lines)):
+        s = lines[i].strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            continue
+        if not s.startswith("- "):
+            break
+        if not lines[i - 1].strip().startswith("#"):
+            err("daemonset.yaml:%d: capability %s has no comment saying why" % (i + 1, s[2:]))
+    if not ERRORS:
+        ok("deploy/daemonset.yaml: every added capability is preceded by its reason")
+
+
+def check_kustomization_lists_everything():
+    k = load_yaml(os.path.join(DEPLOY, "kustomization.yaml"))
+    listed = set(k.get("resources", []))
+    documented_apart = {"argo-analysistemplate.yaml", "flagger-metrictemplate.yaml"}
+    for path in sorted(glob.glob(os.path.join(DEPLOY, "*.yaml"))):
+        base = os.path.basename(path)
+        if base == "kustomization.yaml" or base in documented_apart:
+            continue
+        if base not in listed:
+            err("deploy/%s is not listed in deploy/kustomization.yaml" % base)
+    for r in listed:
+        if not os.path.exists(os.path.join(DEPLOY, r)):
+            err("deploy/kustomization.yaml lists missing %s" % r)
+    if not ERRORS:
+        ok("deploy/kustomization.yaml lists every manifest (Argo/Flagger templates are applied apart)")
+
+
+def check_argo_flagger(rollout, canary):
+    tpl = argo_template()
+    declared = {a["name"]: a for a in tpl["spec"].get("args", [])}
+    text = json.dumps(tpl["spec"]["metrics"])
+    for used in set(ARGO_ARG_RE.findall(text)):
+        if used not in declared:
+            err("%s: {{args.%s}} is not declared in spec.args" % (rel(ARGO), used))
+    for name in declared:
+        if name not in ARGO_ARG_RE.findall(text):
+            err("%s: arg %s is declared but never used" % (rel(ARGO), name))
+    required = {n for n, a in declared.items() if "value" not in a and "valueFrom" not in a}
+    if required != {"namespace", "workload", "canary-hash"}:
+        err("%s: required args are %s, expected namespace, workload, canary-hash" % (rel(ARGO), sorted(required)))
+    for m in tpl["spec"]["metrics"]:
+        q = m["provider"]["prometheus"]["query"]
+        if 'revision="{{args.canary-hash}}"' not in q.replace(" ", ""):
+            err("%s metric %s does not select the canary revision" % (rel(ARGO), m["name"]))
+        if "or vector(0)" not in q:
+            err("%s metric %s lacks `or vector(0)`" % (rel(ARGO), m["name"]))
+    if rollout is not None:
+        canary_strategy = rollout["spec"]["strategy"]["canary"]
+        uses = [canary_strategy.get("analysis")] + [s["analysis"] for s in canary_strategy.get("steps", []) if "analysis" in s]
+        for u in [u for u in uses if u]:
+            names = {t.get("templateName") for t in u.get("templates", [])}
+            if tpl["metadata"]["name"] not in names:
+                err("example Rollout analysis does not reference %s" % tpl["metadata"]["name"])
+            given = {a["name"] for a in u.get("args", [])}
+            if required - given:
+                err("example Rollout analysis misses required args %s" % sorted(required - given))
+            if given - set(declared):
+                err("example Rollout analysis passes undeclared args %s" % sorted(given - set(declared)))
+    mts = {t["metadata"]["name"]: t for t in flagger_templates()}
+    for name, t in mts.items():
+        for v in set(FLAGGER_VAR_RE.findall(t["spec"]["query"])):
+            if v not in FLAGGER_VARS:
+                err("%s template %s: unknown variable {{ %s }}" % (rel(FLAGGER), name, v))
+        if "or vector(0)" not in t["spec"]["query"]:
+            err("%s template %s lacks `or vector(0)`" % (rel(FLAGGER), name))
+    if canary is not None:
+        refs = set()
+        for m in canary["spec"]["analysis"]["metrics"]:
+            ref = m.get("templateRef", {})
+            refs.add(ref.get("name"))
+            t = mts.get(ref.get("name"))
+            if t is None:
+                err("example Canary references unknown MetricTemplate %s" % ref.get("name"))
+            elif ref.get("namespace") != t["metadata"].get("namespace"):
+                err("example Canary references %s in namespace %s, it lives in %s"
+                    % (ref.get("name"), ref.get("namespace"), t["metadata"].get("namespace")))
+            if "thresholdRange" not in m:
+                err("example Canary metric %s has no thresholdRange" % m["name"])
+        for name in set(mts) - refs:
+            err("MetricTemplate %s is not used by the example Canary" % name)
+    if not ERRORS:
+        ok("Argo args/queries and Flagger variables/templates are consistent with their examples")
+
+
+def cmd_validate(_):
+    print("manifest validation")
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        err("python module jsonschema is missing: apt-get install python3-jsonschema (or pip install jsonschema)")
+        finish("validate")
+    try:
+        import kubernetes_validate as kv
+        import kubernetes_validate.utils as kvu
+        kv.ValidationError = kvu.ValidationError
+        kv.SchemaNotFoundError = kvu.SchemaNotFoundError
+    except ImportError:
+        err("python module kubernetes_validate is missing (Kubernetes built-in schemas, offline): "
+            "pip install kubernetes-validate   (or run deploy/check.sh --install-deps)")
+        finish("validate")
+    crds = load_crd_schemas()
+    if not crds:
+        err("no vendored CRD schemas in %s" % rel(SCHEMAS))
+    sets = []
+    for directory, secure in ((DEPLOY, False), (os.path.join(DEPLOY, "secure"), True)):
+        docs = kustomize_build(directory)
+        label = rel(directory) + "/ (kustomize build)"
+        if docs is None:
+            print("  note: neither kustomize nor kubectl found: validating the listed files of "
+                  "%s without applying patches" % rel(directory))
+            docs = files_of_kustomization(directory)
+            label = rel(directory) + "/ (files, patches not applied)"
+        sets.append((label, docs, secure, docs is not None))
+    for label, docs, secure, _ in sets:
+        for d in docs:
+            validate_doc("%s %s/%s" % (label, d.get("kind"), d.get("metadata", {}).get("name")), d, crds, kv)
+        if "patches not applied" not in label or not secure:
+            check_daemonset_policy(label, docs, secure)
+    for path in (ARGO, FLAGGER):
+        for d in load_all(path):
+            validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)
+    rollout = commented_example(ARGO, "Rollout")
+    if rollout is not None:
+        validate_doc("%s example Rollout" % rel(ARGO), rollout, crds, kv)
+        tpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "example"},
+               "template": rollout["spec"]["template"]}
+        validate_doc("%s example Rollout spec.template (as PodTemplate)" % rel(ARGO), tpl, crds, kv)
+    canary = commented_example(FLAGGER, "Canary")
+    if canary is not None:
+        validate_doc("%s example Canary" % rel(FLAGGER), canary, crds, kv)
+    check_argo_flagger(rollout, canary)
+    check_capability_comments()
+    check_kustomization_lists_everything()
+    finish("validate")
+
+
+# ---------------------------------------------------------------------------------
+# extract-schemas
+
+
+def strip_descriptions(o):
+    if isinstance(o, dict):
+        return {k: strip_descriptions(v) for k, v in o.items() if k != "description"}
+    if isinstance(o, list):
+        return [strip_descriptions(x) for x in o]
+    return o
+
+
+# Subtrees replaced by "any object": they embed whole pod specs that deploy/ does not
+# use (Job metric provider) or that are validated separately (Rollout pod template).
+PRUNE = {
+    "AnalysisTemplate": [["spec", "metrics", "*", "provider", "job"]],
+    "Rollout": [["spec", "template"]],
+}
+
+
+def prune(schema, path):
+    node = schema
+    for i, key in enumerate(path):
+        if key == "*":
+            node = node["items"]
+            continue
+        props = node.get("properties", {})
+        if key not in props:
+            return
+        if i == len(path) - 1:
+            props[key] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            return
+        node = props[key]
+
+
+def cmd_extract_schemas(ns):
+    wanted = set(ns.kind)
+    for path in ns.crd:
+        for d in load_all(path):
+            if d.get("kind") != "CustomResourceDefinition":
+                continue
+            kind = d["spec"]["names"]["kind"]
+            if kind not in wanted:
+                continue
+            group = d["spec"]["group"]
+            for v in d["spec"]["versions"]:
+                if not v.get("served"):
+                    continue
+                schema = strip_descriptions(v["schema"]["openAPIV3Schema"])
+                for p in PRUNE.get(kind, []):
+                    prune(schema, p)
+                out = {
+                    "$comment": ("openAPIV3Schema of the %s CRD (%s/%s), descriptions stripped%s. "
+                                 "Regenerate with deploy/tools/deploycheck.py extract-schemas; source: %s"
+                                 % (kind, group, v["name"],
+                                    "; pruned: " + ", ".join(".".join(p) for p in PRUNE[kind]) if kind in PRUNE else "",
+                                    ns.source)),
+                    "apiVersion": "%s/%s" % (group, v["name"]),
+                    "kind": kind,
+                    "schema": schema,
+                }
+                name = "%s_%s_%s.json" % (group, v["name"], kind.lower())
+                with open(os.path.join(SCHEMAS, name), "w") as f:
+                    json.dump(out, f, indent=1, sort_keys=True)
+                    f.write("\n")
+                print("wrote %s" % rel(os.path.join(SCHEMAS, name)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("sync-rules").set_defaults(fn=cmd_sync_rules)
+    sub.add_parser("rules-equal").set_defaults(fn=cmd_rules_equal)
+    sub.add_parser("contract").set_defaults(fn=cmd_contract)
+    sub.add_parser("coverage").set_defaults(fn=cmd_coverage)
+    p = sub.add_parser("render-analysis")
+    p.add_argument("dir")
+    p.set_defaults(fn=cmd_render_analysis)
+    sub.add_parser("validate").set_defaults(fn=cmd_validate)
+    p = sub.add_parser("extract-schemas")
+    p.add_argument("--crd", action="append", required=True, help="upstream CRD YAML file")
+    p.add_argument("--kind", action="append", required=True, help="kind to extract")
+    p.add_argument("--source", required=True, help="provenance note (repository, commit, path)")
+    p.set_defaults(fn=cmd_extract_schemas)
+    ns = ap.parse_args()
+    ns.fn(ns)
+
+
+if __name__ == "__main__":
+    main()

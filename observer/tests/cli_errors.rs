@@ -1,0 +1,53 @@
+//! Bad input gets one clear line and exit status 2, never a backtrace.
+mod support;
+
+use std::process::Command;
+
+use support::canaryscope;
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(canaryscope()).args(args).output().expect("run canaryscope");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn missing_library_is_a_usage_error() {
+    let (code, err) = run(&["trace", "--lib", "/nonexistent/libamdhip64.so"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("--lib /nonexistent/libamdhip64.so"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn malformed_flags_are_usage_errors() {
+    let (code, err) = run(&["trace", "--stall-threshold", "ten"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ten"), "{err}");
+    let (code, _) = run(&["trace", "--no-such-flag"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+#[ignore = "needs root to drop to another user; run by `cargo xtask test`"]
+fn running_without_root_says_so() {
+    support::assert_root();
+    // Run as `nobody` through setuid in pre_exec.
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(canaryscope());
+    cmd.arg("trace");
+    // SAFETY: setgid/setuid between fork and exec are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("needs root"), "{err}");
+}

@@ -1,0 +1,67 @@
+//! The real HIP runtime (Debian's libamdhip64) fails to initialise on a
+//! machine without a GPU; canaryscope must see exactly those failures, with
+//! the caller's pid and cgroup.
+mod support;
+
+use std::{process::Command, time::Duration};
+
+use support::*;
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn hip_init_failures_are_traced_with_pid_and_cgroup() {
+    assert_root();
+    let probe = fixture("hip_probe");
+    let tracer = Tracer::start(&[]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+
+    // Started after the tracer attached: it must be seen all the same.
+    let out = pod.command(&probe).output().expect("run hip_probe");
+    assert!(out.status.success(), "hip_probe failed: {out:?}");
+    let pid = out_pid(&out.stdout);
+
+    let init = tracer.wait_for("hipInit", Duration::from_secs(5), |e| e["function"] == "hipInit" && e["pid"] == pid);
+    assert_eq!(init["kind"], "gpu_call");
+    assert_eq!(init["api"], "hip");
+    assert_eq!(init["result"], 101);
+    assert_eq!(init["result_name"], "hipErrorInvalidDevice");
+    assert_eq!(init["cgroup"], pod.rel.as_str());
+    assert_eq!(init["comm"], "hip_probe");
+    assert!(init["library"].as_str().is_some_and(|l| l.contains("libamdhip64")), "{init}");
+
+    let count = tracer.wait_for("hipGetDeviceCount", Duration::from_secs(5), |e| {
+        e["function"] == "hipGetDeviceCount" && e["pid"] == pid
+    });
+    assert_eq!(count["result"], 100);
+    assert_eq!(count["result_name"], "hipErrorNoDevice");
+    assert_eq!(count["cgroup"], pod.rel.as_str());
+    assert_eq!(count["tid"], pid);
+
+    let (status, events) = tracer.stop();
+    assert!(status.success(), "SIGTERM must end the tracer cleanly: {status:?}");
+    // Only failures by default: nothing reported with result 0.
+    assert!(events.iter().all(|e| e["result"] != 0), "{events:#?}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn filters_keep_only_the_asked_for_process() {
+    assert_root();
+    let probe = fixture("hip_probe");
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let tracer = Tracer::start(&["--cgroup", &pod.rel]);
+    let outside = Command::new(&probe).output().expect("run outside");
+    let inside = pod.command(&probe).output().expect("run inside");
+    let (outside_pid, inside_pid) = (out_pid(&outside.stdout), out_pid(&inside.stdout));
+    tracer.wait_for("the process in the cgroup", Duration::from_secs(5), |e| e["pid"] == inside_pid);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, events) = tracer.stop();
+    assert!(events.iter().all(|e| e["pid"] != outside_pid), "filtered-out pid leaked: {events:#?}");
+}
+
+fn out_pid(stdout: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"))
+}

@@ -1,0 +1,220 @@
+//! Shared pieces of the root integration tests: a tracer child process, real
+//! cgroups laid out as kubelet + containerd do, and the fixture programs.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub fn canaryscope() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_canaryscope"))
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    std::env::var_os("CANARYSCOPE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures"))
+}
+
+/// Path of a built fixture; builds them when missing so a lone `cargo test` works too.
+pub fn fixture(name: &str) -> PathBuf {
+    let path = fixtures_dir().join(name);
+    if !path.exists() {
+        let status = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"))
+            .arg(format!("OUT={}", fixtures_dir().display()))
+            .status()
+            .expect("make runs");
+        assert!(status.success(), "building fixtures failed");
+    }
+    assert!(path.exists(), "fixture {name} missing after build");
+    path
+}
+
+pub fn assert_root() {
+    // SAFETY: no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "integration tests need root: run `cargo xtask test`");
+}
+
+/// A running `canaryscope trace --json`, collecting its output lines.
+pub struct Tracer {
+    child: Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Tracer {
+    /// Starts the tracer and waits until it reports that probes are attached.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(canaryscope())
+            .arg("trace")
+            .arg("--json")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start canaryscope");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let out = child.stdout.take().expect("stdout");
+        let sink = lines.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let value: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}"));
+                sink.lock().expect("lock").push(value);
+            }
+        });
+        let err = child.stderr.take().expect("stderr");
+        let err_sink = stderr.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[canaryscope] {line}");
+                let mut s = err_sink.lock().expect("lock");
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let tracer = Self { child, lines, stderr };
+        tracer.wait_stderr("tracing;", Duration::from_secs(30));
+        tracer
+    }
+
+    pub fn wait_stderr(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.stderr.lock().expect("lock").contains(needle) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!("canaryscope did not print {needle:?}; stderr:\n{}", self.stderr.lock().expect("lock"));
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        self.lines.lock().expect("lock").clone()
+    }
+
+    /// Waits until `pred` holds for some collected event.
+    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = self.events().into_iter().find(|e| pred(e)) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                panic!("no event for {what} within {timeout:?}; events:\n{:#?}", self.events());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then the exit status and everything printed.
+    pub fn stop(mut self) -> (std::process::ExitStatus, Vec<Value>) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait");
+        thread::sleep(Duration::from_millis(100));
+        (status, self.events())
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn cgroup2_root() -> PathBuf {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            if right.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            left.split_whitespace().nth(4).map(PathBuf::from)
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// A cgroup2 directory shaped like a kubelet (systemd driver) + containerd
+/// container, removed on drop.
+pub struct PodCgroup {
+    /// Path below the cgroup2 root, as canaryscope reports it.
+    pub rel: String,
+    pub dir: PathBuf,
+    created: Vec<PathBuf>,
+}
+
+impl PodCgroup {
+    pub fn new(pod_uid: &str, container_id: &str) -> Self {
+        let root = cgroup2_root();
+        let uid = pod_uid.replace('-', "_");
+        let parts = [
+            "kubepods.slice".to_string(),
+            "kubepods-burstable.slice".to_string(),
+            format!("kubepods-burstable-pod{uid}.slice"),
+            format!("cri-containerd-{container_id}.scope"),
+        ];
+        let mut dir = root.clone();
+        let mut created = Vec::new();
+        for p in &parts {
+            dir.push(p);
+            if !dir.exists() {
+                fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                created.push(dir.clone());
+            }
+        }
+        Self { rel: format!("/{}", parts.join("/")), dir, created }
+    }
+
+    /// A command whose process joins this cgroup before it execs.
+    pub fn command(&self, program: &Path) -> Command {
+        let procs = self.dir.join("cgroup.procs");
+        let mut cmd = Command::new(program);
+        // SAFETY: the closure only writes to a file, which is async-signal-safe
+        // enough for a test child between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || fs::write(&procs, b"0"));
+        }
+        cmd
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        for dir in self.created.iter().rev() {
+            // Processes may take a moment to leave after exiting.
+            for _ in 0..50 {
+                if fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+pub fn random_hex(len: usize) -> String {
+    let mut bytes = vec![0u8; len.div_ceil(2)];
+    fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes)).expect("urandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()[..len].to_string()
+}
+
+pub fn random_pod_uid() -> String {
+    let h = random_hex(32);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}

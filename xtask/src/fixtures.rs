@@ -1,0 +1,18 @@
+//! C programs and libraries the integration tests run: small stand-ins for
+//! inference workers that call the real HIP runtime.
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::{root, run, step};
+
+const HIP_LIB: &str = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
+
+pub fn build_all() -> Result<std::path::PathBuf> {
+    let src = root().join("tests/fixtures");
+    let out = root().join("target/fixtures");
+    std::fs::create_dir_all(&out)?;
+    step("building test fixtures (gcc) into target/fixtures");
+    run(Command::new("make").arg("-s").arg("-C").arg(&src).arg(format!("OUT={}", out.display())).arg(format!("HIP_LIB={HIP_LIB}")))?;
+    Ok(out)
+}
