@@ -10,25 +10,17 @@ use std::{
 };
 
 fn main() {
-    let manifest_dir =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir
-        .parent()
-        .expect("observer/ sits in the workspace root")
-        .to_path_buf();
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir.parent().expect("observer/ sits in the workspace root").to_path_buf();
     let ebpf_dir = root.join("observer-ebpf");
-    for dir in [
-        "observer-ebpf/src",
-        "observer-common/src",
-        "observer-ebpf/Cargo.toml",
-        "observer-common/Cargo.toml",
-    ] {
+    for dir in
+        ["observer-ebpf/src", "observer-common/src", "observer-ebpf/Cargo.toml", "observer-common/Cargo.toml"]
+    {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     println!("cargo:rerun-if-env-changed=CANARYSCOPE_EBPF_OBJECT");
 
-    let out =
-        PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("canaryscope.bpf.o");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("canaryscope.bpf.o");
     if let Ok(prebuilt) = env::var("CANARYSCOPE_EBPF_OBJECT") {
         copy(Path::new(&prebuilt), &out);
         return;
@@ -63,13 +55,9 @@ fn main() {
     if !status.success() {
         panic!("building observer-ebpf failed ({status}); see the errors above");
     }
-    copy(
-        &target_dir.join("bpfel-unknown-none/release/observer"),
-        &out,
-    );
+    copy(&target_dir.join("bpfel-unknown-none/release/observer"), &out);
 }
 
 fn copy(from: &Path, to: &Path) {
-    std::fs::copy(from, to)
-        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+    std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
 }

@@ -12,6 +12,10 @@ Subcommands
   render-analysis DIR   render the Argo / Flagger queries with test arguments into DIR:
                         queries.rules.yaml (for `promtool check rules`) and the
                         analysis tests (for `promtool test rules`)
+  promconfig DIR        write DIR/prometheus.yml (deploy/prometheus/prometheus.yml with its
+                        kubernetes_sd_configs swapped for static_configs: Debian's promtool
+                        is built without Kubernetes service discovery) + rules.yaml, for
+                        `promtool check config`
   validate              Kubernetes + CRD schema validation and structural checks of the
                         manifests (kustomize output when kubectl/kustomize is available)
   extract-schemas ...   regenerate deploy/schemas/*.json from upstream CRD files
@@ -447,6 +451,22 @@ def cmd_render_analysis(ns):
 
 
 # ---------------------------------------------------------------------------------
+# promconfig
+
+
+def cmd_promconfig(ns):
+    os.makedirs(ns.dir, exist_ok=True)
+    conf = load_yaml(os.path.join(DEPLOY, "prometheus", "prometheus.yml"))
+    for sc in conf.get("scrape_configs", []):
+        if sc.pop("kubernetes_sd_configs", None) is not None:
+            sc["static_configs"] = [{"targets": ["127.0.0.1:9464"]}]
+    with open(os.path.join(ns.dir, "prometheus.yml"), "w") as f:
+        yaml.safe_dump(conf, f, sort_keys=False)
+    for r in conf.get("rule_files", []):
+        shutil.copy(os.path.join(DEPLOY, "prometheus", r), os.path.join(ns.dir, r))
+
+
+# ---------------------------------------------------------------------------------
 # validate
 
 BLOCK_RE = r"^# --- begin example {kind} ---\n(.*?)^# --- end example {kind} ---$"
@@ -527,10 +547,21 @@ def find_nulls(obj, path=""):
     return []
 
 
-def kustomize_build(directory):
-    """Rendered docs of a kustomization, or None when no kustomize is available."""
+def kustomize_build(directory, component=None):
+    """Rendered docs of a kustomization (plus a component, through a throw-away overlay
+    outside deploy/, since kustomize rejects a base containing its overlay), or None
+    when neither kustomize nor kubectl is available."""
+    if component is not None:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+                yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                                "resources": [os.path.relpath(directory, tmp)],
+                                "components": [os.path.relpath(component, tmp)]}, f)
+            return kustomize_build(tmp)
     for cmd in (["kustomize", "build", directory], ["kubectl", "kustomize", directory]):
-        if shutil.which(cmd[0]) is None:
+        # DEPLOYCHECK_NO_KUSTOMIZE=1 exercises the fallback on a machine that has one
+        if shutil.which(cmd[0]) is None or os.environ.get("DEPLOYCHECK_NO_KUSTOMIZE"):
             continue
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
@@ -540,12 +571,15 @@ def kustomize_build(directory):
     return None
 
 
-def files_of_kustomization(directory):
+def files_of_kustomization(directory, component=None):
     """Fallback without kustomize: the resources listed, namespace applied, no patches."""
     k = load_yaml(os.path.join(directory, "kustomization.yaml"))
+    resources = [os.path.join(directory, r) for r in k.get("resources", [])]
+    if component is not None:
+        c = load_yaml(os.path.join(component, "kustomization.yaml"))
+        resources += [os.path.join(component, r) for r in c.get("resources", [])]
     docs = []
-    for r in k.get("resources", []):
-        p = os.path.join(directory, r)
+    for p in resources:
         if os.path.isdir(p):
             docs += files_of_kustomization(p)
         else:
@@ -816,14 +850,15 @@ def cmd_validate(_):
     if not crds:
         err("no vendored CRD schemas in %s" % rel(SCHEMAS))
     sets = []
-    for directory, secure in ((DEPLOY, False), (os.path.join(DEPLOY, "secure"), True)):
-        docs = kustomize_build(directory)
-        label = rel(directory) + "/ (kustomize build)"
+    secure_dir = os.path.join(DEPLOY, "secure")
+    for component, secure in ((None, False), (secure_dir, True)):
+        docs = kustomize_build(DEPLOY, component)
+        label = "deploy/" + (" + component secure/" if secure else "") + " (kustomize build)"
         if docs is None:
-            print("  note: neither kustomize nor kubectl found: validating the listed files of "
-                  "%s without applying patches" % rel(directory))
-            docs = files_of_kustomization(directory)
-            label = rel(directory) + "/ (files, patches not applied)"
+            print("  note: neither kustomize nor kubectl found: validating the listed files "
+                  "without applying patches")
+            docs = files_of_kustomization(DEPLOY, component)
+            label = "deploy/" + (" + secure/" if secure else "") + " (files, patches not applied)"
         sets.append((label, docs, secure, docs is not None))
     for label, docs, secure, _ in sets:
         for d in docs:
@@ -926,6 +961,9 @@ def main():
     p = sub.add_parser("render-analysis")
     p.add_argument("dir")
     p.set_defaults(fn=cmd_render_analysis)
+    p = sub.add_parser("promconfig")
+    p.add_argument("dir")
+    p.set_defaults(fn=cmd_promconfig)
     sub.add_parser("validate").set_defaults(fn=cmd_validate)
     p = sub.add_parser("extract-schemas")
     p.add_argument("--crd", action="append", required=True, help="upstream CRD YAML file")

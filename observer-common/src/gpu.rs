@@ -173,11 +173,7 @@ pub struct GpuStats {
 
 impl Default for GpuStats {
     fn default() -> Self {
-        Self {
-            calls: 0,
-            total_ns: 0,
-            buckets: [0; crate::LATENCY_BUCKETS],
-        }
+        Self { calls: 0, total_ns: 0, buckets: [0; crate::LATENCY_BUCKETS] }
     }
 }
 

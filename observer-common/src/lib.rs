@@ -7,6 +7,8 @@
 
 pub mod gpu;
 pub mod names;
+pub mod sched;
+pub mod task;
 
 /// Ring buffer carrying rare events (failures, stalls, crashes, kills) to userspace.
 pub const EVENTS_MAP: &str = "EVENTS";
@@ -22,24 +24,20 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     GpuCall = 1,
-    Crash = 2,
     KfdIoctl = 3,
     OomVictim = 4,
     Exit = 5,
-    LibraryOpen = 6,
-    FatalSignal = 7,
+    LibraryMap = 6,
 }
 
 impl EventKind {
     pub fn from_u32(v: u32) -> Option<Self> {
         Some(match v {
             1 => Self::GpuCall,
-            2 => Self::Crash,
             3 => Self::KfdIoctl,
             4 => Self::OomVictim,
             5 => Self::Exit,
-            6 => Self::LibraryOpen,
-            7 => Self::FatalSignal,
+            6 => Self::LibraryMap,
             _ => return None,
         })
     }
@@ -108,6 +106,12 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::gpu::InflightStack {}
     unsafe impl aya::Pod for crate::gpu::GpuStatsKey {}
     unsafe impl aya::Pod for crate::gpu::GpuStats {}
+    unsafe impl aya::Pod for crate::task::KernelOffsets {}
+    unsafe impl aya::Pod for crate::task::ExitEvent {}
+    unsafe impl aya::Pod for crate::task::OomVictimEvent {}
+    unsafe impl aya::Pod for crate::task::OomVictimInfo {}
+    unsafe impl aya::Pod for crate::task::CrashInfo {}
+    unsafe impl aya::Pod for crate::sched::RunqHistogram {}
 }
 
 #[cfg(test)]

@@ -501,10 +501,7 @@ pub const SIGNALS: &[(i32, &str)] = &[
 /// Linear lookup in a `(code, name)` table. The tables are small (< 200
 /// entries) and these lookups happen once per event in user space.
 fn lookup<K: Copy + PartialEq>(table: &[(K, &'static str)], key: K) -> Option<&'static str> {
-    table
-        .iter()
-        .find(|&&(k, _)| k == key)
-        .map(|&(_, name)| name)
+    table.iter().find(|&&(k, _)| k == key).map(|&(_, name)| name)
 }
 
 /// Name of a `hipError_t` value, e.g. `hip_error_name(700)` is
@@ -572,10 +569,7 @@ mod tests {
     use super::*;
 
     /// Panics naming the first code that appears twice in `table`.
-    fn assert_unique_codes<K: Copy + PartialEq + core::fmt::Debug>(
-        what: &str,
-        table: &[(K, &str)],
-    ) {
+    fn assert_unique_codes<K: Copy + PartialEq + core::fmt::Debug>(what: &str, table: &[(K, &str)]) {
         for (i, (a, _)) in table.iter().enumerate() {
             for (b, _) in &table[i + 1..] {
                 assert!(a != b, "{what}: code {a:?} listed twice");
@@ -596,12 +590,7 @@ mod tests {
     /// duplicates and misplaced rows.
     fn assert_sorted<K: Copy + PartialOrd + core::fmt::Debug>(what: &str, table: &[(K, &str)]) {
         for pair in table.windows(2) {
-            assert!(
-                pair[0].0 < pair[1].0,
-                "{what}: {:?} before {:?}",
-                pair[0].0,
-                pair[1].0
-            );
+            assert!(pair[0].0 < pair[1].0, "{what}: {:?} before {:?}", pair[0].0, pair[1].0);
         }
     }
 
@@ -645,11 +634,7 @@ mod tests {
         let others = ERRNOS.iter().chain(SIGNALS).map(|&(_, n)| n);
         for n in kfd.chain(others) {
             assert!(!n.is_empty());
-            assert!(
-                n.bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
-                "{n}"
-            );
+            assert!(n.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'), "{n}");
         }
         for &(_, n) in ERRNOS {
             assert!(n.starts_with('E'), "{n}");
@@ -794,16 +779,8 @@ mod tests {
 
     #[test]
     fn cu_contiguous_blocks_are_complete() {
-        for range in [
-            200..=202,
-            205..=226,
-            300..=304,
-            400..=402,
-            700..=705,
-            708..=721,
-            800..=812,
-            900..=917,
-        ] {
+        for range in [200..=202, 205..=226, 300..=304, 400..=402, 700..=705, 708..=721, 800..=812, 900..=917]
+        {
             for code in range {
                 assert!(cu_result_name(code).is_some(), "code {code}");
             }
@@ -894,18 +871,7 @@ mod tests {
 
     #[test]
     fn kfd_unknown_numbers() {
-        for nr in [
-            0x00,
-            0x28,
-            0x29,
-            0x4B,
-            0x7F,
-            0x87,
-            0xFF,
-            0x100,
-            0x102,
-            u32::MAX,
-        ] {
+        for nr in [0x00, 0x28, 0x29, 0x4B, 0x7F, 0x87, 0xFF, 0x100, 0x102, u32::MAX] {
             assert_eq!(kfd_ioctl_name(nr), None, "nr {nr:#x}");
         }
     }
@@ -990,21 +956,7 @@ mod tests {
 
     #[test]
     fn errno_unknown_values() {
-        for e in [
-            0,
-            41,
-            58,
-            134,
-            200,
-            511,
-            520,
-            532,
-            4095,
-            4096,
-            i32::MAX,
-            i32::MIN,
-            -i32::MAX,
-        ] {
+        for e in [0, 41, 58, 134, 200, 511, 520, 532, 4095, 4096, i32::MAX, i32::MIN, -i32::MAX] {
             assert_eq!(errno_name(e), None, "errno {e}");
         }
     }

@@ -7,8 +7,7 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
-        bpf_ktime_get_boot_ns,
+        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
     },
     macros::{map, uprobe, uretprobe},
     maps::{HashMap, PerCpuHashMap},
@@ -17,9 +16,8 @@ use aya_ebpf::{
 };
 use observer_common::{
     gpu::{
-        cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey,
-        InflightFrame, InflightKey, InflightStack, MAX_INFLIGHT_THREADS, MAX_NESTING,
-        MAX_STATS_ENTRIES,
+        cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
+        InflightKey, InflightStack, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
     },
     latency_bucket, EventKind,
 };
@@ -27,7 +25,7 @@ use observer_common::{
 use crate::common::{current_header, emit};
 
 #[map(name = "GPU_INFLIGHT")]
-static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
+pub static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
     HashMap::with_max_entries(MAX_INFLIGHT_THREADS, 0);
 
 #[map(name = "GPU_STATS")]
@@ -57,17 +55,11 @@ fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
     // SAFETY: helper reading this program's own attach cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let key = InflightKey {
-        tid: pid_tgid as u32,
-        api: cookie_api(cookie),
-    };
+    let key = InflightKey { tid: pid_tgid as u32, api: cookie_api(cookie) };
     // SAFETY: plain helper without pointer arguments.
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    let frame = InflightFrame {
-        start_ns: now,
-        function: cookie_function(cookie),
-        library: cookie_library(cookie),
-    };
+    let frame =
+        InflightFrame { start_ns: now, function: cookie_function(cookie), library: cookie_library(cookie) };
 
     if let Some(stack) = GPU_INFLIGHT.get_ptr_mut(&key) {
         // SAFETY: the map value stays valid while this program runs, and only
@@ -103,10 +95,7 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let api = cookie_api(cookie);
     let function = cookie_function(cookie);
-    let key = InflightKey {
-        tid: pid_tgid as u32,
-        api,
-    };
+    let key = InflightKey { tid: pid_tgid as u32, api };
     // SAFETY: plain helper without pointer arguments.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     let result: i32 = ctx.ret();
@@ -132,13 +121,7 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
 
     // SAFETY: plain helper without pointer arguments.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    let stats_key = GpuStatsKey {
-        cgroup_id,
-        api,
-        function,
-        result,
-        _pad: 0,
-    };
+    let stats_key = GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
     let bucket = latency_bucket(duration_ns);
     match GPU_STATS.get_ptr_mut(&stats_key) {
         Some(stats) => {

@@ -7,6 +7,9 @@
 
 mod common;
 mod gpu;
+mod kernel;
+mod sched;
+mod task;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -36,11 +36,7 @@ pub struct Report {
 }
 
 fn item(name: &str, ok: bool, detail: impl Into<String>) -> Item {
-    Item {
-        name: name.into(),
-        ok,
-        detail: detail.into(),
-    }
+    Item { name: name.into(), ok, detail: detail.into() }
 }
 
 fn kernel_release() -> String {
@@ -69,15 +65,7 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut facilities = vec![
-        item(
-            "root",
-            root,
-            if root {
-                "running as root"
-            } else {
-                "not root: eBPF programs cannot be loaded"
-            },
-        ),
+        item("root", root, if root { "running as root" } else { "not root: eBPF programs cannot be loaded" }),
         item(
             "bpf",
             Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists(),
@@ -100,40 +88,24 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
         },
     ));
     let uprobes = Path::new("/sys/bus/event_source/devices/uprobe").exists();
-    facilities.push(item(
-        "uprobes",
-        uprobes,
-        if uprobes {
-            "uprobe PMU present"
-        } else {
-            "no uprobe PMU"
-        },
-    ));
+    facilities.push(item("uprobes", uprobes, if uprobes { "uprobe PMU present" } else { "no uprobe PMU" }));
     let (kprobes, kdetail) = kprobes_available();
     facilities.push(item("kprobes", kprobes, kdetail));
     let cgroup2 = cgroup2_root();
     facilities.push(item(
         "cgroup2",
         cgroup2.is_some(),
-        cgroup2
-            .map(|p| format!("mounted at {}", p.display()))
-            .unwrap_or_else(|| "not mounted".into()),
+        cgroup2.map(|p| format!("mounted at {}", p.display())).unwrap_or_else(|| "not mounted".into()),
     ));
     let kfd = Path::new("/dev/kfd").exists();
     facilities.push(item(
         "amdgpu_kfd",
         kfd,
-        if kfd {
-            "/dev/kfd present"
-        } else {
-            "no /dev/kfd (amdgpu not loaded)"
-        },
+        if kfd { "/dev/kfd present" } else { "no /dev/kfd (amdgpu not loaded)" },
     ));
 
-    let mut paths: Vec<(std::path::PathBuf, String)> = extra_libs
-        .iter()
-        .map(|p| (p.clone(), p.display().to_string()))
-        .collect();
+    let mut paths: Vec<(std::path::PathBuf, String)> =
+        extra_libs.iter().map(|p| (p.clone(), p.display().to_string())).collect();
     paths.extend(gpu::host_libraries().into_iter().map(|p| {
         let d = p.display().to_string();
         (p, d)
@@ -173,18 +145,12 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
 pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
     let report = collect(&args.libs);
     if args.json {
-        let text =
-            serde_json::to_string_pretty(&report).map_err(|e| CliError::runtime(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&report).map_err(|e| CliError::runtime(e.to_string()))?;
         println!("{text}");
     } else {
         println!("canaryscope check: kernel {}", report.kernel);
         for f in &report.facilities {
-            println!(
-                "  {} {:<11} {}",
-                if f.ok { "ok  " } else { "MISS" },
-                f.name,
-                f.detail
-            );
+            println!("  {} {:<11} {}", if f.ok { "ok  " } else { "MISS" }, f.name, f.detail);
         }
         println!("GPU runtime libraries:");
         if report.gpu_libraries.is_empty() {
@@ -195,11 +161,7 @@ pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
                 (Some(flavor), None) => {
                     println!("  ok   {} ({flavor:?}, {} functions)", l.path, l.functions)
                 }
-                (_, problem) => println!(
-                    "  MISS {} ({})",
-                    l.path,
-                    problem.as_deref().unwrap_or("unusable")
-                ),
+                (_, problem) => println!("  MISS {} ({})", l.path, problem.as_deref().unwrap_or("unusable")),
             }
         }
         println!(
@@ -211,9 +173,5 @@ pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
             }
         );
     }
-    Ok(if report.observable {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if report.observable { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -7,10 +7,7 @@ pub struct BootClock {
 }
 
 fn now_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; both clocks always exist on Linux.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
@@ -20,9 +17,7 @@ impl BootClock {
     pub fn new() -> Self {
         let boot = now_ns(libc::CLOCK_BOOTTIME);
         let real = now_ns(libc::CLOCK_REALTIME);
-        Self {
-            offset_ns: real - boot,
-        }
+        Self { offset_ns: real - boot }
     }
 
     pub fn to_unix_ns(self, boot_ns: u64) -> u64 {

@@ -3,7 +3,9 @@
 use observer_common::{
     comm_str,
     gpu::{Api, GpuCallEvent},
-    names, EventHeader, EventKind,
+    names,
+    task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
+    EventHeader, EventKind,
 };
 use serde_json::{json, Map, Value};
 
@@ -34,6 +36,31 @@ pub enum Detail {
         function: String,
         elapsed_ns: u64,
     },
+    /// A process died of a fault or abort in native code.
+    Crash {
+        signal: i32,
+        si_code: i32,
+        addr: u64,
+        ip: u64,
+        /// Object holding the faulting instruction (`None`: anonymous memory or unknown).
+        library: Option<String>,
+        /// Offset of the instruction in that object's file.
+        library_offset: Option<u64>,
+        /// GPU function the faulting thread was inside, if any.
+        in_call: Option<String>,
+        crash_tid: u32,
+    },
+    /// The OOM killer ended this process.
+    OomKill {
+        scope: &'static str,
+        anon_rss_bytes: Option<u64>,
+    },
+    /// A process died by a signal or with status 137.
+    Exit {
+        signal: i32,
+        exit_code: i32,
+        core_dumped: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -50,16 +77,21 @@ pub fn result_name(api: Api, result: i32) -> Option<&'static str> {
     }
 }
 
+/// `SIGSEGV`, or `SIG<n>` for numbers without a name.
+pub fn signal_label(signal: i32) -> String {
+    names::signal_name(signal).map(str::to_string).unwrap_or_else(|| format!("SIG{signal}"))
+}
+
 pub fn function_name(api: Api, index: u32) -> String {
-    api.functions()
-        .get(index as usize)
-        .map(|s| s.to_string())
-        .unwrap_or_else(|| format!("fn#{index}"))
+    api.functions().get(index as usize).map(|s| s.to_string()).unwrap_or_else(|| format!("fn#{index}"))
 }
 
 /// A raw record as it left the kernel, before paths and names are attached.
 pub enum Raw {
     GpuCall(GpuCallEvent),
+    Exit(Box<ExitEvent>),
+    OomVictim(OomVictimEvent),
+    LibraryMap(LibraryMapEvent),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -69,21 +101,13 @@ pub enum DecodeError {
     #[error("unknown event kind {0}")]
     UnknownKind(u32),
     #[error("{kind:?} record of {len} bytes, expected {expected}")]
-    Size {
-        kind: EventKind,
-        len: usize,
-        expected: usize,
-    },
+    Size { kind: EventKind, len: usize, expected: usize },
 }
 
 fn read<T: Copy>(data: &[u8], kind: EventKind) -> Result<T, DecodeError> {
     let expected = core::mem::size_of::<T>();
     if data.len() < expected {
-        return Err(DecodeError::Size {
-            kind,
-            len: data.len(),
-            expected,
-        });
+        return Err(DecodeError::Size { kind, len: data.len(), expected });
     }
     // SAFETY: length checked above; T is a plain #[repr(C)] integer struct
     // for which every bit pattern is valid; read_unaligned copes with the
@@ -99,7 +123,10 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
     let kind = EventKind::from_u32(kind_raw).ok_or(DecodeError::UnknownKind(kind_raw))?;
     match kind {
         EventKind::GpuCall => Ok(Raw::GpuCall(read(data, kind)?)),
-        _ => Err(DecodeError::UnknownKind(kind_raw)),
+        EventKind::Exit => Ok(Raw::Exit(Box::new(read(data, kind)?))),
+        EventKind::OomVictim => Ok(Raw::OomVictim(read(data, kind)?)),
+        EventKind::LibraryMap => Ok(Raw::LibraryMap(read(data, kind)?)),
+        EventKind::KfdIoctl => Err(DecodeError::UnknownKind(kind_raw)),
     }
 }
 
@@ -119,6 +146,9 @@ impl Event {
         match self.detail {
             Detail::GpuCall { .. } => "gpu_call",
             Detail::GpuStall { .. } => "gpu_stall",
+            Detail::Crash { .. } => "crash",
+            Detail::OomKill { .. } => "oom_kill",
+            Detail::Exit { .. } => "exit",
         }
     }
 
@@ -126,7 +156,9 @@ impl Event {
     pub fn is_failure(&self) -> bool {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
-            Detail::GpuStall { .. } => true,
+            Detail::GpuStall { .. } | Detail::Crash { .. } | Detail::OomKill { .. } | Detail::Exit { .. } => {
+                true
+            }
         }
     }
 
@@ -142,13 +174,7 @@ impl Event {
         m.insert("cgroup_id".into(), json!(o.cgroup_id));
         m.insert("cgroup".into(), json!(o.cgroup));
         match &self.detail {
-            Detail::GpuCall {
-                api,
-                library,
-                function,
-                result,
-                duration_ns,
-            } => {
+            Detail::GpuCall { api, library, function, result, duration_ns } => {
                 m.insert("api".into(), json!(api.as_str()));
                 m.insert("library".into(), json!(library));
                 m.insert("function".into(), json!(function));
@@ -156,16 +182,32 @@ impl Event {
                 m.insert("result_name".into(), json!(result_name(*api, *result)));
                 m.insert("duration_ns".into(), json!(duration_ns));
             }
-            Detail::GpuStall {
-                api,
-                library,
-                function,
-                elapsed_ns,
-            } => {
+            Detail::GpuStall { api, library, function, elapsed_ns } => {
                 m.insert("api".into(), json!(api.as_str()));
                 m.insert("library".into(), json!(library));
                 m.insert("function".into(), json!(function));
                 m.insert("elapsed_ns".into(), json!(elapsed_ns));
+            }
+            Detail::Crash { signal, si_code, addr, ip, library, library_offset, in_call, crash_tid } => {
+                m.insert("signal".into(), json!(signal_label(*signal)));
+                m.insert("signal_number".into(), json!(signal));
+                m.insert("si_code".into(), json!(si_code));
+                m.insert("addr".into(), json!(format!("{addr:#x}")));
+                m.insert("ip".into(), json!(format!("{ip:#x}")));
+                m.insert("library".into(), json!(library));
+                m.insert("library_offset".into(), json!(library_offset.map(|o| format!("{o:#x}"))));
+                m.insert("in_call".into(), json!(in_call));
+                m.insert("crash_tid".into(), json!(crash_tid));
+            }
+            Detail::OomKill { scope, anon_rss_bytes } => {
+                m.insert("scope".into(), json!(scope));
+                m.insert("anon_rss_bytes".into(), json!(anon_rss_bytes));
+            }
+            Detail::Exit { signal, exit_code, core_dumped } => {
+                m.insert("signal".into(), json!((*signal != 0).then(|| signal_label(*signal))));
+                m.insert("signal_number".into(), json!(signal));
+                m.insert("exit_code".into(), json!(exit_code));
+                m.insert("core_dumped".into(), json!(core_dumped));
             }
         }
         Value::Object(m)
@@ -178,12 +220,7 @@ mod tests {
 
     fn gpu_record(result: i32) -> Vec<u8> {
         let ev = GpuCallEvent {
-            header: EventHeader {
-                kind: EventKind::GpuCall as u32,
-                pid: 42,
-                tid: 43,
-                ..Default::default()
-            },
+            header: EventHeader { kind: EventKind::GpuCall as u32, pid: 42, tid: 43, ..Default::default() },
             api: Api::Hip as u32,
             function: 0,
             result,
@@ -202,13 +239,8 @@ mod tests {
 
     #[test]
     fn decodes_a_gpu_call_record() {
-        let Ok(Raw::GpuCall(ev)) = decode(&gpu_record(101)) else {
-            panic!("decodes")
-        };
-        assert_eq!(
-            (ev.header.pid, ev.header.tid, ev.result, ev.duration_ns),
-            (42, 43, 101, 1500)
-        );
+        let Ok(Raw::GpuCall(ev)) = decode(&gpu_record(101)) else { panic!("decodes") };
+        assert_eq!((ev.header.pid, ev.header.tid, ev.result, ev.duration_ns), (42, 43, 101, 1500));
     }
 
     #[test]

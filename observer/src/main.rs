@@ -10,6 +10,7 @@ mod check;
 mod cli_error;
 mod clock;
 mod events;
+mod oom;
 mod probes;
 mod session;
 mod trace;
@@ -79,9 +80,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (try 10s, 500ms, 2m)"))?;
+    let value: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration (try 10s, 500ms, 2m)"))?;
     let secs = match unit {
         "ns" => value / 1e9,
         "us" | "µs" => value / 1e6,
@@ -99,10 +98,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    env_logger::Builder::new()
-        .parse_filters(&cli.log_level)
-        .format_target(false)
-        .init();
+    env_logger::Builder::new().parse_filters(&cli.log_level).format_target(false).init();
     let result = match cli.command.unwrap_or(Command::Trace(TraceArgs {
         stall_threshold: Duration::from_secs(10),
         ..TraceArgs::default()

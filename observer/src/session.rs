@@ -1,20 +1,32 @@
 //! One observing session: the loaded eBPF object, attached probe families,
 //! the ring buffer and the resolvers that turn raw records into events.
 //! `trace` prints what a session sees; `run` counts it for Prometheus.
-use std::{collections::HashSet, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
 };
 use log::{debug, warn};
-use observer_common::gpu::{Api, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING};
+use observer_common::{
+    comm_str,
+    gpu::{Api, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
+    task::{
+        core_dumped, exit_signal, exit_status, is_abnormal_exit, CrashInfo, ExitEvent, EXIT_FLAG_CRASH,
+        EXIT_FLAG_OOM_VICTIM,
+    },
+};
 
 use crate::{
     attribution::CgroupResolver,
     clock::BootClock,
     events::{self, Detail, Event, Raw},
-    probes::{self, gpu, KernelSettings, LoadError},
+    oom,
+    probes::{self, gpu, Families, KernelSettings, LoadError, ProbeStatus},
 };
 
 pub struct SessionOptions {
@@ -22,6 +34,7 @@ pub struct SessionOptions {
     /// Libraries named by the user; failing to probe one of them is an error.
     pub explicit_libs: Vec<PathBuf>,
     pub stall_threshold_ns: u64,
+    pub families: Families,
 }
 
 pub struct Session {
@@ -34,6 +47,10 @@ pub struct Session {
     /// Stalls already reported, by (tid, api, entry timestamp).
     reported_stalls: HashSet<(u32, u32, u64)>,
     pub decode_errors: u64,
+    /// Tracepoint families and whether each attached.
+    pub probe_status: Vec<ProbeStatus>,
+    pending_scans: Vec<(Instant, u32)>,
+    oom_scopes: HashMap<u32, &'static str>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +63,10 @@ pub enum SessionError {
 
 impl Session {
     pub fn start(options: SessionOptions) -> Result<Self, SessionError> {
-        let mut ebpf = probes::load(options.settings)?;
+        let env = probes::environment();
+        let mut ebpf = probes::load(options.settings, &env)?;
         let events = probes::take_events(&mut ebpf)?;
+        let probe_status = probes::attach_families(&mut ebpf, &env, options.families);
         let mut session = Self {
             ebpf,
             events,
@@ -57,15 +76,14 @@ impl Session {
             stall_threshold_ns: options.stall_threshold_ns,
             reported_stalls: HashSet::new(),
             decode_errors: 0,
+            probe_status,
+            pending_scans: Vec::new(),
+            oom_scopes: HashMap::new(),
         };
         for path in &options.explicit_libs {
             let display = path.display().to_string();
-            let library =
-                gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;
-            session
-                .gpu
-                .attach(&mut session.ebpf, library)
-                .map_err(SessionError::Library)?;
+            let library = gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;
+            session.gpu.attach(&mut session.ebpf, library).map_err(SessionError::Library)?;
         }
         for path in gpu::host_libraries() {
             session.consider(path.clone(), path.display().to_string());
@@ -88,10 +106,7 @@ impl Session {
             return;
         };
         use std::os::unix::fs::MetadataExt;
-        if self.gpu.is_attached(&gpu::FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        }) {
+        if self.gpu.is_attached(&gpu::FileId { dev: meta.dev(), ino: meta.ino() }) {
             return;
         }
         match gpu::inspect(&path, &display) {
@@ -104,22 +119,22 @@ impl Session {
         }
     }
 
-    /// Turns one ring-buffer record into an event with names and paths.
-    pub fn resolve(&mut self, data: &[u8]) -> Option<Event> {
+    /// Turns one ring-buffer record into events with names and paths.
+    pub fn resolve(&mut self, data: &[u8]) -> Vec<Event> {
         let raw = match events::decode(data) {
             Ok(raw) => raw,
             Err(e) => {
                 self.decode_errors += 1;
                 debug!("dropping record: {e}");
-                return None;
+                return Vec::new();
             }
         };
         match raw {
             Raw::GpuCall(ev) => {
-                let api = Api::from_u32(ev.api)?;
+                let Some(api) = Api::from_u32(ev.api) else { return Vec::new() };
                 let mut origin = events::origin_of(&ev.header, self.clock);
                 origin.cgroup = self.cgroups.path(origin.cgroup_id);
-                Some(Event {
+                vec![Event {
                     origin,
                     detail: Detail::GpuCall {
                         api,
@@ -128,8 +143,108 @@ impl Session {
                         result: ev.result,
                         duration_ns: ev.duration_ns,
                     },
-                })
+                }]
             }
+            Raw::LibraryMap(ev) => {
+                // Scan a little later: the loader is usually mid-way through
+                // mapping a burst of libraries when the first one is seen.
+                let due = Instant::now() + Duration::from_millis(100);
+                if !self.pending_scans.iter().any(|(_, pid)| *pid == ev.header.pid) {
+                    self.pending_scans.push((due, ev.header.pid));
+                }
+                Vec::new()
+            }
+            Raw::OomVictim(ev) => {
+                // The victim is still alive here: note where its memory is
+                // accounted, for telling a cgroup limit from a global OOM.
+                let scope = oom::victim_scope(ev.victim_pid);
+                self.oom_scopes.insert(ev.victim_pid, scope);
+                Vec::new()
+            }
+            Raw::Exit(ev) => self.exit_events(&ev),
+        }
+    }
+
+    fn exit_events(&mut self, ev: &ExitEvent) -> Vec<Event> {
+        let mut origin = events::origin_of(&ev.header, self.clock);
+        origin.cgroup = self.cgroups.path(origin.cgroup_id);
+        let signal = exit_signal(ev.exit_code) as i32;
+        let mut out = Vec::new();
+        if ev.flags & EXIT_FLAG_CRASH != 0 {
+            let c = &ev.crash;
+            let (library, library_offset) = self.crash_library(c);
+            let in_call = (c.in_call_api != 0).then(|| {
+                let api = Api::from_u32(c.in_call_api - 1).unwrap_or(Api::Hip);
+                events::function_name(api, c.in_call_function)
+            });
+            out.push(Event {
+                origin: origin.clone(),
+                detail: Detail::Crash {
+                    signal: c.signal,
+                    si_code: c.si_code,
+                    addr: c.addr,
+                    ip: c.ip,
+                    library,
+                    library_offset,
+                    in_call,
+                    crash_tid: c.tid,
+                },
+            });
+        }
+        if ev.flags & EXIT_FLAG_OOM_VICTIM != 0 {
+            let scope = self
+                .oom_scopes
+                .remove(&ev.header.pid)
+                .or_else(|| self.oom_scopes.remove(&ev.header.tid))
+                .unwrap_or_else(|| oom::scope_of_cgroup(self.cgroups.root(), origin.cgroup.as_deref()));
+            out.push(Event {
+                origin: origin.clone(),
+                detail: Detail::OomKill {
+                    scope,
+                    anon_rss_bytes: (ev.oom_anon_rss_kb != 0).then_some(ev.oom_anon_rss_kb * 1024),
+                },
+            });
+        }
+        if is_abnormal_exit(ev.exit_code) {
+            out.push(Event {
+                origin,
+                detail: Detail::Exit {
+                    signal,
+                    exit_code: exit_status(ev.exit_code) as i32,
+                    core_dumped: core_dumped(ev.exit_code),
+                },
+            });
+        }
+        out
+    }
+
+    /// The faulting object: the full path when it is a probed GPU library
+    /// (matched by inode), else the file name the kernel recorded.
+    fn crash_library(&self, c: &CrashInfo) -> (Option<String>, Option<u64>) {
+        if c.have_vma != 2 {
+            return (None, None);
+        }
+        let offset = c.ip.checked_sub(c.vma_start).map(|d| d + c.vma_pgoff * 4096);
+        let known = self
+            .gpu
+            .libraries()
+            .find(|l| l.library.id.ino == c.file_ino)
+            .map(|l| l.library.display_path.clone());
+        let name = comm_str(&c.file_name).to_string();
+        (known.or((!name.is_empty()).then_some(name)), offset)
+    }
+
+    /// Scans processes whose library-map events are due.
+    pub fn run_pending_scans(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u32> = self.pending_scans.iter().filter(|(t, _)| *t <= now).map(|(_, p)| *p).collect();
+        self.pending_scans.retain(|(t, _)| *t > now);
+        for pid in due {
+            self.scan_process(pid);
+        }
+        // Victims that never exited through us (e.g. we started mid-kill).
+        if self.oom_scopes.len() > 1024 {
+            self.oom_scopes.clear();
         }
     }
 
@@ -140,7 +255,7 @@ impl Session {
             records.push(item.to_vec());
         }
         for record in records {
-            if let Some(event) = self.resolve(&record) {
+            for event in self.resolve(&record) {
                 sink(event);
             }
         }

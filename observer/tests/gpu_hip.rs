@@ -20,7 +20,8 @@ fn hip_init_failures_are_traced_with_pid_and_cgroup() {
     assert!(out.status.success(), "hip_probe failed: {out:?}");
     let pid = out_pid(&out.stdout);
 
-    let init = tracer.wait_for("hipInit", Duration::from_secs(5), |e| e["function"] == "hipInit" && e["pid"] == pid);
+    let init =
+        tracer.wait_for("hipInit", Duration::from_secs(5), |e| e["function"] == "hipInit" && e["pid"] == pid);
     assert_eq!(init["kind"], "gpu_call");
     assert_eq!(init["api"], "hip");
     assert_eq!(init["result"], 101);

@@ -213,6 +213,7 @@ if [ ! -e "$INITRD" ] || [ "$STAMP_WANT" != "$STAMP_HAVE" ]; then
     rm -rf "$stage"
 fi
 flock -u 9
+exec 9>&-
 
 # ---------------------------------------------------------------- the job
 # The guest reads $JOBDIR (through the read-only 9p mount of the host root):
@@ -324,36 +325,64 @@ else
         }")
 fi
 
+QEMU+=(-pidfile "$JOBDIR/qemu.pid")
+# Run the pipeline in the background and wait for it, so that INT/TERM sent to
+# this script are handled at once: the trap stops qemu instead of orphaning it.
+stop_qemu() {
+    local pid
+    pid="$(cat "$JOBDIR/qemu.pid" 2>/dev/null || true)"
+    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+}
+PIPE_PID=""
+on_signal() {
+    stop_qemu
+    [ -z "$PIPE_PID" ] || wait "$PIPE_PID" 2>/dev/null || true
+    say "interrupted; VM stopped"
+    exit "$1"
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+exec 3<&0
+
 say "booting VM (tcg, ${MEM} MB, ${SMP} CPUs, kernel $KVER, timeout ${TIMEOUT}s)"
 t0=$(date +%s.%N)
-set +e
 if [ "$INTERACTIVE" = 1 ]; then
-    timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" 2>"$QEMU_ERR" | tee "$LOG"
-    rcs=("${PIPESTATUS[@]}")
+    { timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" <&3 2>"$QEMU_ERR" \
+          && echo 0 > "$JOBDIR/qemu.rc" || echo $? > "$JOBDIR/qemu.rc"; } | tee "$LOG" &
 else
-    timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>"$QEMU_ERR" \
-        | tee "$LOG" | "${FILTER[@]}"
-    rcs=("${PIPESTATUS[@]}")
+    { timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>"$QEMU_ERR" \
+          && echo 0 > "$JOBDIR/qemu.rc" || echo $? > "$JOBDIR/qemu.rc"; } | tee "$LOG" | "${FILTER[@]}" &
 fi
-set -e
+PIPE_PID=$!
+wait "$PIPE_PID" || true
 t1=$(date +%s.%N)
 elapsed="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
-qemu_rc="${rcs[0]}"
+qemu_rc="$(cat "$JOBDIR/qemu.rc" 2>/dev/null || echo '?')"
 
 status="$(LC_ALL=C grep -ao "$M-EXIT=[0-9]*@@" "$LOG" | tail -n1 | sed 's/.*EXIT=\([0-9]*\)@@/\1/' || true)"
-if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
-    printf '%s: error: timed out after %s s; VM killed (console log above%s)\n' "$PROG" "$TIMEOUT" \
-        "$( [ "$VERBOSE" = 1 ] || echo '; CANARYSCOPE_VM_VERBOSE=1 shows the boot' )" >&2
+started=0
+! LC_ALL=C grep -aq "$M-START " "$LOG" || started=1
+show_boot_log() {  # the filter hid the boot; show its end when the boot failed
+    [ "$VERBOSE" != 1 ] && [ "$started" = 0 ] || return 0
+    echo "---- last console lines (CANARYSCOPE_VM_VERBOSE=1 shows all) ----" >&2
+    tr -d '\r' < "$LOG" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tail -n 30 >&2
+}
+if [ -z "$status" ] && { [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; }; then
+    if [ "$started" = 1 ]; then
+        printf '%s: error: timed out after %s s while the command was running; VM killed\n' \
+            "$PROG" "$TIMEOUT" >&2
+    else
+        printf '%s: error: timed out after %s s while the VM was booting; VM killed\n' \
+            "$PROG" "$TIMEOUT" >&2
+        show_boot_log
+    fi
     exit 124
 fi
 if [ -z "$status" ]; then
-    printf '%s: error: the VM stopped (qemu status %s) without reporting the command'"'"'s exit status\n' \
+    printf '%s: error: the VM stopped (qemu exit status %s) without reporting the command'"'"'s exit status\n' \
         "$PROG" "$qemu_rc" >&2
     if [ -s "$QEMU_ERR" ]; then sed 's/^/qemu: /' "$QEMU_ERR" >&2; fi
-    if [ "$VERBOSE" != 1 ]; then
-        echo "---- last console lines ----" >&2
-        tr -d '\r' < "$LOG" | tail -n 30 >&2
-    fi
+    show_boot_log
     exit 125
 fi
 say "VM done in ${elapsed} s; command exit status $status"

@@ -13,6 +13,11 @@ pub fn build_all() -> Result<std::path::PathBuf> {
     let out = root().join("target/fixtures");
     std::fs::create_dir_all(&out)?;
     step("building test fixtures (gcc) into target/fixtures");
-    run(Command::new("make").arg("-s").arg("-C").arg(&src).arg(format!("OUT={}", out.display())).arg(format!("HIP_LIB={HIP_LIB}")))?;
+    run(Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(&src)
+        .arg(format!("OUT={}", out.display()))
+        .arg(format!("HIP_LIB={HIP_LIB}")))?;
     Ok(out)
 }

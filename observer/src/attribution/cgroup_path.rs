@@ -175,11 +175,7 @@ pub fn parse_pod_cgroup(path: &str) -> Option<PodRef> {
                 ContainerSource::Inline(container) => container,
                 ContainerSource::NextSegment => segments.next().and_then(container_segment),
             };
-            return Some(PodRef {
-                pod_uid: pod.uid,
-                qos: pod.qos,
-                container,
-            });
+            return Some(PodRef { pod_uid: pod.uid, qos: pod.qos, container });
         }
         grandparent = parent;
         parent = Some(segment);
@@ -203,30 +199,15 @@ enum ContainerSource {
     Inline(Option<ContainerRef>),
 }
 
-fn pod_segment(
-    segment: &str,
-    parent: Option<&str>,
-    grandparent: Option<&str>,
-) -> Option<PodSegment> {
+fn pod_segment(segment: &str, parent: Option<&str>, grandparent: Option<&str>) -> Option<PodSegment> {
     // Colon form: `<pod slice>:<runtime prefix>:<id>`.
     if let Some((slice, rest)) = segment.split_once(':') {
         let (uid, qos) = systemd_pod_slice(slice)?;
-        let container = rest
-            .split_once(':')
-            .and_then(|(prefix, id)| container_from_parts(prefix, id));
-        return Some(PodSegment {
-            uid,
-            qos,
-            container: ContainerSource::Inline(container),
-        });
+        let container = rest.split_once(':').and_then(|(prefix, id)| container_from_parts(prefix, id));
+        return Some(PodSegment { uid, qos, container: ContainerSource::Inline(container) });
     }
-    let (uid, qos) =
-        systemd_pod_slice(segment).or_else(|| cgroupfs_pod_dir(segment, parent, grandparent))?;
-    Some(PodSegment {
-        uid,
-        qos,
-        container: ContainerSource::NextSegment,
-    })
+    let (uid, qos) = systemd_pod_slice(segment).or_else(|| cgroupfs_pod_dir(segment, parent, grandparent))?;
+    Some(PodSegment { uid, qos, container: ContainerSource::NextSegment })
 }
 
 /// `kubepods[-<qos>]-pod<uid_with_underscores>.slice`, possibly with more
@@ -263,11 +244,7 @@ fn qos_from_slice_head(head: &[u8]) -> Option<Qos> {
 
 /// `pod<uid-with-dashes>` directly below `kubepods`, `kubepods/burstable` or
 /// `kubepods/besteffort`.
-fn cgroupfs_pod_dir(
-    segment: &str,
-    parent: Option<&str>,
-    grandparent: Option<&str>,
-) -> Option<(String, Qos)> {
+fn cgroupfs_pod_dir(segment: &str, parent: Option<&str>, grandparent: Option<&str>) -> Option<(String, Qos)> {
     let uid = segment.strip_prefix("pod")?;
     let qos = match (grandparent, parent) {
         (_, Some("kubepods")) => Qos::Guaranteed,
@@ -284,23 +261,19 @@ fn parse_uid(uid: &[u8], sep: u8) -> Option<String> {
     const SEPARATORS: [usize; 4] = [8, 13, 18, 23];
     match uid.len() {
         36 => {
-            let well_formed = uid.iter().enumerate().all(|(i, &b)| {
-                if SEPARATORS.contains(&i) {
-                    b == sep
-                } else {
-                    is_lower_hex(b)
-                }
-            });
-            well_formed.then(|| {
-                uid.iter()
-                    .map(|&b| if b == sep { '-' } else { char::from(b) })
-                    .collect()
-            })
+            let well_formed =
+                uid.iter().enumerate().all(
+                    |(i, &b)| {
+                        if SEPARATORS.contains(&i) {
+                            b == sep
+                        } else {
+                            is_lower_hex(b)
+                        }
+                    },
+                );
+            well_formed.then(|| uid.iter().map(|&b| if b == sep { '-' } else { char::from(b) }).collect())
         }
-        32 => uid
-            .iter()
-            .all(|&b| is_lower_hex(b))
-            .then(|| uid.iter().map(|&b| char::from(b)).collect()),
+        32 => uid.iter().all(|&b| is_lower_hex(b)).then(|| uid.iter().map(|&b| char::from(b)).collect()),
         _ => None,
     }
 }
@@ -309,10 +282,7 @@ fn parse_uid(uid: &[u8], sep: u8) -> Option<String> {
 fn container_segment(segment: &str) -> Option<ContainerRef> {
     let name = segment.strip_suffix(".scope").unwrap_or(segment);
     if is_container_id(name) {
-        return Some(ContainerRef {
-            runtime: Runtime::Unknown,
-            id: name.to_owned(),
-        });
+        return Some(ContainerRef { runtime: Runtime::Unknown, id: name.to_owned() });
     }
     let (prefix, id) = name.rsplit_once('-')?;
     container_from_parts(prefix, id)
@@ -330,18 +300,13 @@ fn container_from_parts(prefix: &str, id: &str) -> Option<ContainerRef> {
         // CRI-O's monitor (`crio-conmon-<id>`) and its kin are not workloads.
         p if p.contains("conmon") => return None,
         p if !p.is_empty()
-            && p.bytes().all(|b| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
-            }) =>
+            && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') =>
         {
             Runtime::Unknown
         }
         _ => return None,
     };
-    Some(ContainerRef {
-        runtime,
-        id: id.to_owned(),
-    })
+    Some(ContainerRef { runtime, id: id.to_owned() })
 }
 
 fn is_container_id(s: &str) -> bool {
@@ -368,10 +333,7 @@ mod tests {
         Some(PodRef {
             pod_uid: uid.to_owned(),
             qos,
-            container: container.map(|(runtime, id)| ContainerRef {
-                runtime,
-                id: id.to_owned(),
-            }),
+            container: container.map(|(runtime, id)| ContainerRef { runtime, id: id.to_owned() }),
         })
     }
 
@@ -382,10 +344,7 @@ mod tests {
         let p = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Burstable, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Burstable, Some((Runtime::Containerd, CID))));
     }
 
     #[test]
@@ -393,27 +352,19 @@ mod tests {
         let p = format!(
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::BestEffort, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, Some((Runtime::Containerd, CID))));
     }
 
     #[test]
     fn systemd_containerd_guaranteed() {
-        let p =
-            format!("/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope");
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID)))
-        );
+        let p = format!("/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope");
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID))));
     }
 
     #[test]
     fn systemd_crio() {
-        let base = format!(
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_SYSTEMD}.slice"
-        );
+        let base =
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_SYSTEMD}.slice");
         assert_eq!(
             parse_pod_cgroup(&format!("{base}/crio-{CID}.scope")),
             pod(UID, Qos::Burstable, Some((Runtime::CriO, CID)))
@@ -435,10 +386,7 @@ mod tests {
         let p = format!(
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_SYSTEMD}.slice/docker-{CID}.scope"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::BestEffort, Some((Runtime::Docker, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, Some((Runtime::Docker, CID))));
     }
 
     #[test]
@@ -459,15 +407,9 @@ mod tests {
         let p = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC_UID}.slice/cri-containerd-{CID}.scope"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(STATIC_UID, Qos::Burstable, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(STATIC_UID, Qos::Burstable, Some((Runtime::Containerd, CID))));
         let p = format!("/kubepods.slice/kubepods-pod{STATIC_UID}.slice/crio-{CID}.scope");
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(STATIC_UID, Qos::Guaranteed, Some((Runtime::CriO, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(STATIC_UID, Qos::Guaranteed, Some((Runtime::CriO, CID))));
     }
 
     #[test]
@@ -475,30 +417,20 @@ mod tests {
         let p = format!(
             "/system.slice/containerd.service/kubepods-burstable-pod{UID_SYSTEMD}.slice:cri-containerd:{CID}"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Burstable, Some((Runtime::Containerd, CID)))
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Burstable, Some((Runtime::Containerd, CID))));
+        let p = format!(
+            "/system.slice/containerd.service/kubepods-pod{UID_SYSTEMD}.slice:cri-containerd:{CID}/sub"
         );
-        let p = format!("/system.slice/containerd.service/kubepods-pod{UID_SYSTEMD}.slice:cri-containerd:{CID}/sub");
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID))));
         let p = format!("/kubepods-besteffort-pod{UID_SYSTEMD}.slice:crio:{CID}");
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::BestEffort, Some((Runtime::CriO, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, Some((Runtime::CriO, CID))));
         // A broken container part still attributes to the pod.
         let p = format!("/kubepods-besteffort-pod{UID_SYSTEMD}.slice:cri-containerd:xyz");
         assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, None));
         let p = format!("/kubepods-besteffort-pod{UID_SYSTEMD}.slice:");
         assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, None));
         // The colon form needs a real pod slice before the first colon.
-        assert_eq!(
-            parse_pod_cgroup(&format!("/foo.slice:cri-containerd:{CID}")),
-            None
-        );
+        assert_eq!(parse_pod_cgroup(&format!("/foo.slice:cri-containerd:{CID}")), None);
     }
 
     // ---- cgroupfs driver ------------------------------------------------
@@ -551,10 +483,7 @@ mod tests {
             "/system.slice/docker-{NODE}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope"
         );
         // The node's own docker scope above the pod is not the container.
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::BestEffort, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::BestEffort, Some((Runtime::Containerd, CID))));
     }
 
     #[test]
@@ -562,10 +491,7 @@ mod tests {
         let p = format!(
             "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope"
         );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID)))
-        );
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID))));
         let p = format!(
             "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{UID_SYSTEMD}.slice"
         );
@@ -579,9 +505,7 @@ mod tests {
             pod(UID, Qos::Burstable, Some((Runtime::Unknown, CID)))
         );
         assert_eq!(
-            parse_pod_cgroup(&format!(
-                "/docker/{NODE}/kubepods/besteffort/pod{UID}/{CID}"
-            )),
+            parse_pod_cgroup(&format!("/docker/{NODE}/kubepods/besteffort/pod{UID}/{CID}")),
             pod(UID, Qos::BestEffort, Some((Runtime::Unknown, CID)))
         );
         assert_eq!(
@@ -595,13 +519,7 @@ mod tests {
         let base = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope"
         );
-        for tail in [
-            "/init",
-            "/init/",
-            "/workers/worker-3",
-            "/a/b/c/d",
-            &format!("/{CID2}"),
-        ] {
+        for tail in ["/init", "/init/", "/workers/worker-3", "/a/b/c/d", &format!("/{CID2}")] {
             assert_eq!(
                 parse_pod_cgroup(&format!("{base}{tail}")),
                 pod(UID, Qos::Burstable, Some((Runtime::Containerd, CID))),
@@ -621,19 +539,13 @@ mod tests {
         let inner = format!(
             "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{STATIC_UID}.slice/cri-containerd-{CID2}.scope"
         );
-        let p = format!(
-            "/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope/{inner}"
-        );
-        assert_eq!(
-            parse_pod_cgroup(&p),
-            pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID)))
-        );
+        let p = format!("/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope/{inner}");
+        assert_eq!(parse_pod_cgroup(&p), pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID))));
     }
 
     #[test]
     fn proc_cgroup_line_and_sysfs_forms() {
-        let rel =
-            format!("/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope");
+        let rel = format!("/kubepods.slice/kubepods-pod{UID_SYSTEMD}.slice/cri-containerd-{CID}.scope");
         let expected = pod(UID, Qos::Guaranteed, Some((Runtime::Containerd, CID)));
         assert_eq!(parse_pod_cgroup(&format!("0::{rel}\n")), expected);
         assert_eq!(parse_pod_cgroup(&format!("  {rel}  ")), expected);
@@ -803,26 +715,14 @@ mod tests {
         let samples = [
             "\u{1F600}".to_owned(),
             "/kubepods/burstable/pod\u{e9}\u{e9}\u{e9}".to_owned(),
-            format!(
-                "/kubepods.slice/kubepods-pod{}\u{e9}.slice",
-                &UID_SYSTEMD[..34]
-            ),
+            format!("/kubepods.slice/kubepods-pod{}\u{e9}.slice", &UID_SYSTEMD[..34]),
             // Multi-byte characters exactly where the UID would start.
-            format!(
-                "/kubepods.slice/kubepods-pod\u{00e9}{}.slice",
-                &UID_SYSTEMD[2..]
-            ),
-            format!(
-                "/kubepods.slice/kubepods-pod\u{20ac}{}.slice",
-                &UID_SYSTEMD[3..]
-            ),
+            format!("/kubepods.slice/kubepods-pod\u{00e9}{}.slice", &UID_SYSTEMD[2..]),
+            format!("/kubepods.slice/kubepods-pod\u{20ac}{}.slice", &UID_SYSTEMD[3..]),
             format!("/kubepods.slice/\u{20ac}pod{UID_SYSTEMD}.slice"),
             // Fullwidth digits look like hex but are not.
             format!("/kubepods/pod{}\u{ff11}/{CID}", &UID[..35]),
-            format!(
-                "/kubepods/pod{UID}/cri-containerd-{}\u{ff10}.scope",
-                &CID[..63]
-            ),
+            format!("/kubepods/pod{UID}/cri-containerd-{}\u{ff10}.scope", &CID[..63]),
             format!("/kubepods/pod{UID}/\u{20ac}-{CID}"),
             "\0\0\0".to_owned(),
             "0::".to_owned(),
@@ -833,14 +733,8 @@ mod tests {
             let _ = parse_pod_cgroup(s);
         }
         // The one with a non-hex byte in the container id keeps the pod only.
-        assert_eq!(
-            parse_pod_cgroup(&samples[7]),
-            pod(UID, Qos::Guaranteed, None)
-        );
-        assert_eq!(
-            parse_pod_cgroup(&samples[8]),
-            pod(UID, Qos::Guaranteed, None)
-        );
+        assert_eq!(parse_pod_cgroup(&samples[7]), pod(UID, Qos::Guaranteed, None));
+        assert_eq!(parse_pod_cgroup(&samples[8]), pod(UID, Qos::Guaranteed, None));
     }
 
     #[test]
@@ -873,19 +767,10 @@ mod tests {
         assert_eq!(parse_pod_cgroup(&slashes), None);
         let colons = ":".repeat(1 << 20);
         assert_eq!(parse_pod_cgroup(&colons), None);
-        let buried = format!(
-            "{}/kubepods/besteffort/pod{UID}/{CID}/{}",
-            "/n".repeat(100_000),
-            "/m".repeat(100_000)
-        );
-        assert_eq!(
-            parse_pod_cgroup(&buried),
-            pod(UID, Qos::BestEffort, Some((Runtime::Unknown, CID)))
-        );
-        let long_pod = format!(
-            "/kubepods.slice/kubepods-pod{}{UID_SYSTEMD}.slice",
-            "0".repeat(1 << 20)
-        );
+        let buried =
+            format!("{}/kubepods/besteffort/pod{UID}/{CID}/{}", "/n".repeat(100_000), "/m".repeat(100_000));
+        assert_eq!(parse_pod_cgroup(&buried), pod(UID, Qos::BestEffort, Some((Runtime::Unknown, CID))));
+        let long_pod = format!("/kubepods.slice/kubepods-pod{}{UID_SYSTEMD}.slice", "0".repeat(1 << 20));
         assert_eq!(parse_pod_cgroup(&long_pod), None);
     }
 
@@ -948,8 +833,7 @@ mod tests {
                 s.push_str(&segments[next(segments.len())]);
             }
             for _ in 0..next(4) {
-                let boundaries: Vec<usize> =
-                    s.char_indices().map(|(i, _)| i).chain([s.len()]).collect();
+                let boundaries: Vec<usize> = s.char_indices().map(|(i, _)| i).chain([s.len()]).collect();
                 let at = boundaries[next(boundaries.len())];
                 s.insert_str(at, fragments[next(fragments.len())]);
             }
@@ -972,9 +856,6 @@ mod tests {
             }
         }
         // Both outcomes occur, so the generator exercises real layouts.
-        assert!(
-            parsed > 1000 && rejected > 1000,
-            "{parsed} parsed, {rejected} rejected"
-        );
+        assert!(parsed > 1000 && rejected > 1000, "{parsed} parsed, {rejected} rejected");
     }
 }

@@ -42,12 +42,8 @@ impl CgroupResolver {
     }
 
     pub fn with_root(root: Option<PathBuf>) -> Self {
-        let mut resolver = Self {
-            root,
-            by_id: HashMap::new(),
-            last_scan: None,
-            rescan_every: Duration::from_millis(200),
-        };
+        let mut resolver =
+            Self { root, by_id: HashMap::new(), last_scan: None, rescan_every: Duration::from_millis(200) };
         resolver.rescan();
         resolver
     }
@@ -66,9 +62,7 @@ impl CgroupResolver {
             self.by_id.insert(id, path.clone());
             return Some(path);
         }
-        let due = self
-            .last_scan
-            .is_none_or(|t| t.elapsed() >= self.rescan_every);
+        let due = self.last_scan.is_none_or(|t| t.elapsed() >= self.rescan_every);
         if due {
             self.rescan();
         }
@@ -134,10 +128,8 @@ impl CgroupResolver {
             let Ok(meta) = fs::metadata(&dir) else {
                 continue;
             };
-            let rel = dir
-                .strip_prefix(&root)
-                .map(|p| format!("/{}", p.display()))
-                .unwrap_or_else(|_| "/".into());
+            let rel =
+                dir.strip_prefix(&root).map(|p| format!("/{}", p.display())).unwrap_or_else(|_| "/".into());
             fresh.insert(meta.ino(), rel);
             // A cgroup removed while we walk is simply skipped.
             let Ok(entries) = fs::read_dir(&dir) else {
@@ -162,15 +154,10 @@ mod tests {
         let hybrid = "25 20 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
                       26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n\
                       27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-        assert_eq!(
-            parse_cgroup2_mount(hybrid),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            parse_cgroup2_mount(pure),
-            Some(PathBuf::from("/sys/fs/cgroup"))
-        );
+        assert_eq!(parse_cgroup2_mount(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        let pure =
+            "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n";
+        assert_eq!(parse_cgroup2_mount(pure), Some(PathBuf::from("/sys/fs/cgroup")));
         assert_eq!(parse_cgroup2_mount("garbage line\n"), None);
     }
 

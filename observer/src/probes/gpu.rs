@@ -91,10 +91,7 @@ pub struct GpuLibrary {
 #[derive(Debug, thiserror::Error)]
 pub enum LibraryError {
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("{path}: not an ELF shared object ({reason})")]
     NotElf { path: String, reason: String },
     #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so* or libnvcuda.so*)")]
@@ -105,31 +102,19 @@ pub enum LibraryError {
 
 /// Opens and inspects one library file.
 pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryError> {
-    let io_err = |source| LibraryError::Io {
-        path: display_path.to_string(),
-        source,
-    };
+    let io_err = |source| LibraryError::Io { path: display_path.to_string(), source };
     let meta = fs::metadata(path).map_err(io_err)?;
     let data = fs::read(path).map_err(io_err)?;
-    let file = object::File::parse(&*data).map_err(|e| LibraryError::NotElf {
-        path: display_path.to_string(),
-        reason: e.to_string(),
-    })?;
+    let file = object::File::parse(&*data)
+        .map_err(|e| LibraryError::NotElf { path: display_path.to_string(), reason: e.to_string() })?;
 
-    let file_name = Path::new(display_path)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
+    let file_name = Path::new(display_path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let api = match candidate_api(file_name) {
         Some(api) => api,
         // A renamed copy still counts if it exports the entry points.
         None if has_symbol(&file, "hipInit") => Api::Hip,
         None if has_symbol(&file, "cuInit") => Api::Cuda,
-        None => {
-            return Err(LibraryError::NotGpuLibrary {
-                path: display_path.to_string(),
-            })
-        }
+        None => return Err(LibraryError::NotGpuLibrary { path: display_path.to_string() }),
     };
     let flavor = match api {
         Api::Hip => Flavor::Hip,
@@ -140,26 +125,19 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
     };
     let functions = resolve_functions(&file, api.functions());
     if functions.is_empty() {
-        return Err(LibraryError::NoFunctions {
-            path: display_path.to_string(),
-            api: api.as_str(),
-        });
+        return Err(LibraryError::NoFunctions { path: display_path.to_string(), api: api.as_str() });
     }
     Ok(GpuLibrary {
         path: path.to_path_buf(),
         display_path: display_path.to_string(),
-        id: FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        },
+        id: FileId { dev: meta.dev(), ino: meta.ino() },
         flavor,
         functions,
     })
 }
 
 fn has_symbol(file: &object::File<'_>, name: &str) -> bool {
-    file.dynamic_symbols()
-        .any(|s| s.name() == Ok(name) && s.is_definition())
+    file.dynamic_symbols().any(|s| s.name() == Ok(name) && s.is_definition())
 }
 
 fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
@@ -167,10 +145,7 @@ fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
     // imports list carries the library of each imported symbol on ELF files
     // that use symbol versioning, so check both.
     if let Ok(imports) = file.imports() {
-        if imports
-            .iter()
-            .any(|i| String::from_utf8_lossy(i.library()).starts_with(prefix))
-        {
+        if imports.iter().any(|i| String::from_utf8_lossy(i.library()).starts_with(prefix)) {
             return true;
         }
     }
@@ -179,10 +154,8 @@ fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
 
 /// DT_NEEDED entries of an ELF64 little-endian shared object.
 fn dt_needed(file: &object::File<'_>) -> Vec<String> {
-    let (Some(dynamic), Some(dynstr)) = (
-        file.section_by_name(".dynamic"),
-        file.section_by_name(".dynstr"),
-    ) else {
+    let (Some(dynamic), Some(dynstr)) = (file.section_by_name(".dynamic"), file.section_by_name(".dynstr"))
+    else {
         return Vec::new();
     };
     let (Ok(dynamic), Ok(dynstr)) = (dynamic.data(), dynstr.data()) else {
@@ -219,21 +192,14 @@ fn resolve_functions(
         let Some(&want) = wanted.iter().find(|w| **w == name) else {
             continue;
         };
-        let Some(section) = symbol
-            .section_index()
-            .and_then(|i| file.section_by_index(i).ok())
-        else {
+        let Some(section) = symbol.section_index().and_then(|i| file.section_by_index(i).ok()) else {
             continue;
         };
         let Some((section_offset, _)) = section.file_range() else {
             continue;
         };
         if let Ok(UProbeAttachLocation::AbsoluteOffset(offset)) =
-            UProbeAttachLocation::from_virtual_address(
-                symbol.address(),
-                section.address(),
-                section_offset,
-            )
+            UProbeAttachLocation::from_virtual_address(symbol.address(), section.address(), section_offset)
         {
             found.insert(want, offset);
         }
@@ -266,19 +232,13 @@ pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
     };
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for path in crate::probes::maps::mapped_files(&maps) {
-        let name = Path::new(path)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
+        let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
             continue;
         }
         // The path is the one inside the process's mount namespace; reach it
         // through /proc/PID/root so containers' own copies are found.
-        out.push((
-            PathBuf::from(format!("/proc/{pid}/root{path}")),
-            path.to_string(),
-        ));
+        out.push((PathBuf::from(format!("/proc/{pid}/root{path}")), path.to_string()));
     }
     out
 }
@@ -289,10 +249,7 @@ pub fn all_pids() -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
+    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
 }
 
 /// The attached state: which files carry probes and on which functions.
@@ -329,10 +286,7 @@ impl GpuProbes {
 
     /// The library path for the index found in an event's cookie.
     pub fn library_path(&self, index: u32) -> &str {
-        self.table
-            .get(index as usize)
-            .map(String::as_str)
-            .unwrap_or("?")
+        self.table.get(index as usize).map(String::as_str).unwrap_or("?")
     }
 
     pub fn libraries(&self) -> impl Iterator<Item = &AttachedLibrary> {
@@ -389,18 +343,9 @@ impl GpuProbes {
             self.failed.insert(library.id, reason.clone());
             return Err(format!("{}: {reason}", library.display_path));
         }
-        info!(
-            "probing {} ({:?}): {count} functions",
-            library.display_path, library.flavor
-        );
+        info!("probing {} ({:?}): {count} functions", library.display_path, library.flavor);
         self.table.push(library.display_path.clone());
-        self.attached.insert(
-            library.id,
-            AttachedLibrary {
-                library,
-                functions: count,
-            },
-        );
+        self.attached.insert(library.id, AttachedLibrary { library, functions: count });
         Ok(count)
     }
 }
@@ -424,34 +369,21 @@ mod tests {
         // libc exists on every machine this runs on and exports no GPU API.
         let libc = host_like_libc();
         let err = inspect(&libc, "/renamed/libfoo.so").expect_err("libc is no GPU runtime");
-        assert!(
-            err.to_string().contains("not a GPU runtime library"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("not a GPU runtime library"), "{err}");
     }
 
     #[test]
     fn a_missing_file_names_the_path() {
-        let err = inspect(
-            Path::new("/nonexistent/libamdhip64.so"),
-            "/nonexistent/libamdhip64.so",
-        )
-        .expect_err("missing");
-        assert!(
-            err.to_string().starts_with("/nonexistent/libamdhip64.so: "),
-            "{err}"
-        );
+        let err = inspect(Path::new("/nonexistent/libamdhip64.so"), "/nonexistent/libamdhip64.so")
+            .expect_err("missing");
+        assert!(err.to_string().starts_with("/nonexistent/libamdhip64.so: "), "{err}");
     }
 
     fn host_like_libc() -> PathBuf {
-        [
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-            "/lib64/libc.so.6",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("a libc on this machine")
+        ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect("a libc on this machine")
     }
 }

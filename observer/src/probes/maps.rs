@@ -86,14 +86,9 @@ mod tests {
 
     #[test]
     fn garbage_is_rejected_not_panicked_on() {
-        for line in [
-            "",
-            "zz-yy r-xp 0 0 0 /x",
-            "1-0 r-xp 0 0:0 1 /x",
-            "1-2 r-x 0 0:0 1 /x",
-            "1-2",
-            "é-ü r-xp",
-        ] {
+        for line in
+            ["", "zz-yy r-xp 0 0 0 /x", "1-0 r-xp 0 0:0 1 /x", "1-2 r-x 0 0:0 1 /x", "1-2", "é-ü r-xp"]
+        {
             assert_eq!(parse_line(line), None, "{line:?}");
         }
     }

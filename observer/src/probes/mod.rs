@@ -2,18 +2,25 @@
 //!
 //! Each family follows the same life cycle: `can_run` (what `check` prints),
 //! `load`, `attach`, read its maps; dropping the `Ebpf` detaches everything.
+pub mod btf;
 pub mod gpu;
 pub mod maps;
+pub mod tracefs;
 
+use aya::programs::{RawTracePoint, TracePoint};
 use aya::{
     maps::{PerCpuArray, RingBuf},
     Ebpf, EbpfLoader,
 };
-use observer_common::{gpu as gpu_common, EVENTS_MAP, LOST_MAP};
+use log::{info, warn};
+use observer_common::{
+    gpu as gpu_common,
+    task::{KernelOffsets, GLOBAL_OFFSETS},
+    EVENTS_MAP, LOST_MAP,
+};
 
 /// The eBPF object built by `observer/build.rs` from `observer-ebpf/`.
-static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
 
 /// Settings the kernel side reads as load-time globals.
 #[derive(Clone, Copy, Debug)]
@@ -31,44 +38,164 @@ pub enum LoadError {
     #[error("eBPF map {0} is missing from the object")]
     MissingMap(&'static str),
     #[error("eBPF map {name}: {source}")]
-    Map {
-        name: &'static str,
-        source: aya::maps::MapError,
-    },
+    Map { name: &'static str, source: aya::maps::MapError },
     #[error("loading GPU probe programs: {0}")]
     Program(#[from] aya::programs::ProgramError),
 }
 
 /// Raise RLIMIT_MEMLOCK for kernels that still charge BPF maps to it (< 5.11).
 fn raise_memlock() {
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let limit = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: valid rlimit struct; failure only matters on old kernels and
     // then shows up as a clear map-creation error.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
 }
 
-pub fn load(settings: KernelSettings) -> Result<Ebpf, LoadError> {
+/// Whether one probe is attached, for `check` and `canaryscope_probe_attached`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeStatus {
+    /// Family: gpu, exit, crash, oom, sched, discovery, kfd.
+    pub probe: &'static str,
+    /// What it is attached to (tracepoint, library path, kernel function).
+    pub target: String,
+    pub attached: bool,
+    /// Why not, or how (e.g. the fallback in use).
+    pub detail: String,
+}
+
+/// What the kernel offers, measured before loading.
+pub struct Environment {
+    pub offsets: KernelOffsets,
+    pub tracefs: Result<std::path::PathBuf, String>,
+    pub btf_error: Option<String>,
+}
+
+pub fn environment() -> Environment {
+    let tracefs = tracefs::ensure_mounted();
+    let (mut offsets, btf_error) = match btf::vmlinux() {
+        Ok(b) => (btf::kernel_offsets(&b), None),
+        Err(e) => (KernelOffsets::ZERO, Some(e.to_string())),
+    };
+    if let Ok(dir) = &tracefs {
+        if let Some(fields) = tracefs::read_format(dir, "oom", "mark_victim") {
+            offsets.mark_victim_pid = tracefs::field_offset(&fields, "pid").unwrap_or(0);
+            offsets.mark_victim_anon_rss = tracefs::field_offset(&fields, "anon_rss").unwrap_or(0);
+        }
+    }
+    Environment { offsets, tracefs, btf_error }
+}
+
+pub fn load(settings: KernelSettings, env: &Environment) -> Result<Ebpf, LoadError> {
     raise_memlock();
     let emit_all: u32 = settings.gpu_emit_all.into();
     let mut ebpf = EbpfLoader::new()
         .override_global(gpu_common::GLOBAL_EMIT_ALL, &emit_all, true)
         .override_global(gpu_common::GLOBAL_SLOW_NS, &settings.gpu_slow_ns, true)
+        .override_global(GLOBAL_OFFSETS, &env.offsets, true)
         .load(EBPF_OBJECT)?;
     gpu::GpuProbes::load(&mut ebpf)?;
     Ok(ebpf)
 }
 
+fn attach_raw(ebpf: &mut Ebpf, program: &str, tracepoint: &str) -> Result<(), String> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("program {program} missing"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    p.load().map_err(|e| format!("load: {e}"))?;
+    p.attach(tracepoint).map_err(|e| format!("attach: {e}"))?;
+    Ok(())
+}
+
+fn attach_tp(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<(), String> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("program {program} missing"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    p.load().map_err(|e| format!("load: {e}"))?;
+    p.attach(category, name).map_err(|e| format!("attach: {e}"))?;
+    Ok(())
+}
+
+/// Probe families other than the GPU libraries; each one is optional.
+#[derive(Clone, Copy, Debug)]
+pub struct Families {
+    pub exits: bool,
+    pub sched: bool,
+    pub discovery: bool,
+}
+
+/// Attaches the tracepoint families; failures are reported, never fatal.
+pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -> Vec<ProbeStatus> {
+    let mut status = Vec::new();
+    let mut record = |probe: &'static str, target: &str, result: Result<(), String>, ok_detail: &str| {
+        match &result {
+            Ok(()) => info!("attached {probe} probe on {target}"),
+            Err(e) => warn!("{probe} probe on {target} not attached: {e}"),
+        }
+        status.push(ProbeStatus {
+            probe,
+            target: target.to_string(),
+            attached: result.is_ok(),
+            detail: result.err().unwrap_or_else(|| ok_detail.to_string()),
+        });
+    };
+    let o = env.offsets;
+    if families.exits {
+        let exit = if o.task_exit_code == 0 {
+            Err("task_struct::exit_code not found in kernel BTF".into())
+        } else {
+            attach_raw(ebpf, "process_exit", "sched_process_exit")
+        };
+        record("exit", "sched_process_exit", exit, "abnormal exits from task->exit_code");
+        let crash = attach_raw(ebpf, "signal_generate", "signal_generate");
+        let crash_detail = if o.have_vma != 0 {
+            "faulting library resolved in the kernel (bpf_find_vma)"
+        } else {
+            "no VMA offsets in BTF: crashes reported without the faulting library"
+        };
+        record("crash", "signal_generate", crash, crash_detail);
+        let oom = match (&env.tracefs, o.mark_victim_pid) {
+            (Err(e), _) => Err(e.clone()),
+            (Ok(_), 0) => Err("oom:mark_victim has no pid field in tracefs".into()),
+            (Ok(_), _) => attach_tp(ebpf, "oom_mark_victim", "oom", "mark_victim"),
+        };
+        let oom_detail = if o.mark_victim_anon_rss != 0 {
+            "oom:mark_victim with anon_rss"
+        } else {
+            "oom:mark_victim (pid only)"
+        };
+        record("oom", "oom:mark_victim", oom, oom_detail);
+    }
+    if families.discovery {
+        let r = match &env.tracefs {
+            Err(e) => Err(e.clone()),
+            Ok(_) => attach_tp(ebpf, "mmap_exec", "syscalls", "sys_enter_mmap"),
+        };
+        record("discovery", "syscalls:sys_enter_mmap", r, "new GPU libraries found when a process maps them");
+    }
+    if families.sched {
+        if o.have_task_cgroup == 0 || o.task_pid == 0 {
+            record("sched", "sched_switch", Err("task_struct cgroup offsets not found in BTF".into()), "");
+        } else {
+            for (program, tp) in [
+                ("sched_wakeup", "sched_wakeup"),
+                ("sched_wakeup_new", "sched_wakeup_new"),
+                ("sched_switch", "sched_switch"),
+            ] {
+                let r = attach_raw(ebpf, program, tp);
+                record("sched", tp, r, "run-queue latency per cgroup");
+            }
+        }
+    }
+    status
+}
+
 pub fn take_events(ebpf: &mut Ebpf) -> Result<RingBuf<aya::maps::MapData>, LoadError> {
-    let map = ebpf
-        .take_map(EVENTS_MAP)
-        .ok_or(LoadError::MissingMap(EVENTS_MAP))?;
-    RingBuf::try_from(map).map_err(|source| LoadError::Map {
-        name: EVENTS_MAP,
-        source,
-    })
+    let map = ebpf.take_map(EVENTS_MAP).ok_or(LoadError::MissingMap(EVENTS_MAP))?;
+    RingBuf::try_from(map).map_err(|source| LoadError::Map { name: EVENTS_MAP, source })
 }
 
 /// Events the kernel side dropped because the ring buffer was full.
@@ -79,8 +206,5 @@ pub fn events_lost(ebpf: &Ebpf) -> u64 {
     let Ok(array) = PerCpuArray::<_, u64>::try_from(map) else {
         return 0;
     };
-    array
-        .get(&0, 0)
-        .map(|values| values.iter().sum())
-        .unwrap_or(0)
+    array.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
 }

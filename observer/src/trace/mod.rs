@@ -46,11 +46,7 @@ impl Filter {
             return false;
         }
         if let Some(prefix) = &self.cgroup_prefix {
-            if !o
-                .cgroup
-                .as_deref()
-                .is_some_and(|c| c.starts_with(prefix.as_str()))
-            {
+            if !o.cgroup.as_deref().is_some_and(|c| c.starts_with(prefix.as_str())) {
                 return false;
             }
         }
@@ -87,12 +83,10 @@ pub fn run(args: TraceArgs) -> Result<ExitCode, CliError> {
 async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     let stall_ns = args.stall_threshold.as_nanos().min(u64::MAX as u128) as u64;
     let session = Session::start(SessionOptions {
-        settings: KernelSettings {
-            gpu_emit_all: args.all,
-            gpu_slow_ns: stall_ns.max(1),
-        },
+        settings: KernelSettings { gpu_emit_all: args.all, gpu_slow_ns: stall_ns.max(1) },
         explicit_libs: args.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
+        families: crate::probes::Families { exits: true, sched: false, discovery: true },
     })
     .map_err(|e| match e {
         SessionError::Library(msg) => CliError::usage(msg),
@@ -106,11 +100,12 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
         .map(|l| format!("{} ({} functions)", l.library.display_path, l.functions))
         .collect();
     if libraries.is_empty() {
-        eprintln!(
-            "canaryscope: no GPU runtime library found yet; watching for processes that load one"
-        );
+        eprintln!("canaryscope: no GPU runtime library found yet; watching for processes that load one");
     } else {
         eprintln!("canaryscope: probing {}", libraries.join(", "));
+    }
+    for p in session.probe_status.iter().filter(|p| !p.attached) {
+        eprintln!("canaryscope: not watching {} ({}): {}", p.probe, p.target, p.detail);
     }
     eprintln!("canaryscope: tracing; Ctrl-C to stop");
 
@@ -153,6 +148,7 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
             }
             _ = tick.tick() => {
                 let session = fd.get_mut();
+                session.run_pending_scans();
                 batch.extend(session.scan_stalls());
                 let lost = session.events_lost();
                 if lost > lost_reported {
@@ -167,18 +163,9 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn emit(
-    out: &mut impl Write,
-    filter: &Filter,
-    json: bool,
-    batch: Vec<Event>,
-) -> Result<(), CliError> {
+fn emit(out: &mut impl Write, filter: &Filter, json: bool, batch: Vec<Event>) -> Result<(), CliError> {
     for event in batch.iter().filter(|e| filter.matches(e)) {
-        let line = if json {
-            event.to_json().to_string()
-        } else {
-            render::line(event)
-        };
+        let line = if json { event.to_json().to_string() } else { render::line(event) };
         // A closed pipe (`| head`) ends the trace quietly.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
             std::process::exit(0);

@@ -38,31 +38,38 @@ pub fn duration(ns: u64) -> String {
 
 pub fn detail(event: &Event) -> String {
     match &event.detail {
-        Detail::GpuCall {
-            api,
-            library,
-            function,
-            result,
-            duration_ns,
-        } => {
+        Detail::Crash { signal, addr, library, library_offset, in_call, .. } => {
+            let mut s = format!("{} at {addr:#x}", crate::events::signal_label(*signal));
+            match (library, library_offset) {
+                (Some(lib), Some(off)) => s.push_str(&format!(" in {lib}+{off:#x}")),
+                (Some(lib), None) => s.push_str(&format!(" in {lib}")),
+                _ => s.push_str(" (code not in a file mapping)"),
+            }
+            if let Some(call) = in_call {
+                s.push_str(&format!(" during {call}"));
+            }
+            s
+        }
+        Detail::OomKill { scope, anon_rss_bytes } => {
+            let rss = anon_rss_bytes.map(|b| format!(", {} MiB anonymous", b >> 20)).unwrap_or_default();
+            format!("killed by the OOM killer ({scope} limit{rss})")
+        }
+        Detail::Exit { signal, exit_code, core_dumped } => {
+            if *signal != 0 {
+                let core = if *core_dumped { " (core dumped)" } else { "" };
+                format!("killed by {}{core}", crate::events::signal_label(*signal))
+            } else {
+                format!("exited with status {exit_code}")
+            }
+        }
+        Detail::GpuCall { api, library, function, result, duration_ns } => {
             let name = result_name(*api, *result).unwrap_or("unknown result");
             let lib = library.rsplit('/').next().unwrap_or(library);
-            format!(
-                "{function} -> {result} {name} in {} [{lib}]",
-                duration(*duration_ns)
-            )
+            format!("{function} -> {result} {name} in {} [{lib}]", duration(*duration_ns))
         }
-        Detail::GpuStall {
-            library,
-            function,
-            elapsed_ns,
-            ..
-        } => {
+        Detail::GpuStall { library, function, elapsed_ns, .. } => {
             let lib = library.rsplit('/').next().unwrap_or(library);
-            format!(
-                "{function} still running after {} [{lib}]",
-                duration(*elapsed_ns)
-            )
+            format!("{function} still running after {} [{lib}]", duration(*elapsed_ns))
         }
     }
 }
@@ -89,10 +96,7 @@ mod tests {
 
     #[test]
     fn times_and_durations_read_naturally() {
-        assert_eq!(
-            clock_time(((13 * 3600 + 5 * 60 + 9) * 1000 + 42) * 1_000_000),
-            "13:05:09.042"
-        );
+        assert_eq!(clock_time(((13 * 3600 + 5 * 60 + 9) * 1000 + 42) * 1_000_000), "13:05:09.042");
         assert_eq!(duration(950), "950 ns");
         assert_eq!(duration(1_500), "1.5 µs");
         assert_eq!(duration(12_300_000), "12.3 ms");
@@ -101,10 +105,7 @@ mod tests {
 
     #[test]
     fn long_cgroups_keep_both_ends() {
-        let s = shorten(
-            "/kubepods.slice/kubepods-burstable.slice/cri-containerd-0123456789abcdef.scope",
-            31,
-        );
+        let s = shorten("/kubepods.slice/kubepods-burstable.slice/cri-containerd-0123456789abcdef.scope", 31);
         assert_eq!(s.chars().count(), 31);
         assert!(s.starts_with("/kubepods"));
         assert!(s.ends_with("abcdef.scope"));
@@ -131,10 +132,7 @@ mod tests {
             },
         };
         let l = line(&ev);
-        assert!(
-            l.contains("hipInit -> 101 hipErrorInvalidDevice in 2.0 ms [libamdhip64.so.5]"),
-            "{l}"
-        );
+        assert!(l.contains("hipInit -> 101 hipErrorInvalidDevice in 2.0 ms [libamdhip64.so.5]"), "{l}");
         assert!(l.starts_with("00:00:00.000  7 "), "{l}");
         // columns line up with the header
         assert_eq!(l.find("gpu_call"), HEADER.find("EVENT"));

@@ -71,7 +71,8 @@ impl Tracer {
         let sink = lines.clone();
         thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let value: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}"));
+                let value: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}"));
                 sink.lock().expect("lock").push(value);
             }
         });
@@ -210,7 +211,9 @@ impl Drop for PodCgroup {
 
 pub fn random_hex(len: usize) -> String {
     let mut bytes = vec![0u8; len.div_ceil(2)];
-    fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes)).expect("urandom");
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .expect("urandom");
     bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()[..len].to_string()
 }
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Checks everything in deploy/. Run from anywhere: deploy/check.sh [--install-deps]
+#
+# Needs (nothing is installed unless --install-deps is given):
+#   promtool            Debian package `prometheus` (scripts/setup.sh installs it)
+#   python3 + PyYAML    Debian package `python3-yaml`
+#   jsonschema          Debian package `python3-jsonschema` (or PyPI `jsonschema`)
+#   kubernetes-validate PyPI only: `pip install kubernetes-validate` (bundles the
+#                       Kubernetes JSON schemas, works offline)
+#   kubectl or kustomize, optional: renders the kustomizations (base and base + the
+#                       secure/ component); without it the listed files are validated
+#                       with patches unapplied.
+# CRD schemas (Argo Rollouts, Flagger, Prometheus Operator) are vendored in
+# deploy/schemas/, so no network is needed.
+#
+# Steps
+#   1 rules-equal   spec of prometheusrule.yaml == prometheus/rules.yaml
+#   2 contract      metric names and labels in rules, tests, Argo and Flagger queries are
+#                   those of the metric contract (docs/ARCHITECTURE.md)
+#   3 coverage      every alert fires in a test and stays silent in another; every Argo
+#                   metric / Flagger template is exercised by an analysis test
+#   4 promtool check rules prometheus/rules.yaml
+#   5 promtool test rules prometheus/tests/*.yaml
+#   6 Argo/Flagger queries rendered with test arguments: promtool check rules (PromQL
+#     syntax) and promtool test rules prometheus/analysis-tests/*.yaml (their values)
+#   7 promtool check config prometheus/prometheus.yml (Kubernetes SD swapped for a
+#     static target: Debian's promtool has no Kubernetes SD)
+#   8 validate      Kubernetes schemas (1.28 and 1.37, strict) for built-in kinds, vendored
+#                   CRD schemas (strict) for ServiceMonitor, PrometheusRule,
+#                   AnalysisTemplate, MetricTemplate and the commented Rollout / Canary
+#                   examples, plus the privilege policy and cross-references
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here/.."   # repository root; paths below are relative to it
+
+if [ "${1:-}" = "--install-deps" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    need=()
+    command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+    python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
+    python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema)
+    if [ ${#need[@]} -gt 0 ]; then
+        apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+    python3 -c 'import kubernetes_validate' 2>/dev/null || python3 -m pip install -q kubernetes-validate
+    shift
+fi
+
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import yaml' 2>/dev/null; then
+    if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
+        PY=/usr/bin/python3
+    else
+        echo "check.sh: python3 with PyYAML is required: apt-get install python3-yaml (or pip install PyYAML)" >&2
+        exit 2
+    fi
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "check.sh: promtool is required: apt-get install prometheus (scripts/setup.sh does)" >&2
+    exit 2
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+failures=()
+
+step() {   # step NAME COMMAND...
+    local name="$1"; shift
+    printf '\n== %s\n' "$name"
+    if "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        failures+=("$name")
+    fi
+}
+
+analysis() {
+    "$PY" deploy/tools/deploycheck.py render-analysis "$tmp/analysis" &&
+        promtool check rules "$tmp/analysis/queries.rules.yaml" &&
+        (cd "$tmp/analysis" && promtool test rules ./*_test.yaml)
+}
+
+promconfig() {
+    "$PY" deploy/tools/deploycheck.py promconfig "$tmp/promconfig" &&
+        promtool check config "$tmp/promconfig/prometheus.yml"
+}
+
+step "1 PrometheusRule spec == prometheus/rules.yaml" "$PY" deploy/tools/deploycheck.py rules-equal
+step "2 metric contract" "$PY" deploy/tools/deploycheck.py contract
+step "3 test coverage" "$PY" deploy/tools/deploycheck.py coverage
+step "4 promtool check rules" promtool check rules deploy/prometheus/rules.yaml
+step "5 promtool test rules (alerts)" promtool test rules deploy/prometheus/tests/*.yaml
+step "6 Argo/Flagger queries: syntax and values" analysis
+step "7 promtool check config (plain Prometheus)" promconfig
+step "8 Kubernetes / CRD schema validation and policy" "$PY" deploy/tools/deploycheck.py validate
+
+echo
+if [ "$failed" -gt 0 ]; then
+    printf 'failed: %s\n' "${failures[@]}"
+fi
+echo "deploy/check.sh: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,197 @@
+//! Process-level events: exits, crashes, OOM kills, library loads; plus the
+//! kernel struct offsets the programs need.
+//!
+//! Rust cannot emit CO-RE relocations, so userspace reads these offsets from
+//! the running kernel's BTF and hands them over as a load-time global.
+
+/// Load-time global holding [`KernelOffsets`].
+pub const GLOBAL_OFFSETS: &str = "KERNEL_OFFSETS";
+/// Victims marked by the OOM killer, until they exit (hash tid -> info).
+pub const OOM_VICTIMS_MAP: &str = "OOM_VICTIMS";
+/// Last fatal synchronous signal per process, until it exits (hash tgid -> crash).
+pub const CRASHES_MAP: &str = "CRASHES";
+
+/// Byte offsets of kernel struct members; zero means "not available on this
+/// kernel" and the program skips what depends on it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_exit_code: u32,
+    pub task_cgroups: u32,
+    pub css_set_dfl_cgrp: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
+    pub vma_vm_start: u32,
+    pub vma_vm_end: u32,
+    pub vma_vm_pgoff: u32,
+    pub vma_vm_file: u32,
+    pub file_f_inode: u32,
+    pub file_f_path_dentry: u32,
+    pub inode_i_ino: u32,
+    pub dentry_d_name_name: u32,
+    /// tracefs offset of `anon_rss` in `oom:mark_victim` (0: old layout, pid only).
+    pub mark_victim_anon_rss: u32,
+    /// tracefs offset of `pid` in `oom:mark_victim`.
+    pub mark_victim_pid: u32,
+    /// Non-zero when every offset a family needs was found.
+    pub have_task_cgroup: u32,
+    pub have_vma: u32,
+    pub _pad: u32,
+}
+
+impl KernelOffsets {
+    pub const ZERO: Self = Self {
+        task_pid: 0,
+        task_tgid: 0,
+        task_exit_code: 0,
+        task_cgroups: 0,
+        css_set_dfl_cgrp: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
+        vma_vm_start: 0,
+        vma_vm_end: 0,
+        vma_vm_pgoff: 0,
+        vma_vm_file: 0,
+        file_f_inode: 0,
+        file_f_path_dentry: 0,
+        inode_i_ino: 0,
+        dentry_d_name_name: 0,
+        mark_victim_anon_rss: 0,
+        mark_victim_pid: 0,
+        have_task_cgroup: 0,
+        have_vma: 0,
+        _pad: 0,
+    };
+}
+
+/// `si_code` values at or below zero come from a sender (kill, tgkill,
+/// sigqueue); positive ones from the kernel reporting a fault.
+pub const SI_KERNEL_FAULT_MIN: i32 = 1;
+
+pub const LIBRARY_NAME_LEN: usize = 64;
+
+/// What was known when a fatal synchronous signal was raised in a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CrashInfo {
+    pub signal: i32,
+    pub si_code: i32,
+    /// `si_addr`: the faulting data address for SIGSEGV/SIGBUS, the
+    /// instruction for SIGILL/SIGFPE.
+    pub addr: u64,
+    /// User instruction pointer of the faulting thread.
+    pub ip: u64,
+    pub tid: u32,
+    /// GPU call in flight on that thread: api + 1 (0 = none), function, library.
+    pub in_call_api: u32,
+    pub in_call_function: u32,
+    pub in_call_library: u32,
+    /// Non-zero when the mapping holding `ip` was resolved.
+    pub have_vma: u32,
+    pub _pad: u32,
+    pub vma_start: u64,
+    pub vma_pgoff: u64,
+    pub file_ino: u64,
+    /// Base name of the file backing the mapping holding `ip`.
+    pub file_name: [u8; LIBRARY_NAME_LEN],
+}
+
+impl Default for CrashInfo {
+    fn default() -> Self {
+        Self {
+            signal: 0,
+            si_code: 0,
+            addr: 0,
+            ip: 0,
+            tid: 0,
+            in_call_api: 0,
+            in_call_function: 0,
+            in_call_library: 0,
+            have_vma: 0,
+            _pad: 0,
+            vma_start: 0,
+            vma_pgoff: 0,
+            file_ino: 0,
+            file_name: [0; LIBRARY_NAME_LEN],
+        }
+    }
+}
+
+/// A process (thread-group leader) ended abnormally: killed by a signal or
+/// exiting with status 137. Normal exits never leave the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExitEvent {
+    pub header: crate::EventHeader,
+    /// `task->exit_code`: signal in bits 0..7, core-dump flag 0x80, status in bits 8..16.
+    pub exit_code: u32,
+    pub flags: u32,
+    /// From `oom:mark_victim` when the kernel gives it (kB).
+    pub oom_anon_rss_kb: u64,
+    pub crash: CrashInfo,
+}
+
+pub const EXIT_FLAG_OOM_VICTIM: u32 = 1;
+pub const EXIT_FLAG_CRASH: u32 = 2;
+
+/// The OOM killer chose a victim (sent in the killer's context).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OomVictimEvent {
+    pub header: crate::EventHeader,
+    pub victim_pid: u32,
+    pub _pad: u32,
+    pub anon_rss_kb: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OomVictimInfo {
+    pub anon_rss_kb: u64,
+    pub killer_cgroup_id: u64,
+}
+
+/// A process mapped a file executable: it may have loaded a GPU library.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LibraryMapEvent {
+    pub header: crate::EventHeader,
+}
+
+/// Exit status helpers shared by both sides.
+pub const fn exit_signal(exit_code: u32) -> u32 {
+    exit_code & 0x7f
+}
+
+pub const fn exit_status(exit_code: u32) -> u32 {
+    (exit_code >> 8) & 0xff
+}
+
+pub const fn core_dumped(exit_code: u32) -> bool {
+    exit_code & 0x80 != 0
+}
+
+/// Whether an exit is worth an event: death by signal, or status 137
+/// (what a shell or container runtime reports for a SIGKILLed child).
+pub const fn is_abnormal_exit(exit_code: u32) -> bool {
+    exit_signal(exit_code) != 0 || exit_status(exit_code) == 137
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_decode_like_wait_status() {
+        assert!(is_abnormal_exit(9)); // SIGKILL
+        assert!(is_abnormal_exit(11 | 0x80)); // SIGSEGV, core dumped
+        assert!(core_dumped(11 | 0x80));
+        assert_eq!(exit_signal(24 | 0x80), 24); // SIGXCPU
+        assert!(is_abnormal_exit(137 << 8));
+        assert!(!is_abnormal_exit(0));
+        assert!(!is_abnormal_exit(3 << 8)); // a clean exit(3) is not a kill
+        assert_eq!(exit_status(3 << 8), 3);
+    }
+}

@@ -1,0 +1,39 @@
+//! Reading kernel structs at offsets userspace found in BTF.
+use aya_ebpf::helpers::bpf_probe_read_kernel;
+use observer_common::task::KernelOffsets;
+
+#[unsafe(no_mangle)]
+static KERNEL_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
+
+#[inline(always)]
+pub fn offsets() -> KernelOffsets {
+    // SAFETY: volatile so the compile-time zeroes are not folded in; the
+    // value is replaced at load time.
+    unsafe { core::ptr::read_volatile(&KERNEL_OFFSETS) }
+}
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+pub fn read<T>(base: *const u8, offset: u32) -> Result<T, i64> {
+    if base.is_null() {
+        return Err(-1);
+    }
+    // SAFETY: bpf_probe_read_kernel tolerates any address and reports faults.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<T>()) }.map_err(|e| e as i64)
+}
+
+/// `task->cgroups->dfl_cgrp->kn->id`: the cgroup2 id of any task, not only
+/// the current one (the OOM victim, the task being switched in).
+///
+/// match-proto: struct css_set *task_struct::cgroups; struct cgroup
+/// *css_set::dfl_cgrp; struct kernfs_node *cgroup::kn; u64 kernfs_node::id (5.5+).
+#[inline(always)]
+pub fn task_cgroup_id(task: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
+    if o.have_task_cgroup == 0 {
+        return Err(-1);
+    }
+    let css_set: *const u8 = read(task, o.task_cgroups)?;
+    let cgroup: *const u8 = read(css_set, o.css_set_dfl_cgrp)?;
+    let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
+    read(kn, o.kernfs_node_id)
+}

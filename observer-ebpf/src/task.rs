@@ -1,0 +1,315 @@
+//! Process deaths: abnormal exits, OOM kills, native crashes; and the
+//! executable mappings that tell userspace a GPU library may have appeared.
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{
+        bpf_find_vma, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes, bpf_task_pt_regs,
+    },
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::{RawTracePointContext, TracePointContext},
+};
+use observer_common::{
+    gpu::{Api, InflightKey},
+    task::{
+        is_abnormal_exit, CrashInfo, ExitEvent, LibraryMapEvent, OomVictimEvent, OomVictimInfo,
+        EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
+    },
+    EventKind,
+};
+
+use crate::{
+    common::{count_lost, current_header, emit, EVENTS},
+    gpu::GPU_INFLIGHT,
+    kernel::{offsets, read},
+};
+
+#[map(name = "OOM_VICTIMS")]
+static OOM_VICTIMS: HashMap<u32, OomVictimInfo> = HashMap::with_max_entries(1024, 0);
+
+#[map(name = "CRASHES")]
+static CRASHES: HashMap<u32, CrashInfo> = HashMap::with_max_entries(4096, 0);
+
+/// Scratch space: a CrashInfo is too big to build on the 512-byte stack
+/// next to everything else.
+#[map(name = "CRASH_SCRATCH")]
+static CRASH_SCRATCH: PerCpuArray<CrashInfo> = PerCpuArray::with_max_entries(1, 0);
+
+/// Last executable-mapping event per process, to coalesce library loads.
+#[map(name = "MMAP_LAST")]
+static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
+
+const SIGILL: i32 = 4;
+const SIGABRT: i32 = 6;
+const SIGBUS: i32 = 7;
+const SIGFPE: i32 = 8;
+const SIGSEGV: i32 = 11;
+/// x86-64 `struct pt_regs`: ip follows r15..r8, ax, cx, dx, si, di, orig_ax.
+const PT_REGS_IP: u32 = 16 * 8;
+/// `kernel_siginfo`: si_signo, si_errno, si_code, then the union whose first
+/// member for faults is `si_addr` (8-byte aligned).
+const SIGINFO_CODE: u32 = 8;
+const SIGINFO_ADDR: u32 = 16;
+const PROT_EXEC: u64 = 4;
+
+/// match-proto: TP_PROTO(int sig, struct kernel_siginfo *info,
+/// struct task_struct *task, int group, int result), 6.1 .. 6.18.
+///
+/// A fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE) is generated in the faulting
+/// thread's own context, and so is abort()'s SIGABRT (tgkill to itself):
+/// the address space is still intact here, unlike at exit, so this is where
+/// the faulting instruction's mapping is looked up.
+#[raw_tracepoint(tracepoint = "signal_generate")]
+pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
+    try_signal_generate(&ctx).unwrap_or(1)
+}
+
+fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let sig: i32 = ctx.arg::<u64>(0) as i32;
+    if !matches!(sig, SIGSEGV | SIGBUS | SIGILL | SIGFPE | SIGABRT) {
+        return Ok(0);
+    }
+    let target = ctx.arg::<u64>(2);
+    // SAFETY: helper without pointer arguments.
+    let current = unsafe { bpf_get_current_task() };
+    if target != current {
+        return Ok(0); // sent by someone else: not a crash of the target's code
+    }
+    let info = ctx.arg::<u64>(1) as *const u8;
+    let si_code: i32 = if (info as u64) > 1 { read(info, SIGINFO_CODE).unwrap_or(0) } else { 0 };
+    if sig != SIGABRT && si_code < SI_KERNEL_FAULT_MIN {
+        return Ok(0); // a self-sent SIGSEGV is not a fault
+    }
+    let crash = CRASH_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: per-CPU scratch slot, only this program on this CPU uses it.
+    let crash = unsafe { &mut *crash };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    crash.signal = sig;
+    crash.si_code = si_code;
+    crash.addr = if sig != SIGABRT && (info as u64) > 1 { read(info, SIGINFO_ADDR).unwrap_or(0) } else { 0 };
+    crash.tid = tid;
+    // The verifier wants a BTF-typed task for these helpers; this is the
+    // same task as `current`.
+    // SAFETY: helper without arguments.
+    let task_btf = unsafe { bpf_get_current_task_btf() };
+    // SAFETY: trusted task pointer from the helper above.
+    let regs = unsafe { bpf_task_pt_regs(task_btf) } as *const u8;
+    crash.ip = read(regs, PT_REGS_IP).unwrap_or(0);
+
+    crash.in_call_api = 0;
+    // The innermost API wins: a crash inside hipMalloc called by cuMemAlloc
+    // is reported as hipMalloc (the CUDA frame is visible in the library).
+    for api in [Api::Hip, Api::Cuda] {
+        let key = InflightKey { tid, api: api as u32 };
+        // SAFETY: read-only access to a map value.
+        if let Some(stack) = unsafe { GPU_INFLIGHT.get(&key) } {
+            // Constant indices: the verifier loses a dynamic bound that
+            // LLVM splits across registers.
+            let frame = match stack.depth {
+                1 => stack.frames[0],
+                2 => stack.frames[1],
+                3 => stack.frames[2],
+                4 => stack.frames[3],
+                _ => continue,
+            };
+            crash.in_call_api = api as u32 + 1;
+            crash.in_call_function = frame.function;
+            crash.in_call_library = frame.library;
+            break;
+        }
+    }
+
+    crash.have_vma = 0;
+    crash.file_name = [0; observer_common::task::LIBRARY_NAME_LEN];
+    if offsets().have_vma != 0 && crash.ip != 0 {
+        // The helper only accepts a stack pointer as the callback's context.
+        let mut found = VmaFound { have: 0, start: 0, pgoff: 0, ino: 0, name: [0; LIBRARY_NAME_LEN] };
+        // SAFETY: `vma_found` is a BPF callback with the signature the
+        // helper requires; `found` lives on this stack for the whole call.
+        unsafe {
+            bpf_find_vma(
+                task_btf,
+                crash.ip,
+                vma_found as *mut c_void,
+                (&mut found as *mut VmaFound).cast::<c_void>(),
+                0,
+            )
+        };
+        crash.have_vma = found.have;
+        crash.vma_start = found.start;
+        crash.vma_pgoff = found.pgoff;
+        crash.file_ino = found.ino;
+        crash.file_name = found.name;
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    CRASHES.insert(&tgid, crash, 0).map_err(|e| e as i64)?;
+    Ok(0)
+}
+
+#[repr(C)]
+struct VmaFound {
+    have: u32,
+    start: u64,
+    pgoff: u64,
+    ino: u64,
+    name: [u8; LIBRARY_NAME_LEN],
+}
+
+/// `bpf_find_vma` callback: records which file backs the faulting address.
+///
+/// match-proto: unsigned long vm_area_struct::vm_start, vm_pgoff; struct file
+/// *vm_area_struct::vm_file; struct inode *file::f_inode; struct path
+/// file::f_path (dentry first); unsigned long inode::i_ino; struct qstr
+/// dentry::d_name (name pointer).
+#[inline(never)]
+extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void) -> i64 {
+    let o = offsets();
+    let vma = vma as *const u8;
+    // SAFETY: `data` is the VmaFound passed to bpf_find_vma above.
+    let found = unsafe { &mut *(data as *mut VmaFound) };
+    found.start = read(vma, o.vma_vm_start).unwrap_or(0);
+    found.pgoff = read(vma, o.vma_vm_pgoff).unwrap_or(0);
+    let file: *const u8 = read(vma, o.vma_vm_file).unwrap_or(core::ptr::null());
+    if file.is_null() {
+        found.have = 1; // anonymous memory: JIT code or a wild jump
+        return 0;
+    }
+    let inode: *const u8 = read(file, o.file_f_inode).unwrap_or(core::ptr::null());
+    found.ino = read(inode, o.inode_i_ino).unwrap_or(0);
+    let dentry: *const u8 = read(file, o.file_f_path_dentry).unwrap_or(core::ptr::null());
+    let name: *const u8 = read(dentry, o.dentry_d_name_name).unwrap_or(core::ptr::null());
+    if !name.is_null() {
+        // SAFETY: reads a NUL-terminated kernel string into our buffer.
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut found.name) };
+    }
+    found.have = 2;
+    0
+}
+
+/// match-proto: oom:mark_victim; `pid` at a tracefs-given offset, and on
+/// 6.9+ (and recent 6.1.y) `anon_rss` (kB) too. Runs in the killer's context.
+#[tracepoint(category = "oom", name = "mark_victim")]
+pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
+    try_oom_mark_victim(&ctx).unwrap_or(1)
+}
+
+fn try_oom_mark_victim(ctx: &TracePointContext) -> Result<u32, i64> {
+    let o = offsets();
+    // SAFETY: offsets come from this kernel's tracefs format file.
+    let victim: i32 = unsafe { ctx.read_at(o.mark_victim_pid as usize) }.map_err(|e| e as i64)?;
+    let anon_rss_kb: u64 = if o.mark_victim_anon_rss != 0 {
+        unsafe { ctx.read_at(o.mark_victim_anon_rss as usize) }.unwrap_or(0)
+    } else {
+        0
+    };
+    let header = current_header(EventKind::OomVictim as u32);
+    let info = OomVictimInfo { anon_rss_kb, killer_cgroup_id: header.cgroup_id };
+    let victim = victim as u32;
+    OOM_VICTIMS.insert(&victim, &info, 0).map_err(|e| e as i64)?;
+    emit(&OomVictimEvent { header, victim_pid: victim, _pad: 0, anon_rss_kb });
+    Ok(0)
+}
+
+/// match-proto: sched_process_exit(struct task_struct *p[, bool group_dead]);
+/// always the current task. `task->exit_code` is set before this fires
+/// (do_exit), and the mm is already gone, so crash details were saved at
+/// signal time.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(ctx: RawTracePointContext) -> i32 {
+    try_process_exit(&ctx).unwrap_or(1)
+}
+
+fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let tgid = (pid_tgid >> 32) as u32;
+    // A thread that dies mid-call never returns: drop its in-flight frames
+    // here so the map cannot fill with dead threads.
+    for api in [Api::Hip as u32, Api::Cuda as u32] {
+        let _ = GPU_INFLIGHT.remove(&InflightKey { tid, api });
+    }
+    // Plain values rather than an Option of a struct: LLVM otherwise spills
+    // the undefined payload of `None`, which the verifier rejects.
+    // SAFETY: read-only map lookup.
+    let (oom_victim, oom_rss_kb) = match unsafe { OOM_VICTIMS.get(&tid) } {
+        Some(info) => (true, info.anon_rss_kb),
+        None => (false, 0),
+    };
+    if oom_victim {
+        let _ = OOM_VICTIMS.remove(&tid);
+    }
+    if tid != tgid {
+        return Ok(0); // the process's status is reported once, by its leader
+    }
+    let o = offsets();
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let exit_code: i32 = read(task, o.task_exit_code)?;
+    let exit_code = exit_code as u32;
+    // SAFETY: read-only map lookup.
+    let crash = unsafe { CRASHES.get(&tgid) };
+    if !is_abnormal_exit(exit_code) && !oom_victim {
+        if crash.is_some() {
+            let _ = CRASHES.remove(&tgid);
+        }
+        return Ok(0);
+    }
+    let Some(mut slot) = EVENTS.reserve::<ExitEvent>(0) else {
+        count_lost();
+        return Ok(0);
+    };
+    let ev = slot.as_mut_ptr();
+    // SAFETY: `ev` points at reserved ring-buffer memory of the right size;
+    // fields are written in place to keep the stack small.
+    unsafe {
+        (*ev).header = current_header(EventKind::Exit as u32);
+        (*ev).exit_code = exit_code;
+        (*ev).flags = 0;
+        (*ev).oom_anon_rss_kb = 0;
+        (*ev).crash = CrashInfo::default();
+        if oom_victim {
+            (*ev).flags |= EXIT_FLAG_OOM_VICTIM;
+            (*ev).oom_anon_rss_kb = oom_rss_kb;
+        }
+        if let Some(crash) = crash {
+            if crash.signal as u32 == (exit_code & 0x7f) {
+                (*ev).flags |= EXIT_FLAG_CRASH;
+                (*ev).crash = *crash;
+            }
+        }
+    }
+    slot.submit(0);
+    if crash.is_some() {
+        let _ = CRASHES.remove(&tgid);
+    }
+    Ok(0)
+}
+
+/// syscalls:sys_enter_mmap; the syscall tracepoint layout is fixed by the
+/// ABI: nr at 8, then six 8-byte arguments from 16 (prot at 32, fd at 48).
+#[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
+pub fn mmap_exec(ctx: TracePointContext) -> u32 {
+    // SAFETY: fixed syscall tracepoint layout.
+    let prot: u64 = unsafe { ctx.read_at(32) }.unwrap_or(0);
+    let fd: i64 = unsafe { ctx.read_at(48) }.unwrap_or(-1);
+    if prot & PROT_EXEC == 0 || fd < 0 {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // SAFETY: read-only map lookup.
+    if let Some(last) = unsafe { MMAP_LAST.get(&tgid) } {
+        // One event per 50 ms per process; userspace scans the maps after
+        // a delay that covers the rest of a dlopen burst.
+        if now.saturating_sub(*last) < 50_000_000 {
+            return 0;
+        }
+    }
+    let _ = MMAP_LAST.insert(&tgid, &now, 0);
+    emit(&LibraryMapEvent { header: current_header(EventKind::LibraryMap as u32) });
+    0
+}

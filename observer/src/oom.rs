@@ -1,0 +1,77 @@
+//! Telling a cgroup-limit OOM kill from a global one. The kernel's
+//! `oom:mark_victim` does not say; the memory cgroup's own `oom_kill`
+//! counter does (v2 `memory.events`, v1 `memory.oom_control`).
+use std::{fs, path::Path};
+
+/// v1 memory hierarchy on hybrid hosts; kubelet mirrors the unified
+/// hierarchy's paths in every controller, so the same relative path works.
+const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+
+/// Reads the `oom_kill` counter from a `memory.events` or `memory.oom_control` text.
+pub fn parse_oom_kill(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+}
+
+fn oom_kills_at(dir: &Path) -> Option<u64> {
+    ["memory.events", "memory.oom_control"]
+        .iter()
+        .find_map(|f| fs::read_to_string(dir.join(f)).ok().and_then(|t| parse_oom_kill(&t)))
+}
+
+/// `memcg` when the cgroup (or an ancestor) has counted an OOM kill of its
+/// own, else `global`.
+pub fn scope_of_cgroup(cgroup2_root: Option<&Path>, cgroup: Option<&str>) -> &'static str {
+    let Some(cgroup) = cgroup else { return "global" };
+    let mut roots: Vec<&Path> = vec![Path::new(V1_MEMORY)];
+    if let Some(r) = cgroup2_root {
+        roots.push(r);
+    }
+    for root in roots {
+        let mut rel = Path::new(cgroup.trim_start_matches('/'));
+        loop {
+            if rel.as_os_str().is_empty() {
+                break; // the root cgroup's counter is the global one
+            }
+            if oom_kills_at(&root.join(rel)).is_some_and(|n| n > 0) {
+                return "memcg";
+            }
+            rel = rel.parent().unwrap_or(Path::new(""));
+        }
+    }
+    "global"
+}
+
+/// Scope for a victim still alive: its memory cgroup from /proc/PID/cgroup.
+pub fn victim_scope(pid: u32) -> &'static str {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return "global" };
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let is_memory = controllers.split(',').any(|c| c == "memory");
+        if is_memory
+            && path != "/"
+            && oom_kills_at(&Path::new(V1_MEMORY).join(path.trim_start_matches('/'))).is_some_and(|n| n > 0)
+        {
+            return "memcg";
+        }
+        if controllers.is_empty() && path != "/" {
+            let root = crate::attribution::cgroups::cgroup2_root();
+            if scope_of_cgroup(root.as_deref(), Some(path)) == "memcg" {
+                return "memcg";
+            }
+        }
+    }
+    "global"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_counter_from_both_versions() {
+        assert_eq!(parse_oom_kill("low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"), Some(2));
+        assert_eq!(parse_oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"), Some(1));
+        assert_eq!(parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n"), None);
+    }
+}

@@ -1,0 +1,139 @@
+//! Kernel struct member offsets from the running kernel's BTF. Rust eBPF
+//! cannot carry CO-RE relocations, so this is done once at load time and the
+//! result passed to the programs as a global.
+use btf_rs::{Btf, Type};
+use observer_common::task::KernelOffsets;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error("reading kernel BTF (/sys/kernel/btf/vmlinux): {0}")]
+    Read(String),
+}
+
+pub fn vmlinux() -> Result<Btf, BtfError> {
+    Btf::from_file("/sys/kernel/btf/vmlinux").map_err(|e| BtfError::Read(e.to_string()))
+}
+
+/// Byte offset of `path` (dot-separated, e.g. `f_path.dentry`) in `struct
+/// name`, descending into anonymous structs and unions on the way.
+pub fn member_offset(btf: &Btf, name: &str, path: &str) -> Option<u32> {
+    let ty = btf
+        .resolve_types_by_name(name)
+        .ok()?
+        .into_iter()
+        .find(|t| matches!(t, Type::Struct(_) | Type::Union(_)))?;
+    let mut offset = 0;
+    let mut current = ty;
+    for field in path.split('.') {
+        let (bits, next) = find_member(btf, &current, field)?;
+        offset += bits;
+        current = next;
+    }
+    (offset % 8 == 0).then_some(offset / 8)
+}
+
+/// Finds `field` in a struct/union type; returns its bit offset and type.
+fn find_member(btf: &Btf, ty: &Type, field: &str) -> Option<(u32, Type)> {
+    let members = match ty {
+        Type::Struct(s) | Type::Union(s) => &s.members,
+        _ => return None,
+    };
+    for m in members {
+        let member_type = btf.resolve_chained_type(m).ok()?;
+        let member_type = strip_modifiers(btf, member_type)?;
+        match btf.resolve_name(m) {
+            Ok(n) if n == field => return Some((m.bit_offset(), member_type)),
+            Ok(n) if !n.is_empty() => continue,
+            _ => {
+                // Anonymous struct/union: the field may live inside it.
+                if let Some((inner, t)) = find_member(btf, &member_type, field) {
+                    return Some((m.bit_offset() + inner, t));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn strip_modifiers(btf: &Btf, mut ty: Type) -> Option<Type> {
+    for _ in 0..16 {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Volatile(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Const(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Restrict(t) => btf.resolve_chained_type(t).ok()?,
+            Type::TypeTag(t) => btf.resolve_chained_type(t).ok()?,
+            _ => return Some(ty),
+        };
+    }
+    Some(ty)
+}
+
+/// Everything the task, crash and scheduler programs need; missing members
+/// leave their `have_*` flag at zero instead of failing the load.
+pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
+    let mut o = KernelOffsets::ZERO;
+    let task = (get("task_struct", "pid"), get("task_struct", "tgid"), get("task_struct", "exit_code"));
+    if let (Some(pid), Some(tgid), Some(exit_code)) = task {
+        o.task_pid = pid;
+        o.task_tgid = tgid;
+        o.task_exit_code = exit_code;
+    }
+    if let (Some(a), Some(b), Some(c), Some(d)) = (
+        get("task_struct", "cgroups"),
+        get("css_set", "dfl_cgrp"),
+        get("cgroup", "kn"),
+        get("kernfs_node", "id"),
+    ) {
+        (o.task_cgroups, o.css_set_dfl_cgrp, o.cgroup_kn, o.kernfs_node_id) = (a, b, c, d);
+        o.have_task_cgroup = 1;
+    }
+    if let (
+        Some(start),
+        Some(end),
+        Some(pgoff),
+        Some(file),
+        Some(inode),
+        Some(dentry),
+        Some(ino),
+        Some(name),
+    ) = (
+        get("vm_area_struct", "vm_start"),
+        get("vm_area_struct", "vm_end"),
+        get("vm_area_struct", "vm_pgoff"),
+        get("vm_area_struct", "vm_file"),
+        get("file", "f_inode"),
+        get("file", "f_path.dentry"),
+        get("inode", "i_ino"),
+        get("dentry", "d_name.name"),
+    ) {
+        (o.vma_vm_start, o.vma_vm_end, o.vma_vm_pgoff, o.vma_vm_file) = (start, end, pgoff, file);
+        (o.file_f_inode, o.file_f_path_dentry, o.inode_i_ino, o.dentry_d_name_name) =
+            (inode, dentry, ino, name);
+        o.have_vma = 1;
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads this machine's real BTF: the offsets must exist and be sane.
+    #[test]
+    fn finds_task_and_vma_members_in_this_kernel() {
+        let Ok(btf) = vmlinux() else {
+            panic!("no /sys/kernel/btf/vmlinux: canaryscope needs a kernel with BTF");
+        };
+        let o = kernel_offsets(&btf);
+        assert_eq!(o.have_task_cgroup, 1, "{o:?}");
+        assert_eq!(o.have_vma, 1, "{o:?}");
+        assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t: {o:?}");
+        assert_eq!(o.vma_vm_end, o.vma_vm_start + 8, "vm_start/vm_end are adjacent: {o:?}");
+        // d_name is a qstr { hash_len (u64), name } on 64-bit kernels.
+        let d_name = member_offset(&btf, "dentry", "d_name").expect("d_name");
+        assert_eq!(o.dentry_d_name_name, d_name + 8);
+        assert_eq!(member_offset(&btf, "task_struct", "no_such_field"), None);
+    }
+}
