@@ -54,11 +54,20 @@ log "host root mounted"
 [ -r "/newroot$JOB/meta" ] && [ -r "/newroot$JOB/job.sh" ] || fail "job files not found in $JOB"
 mkdir -p /job
 cp "/newroot$JOB/meta" "/newroot$JOB/job.sh" /job/ || fail "cannot copy the job from $JOB"
-NONCE="" INTERACTIVE=0 TARGET_DIR="" ROWS=0 COLS=0
+NONCE="" INTERACTIVE=0 TARGET_DIR="" ROWS=0 COLS=0 HOST_CWD=""
 . /job/meta
 [ -n "$NONCE" ] || fail "job meta without NONCE"
 
 R=/newroot
+# A working directory under a path that gets a tmpfs below stays visible
+# (read-only): keep a bind mount of it and put it back after the tmpfs.
+CWD_KEPT=""
+case "$HOST_CWD" in
+    /tmp/?*|/var/tmp/?*|/run/?*)
+        if [ -d "$R$HOST_CWD" ]; then
+            mkdir -p /cwd && mount --bind "$R$HOST_CWD" /cwd && CWD_KEPT=1
+        fi ;;
+esac
 mount -t proc proc $R/proc || fail "mount proc"
 mount -t sysfs sysfs $R/sys || fail "mount sysfs"
 mount -t devtmpfs -o mode=0755 devtmpfs $R/dev || fail "mount devtmpfs"
@@ -89,6 +98,9 @@ if [ -n "$TARGET_DIR" ]; then
     else
         log "$TARGET_DIR is not visible in the guest; not mounted writable"
     fi
+fi
+if [ -n "$CWD_KEPT" ]; then
+    mkdir -p "$R$HOST_CWD" && mount --move /cwd "$R$HOST_CWD" || log "cannot restore cwd $HOST_CWD"
 fi
 cp /job/job.sh $R/run/canaryscope/job.sh
 cp /modules.log $R/run/canaryscope/modules.log

@@ -243,6 +243,7 @@ fi
     printf 'VERBOSE=%s\n' "$VERBOSE"
     printf 'TARGET_DIR=%s\n' "$(q "$TARGET_DIR")"
     printf 'ROWS=%s\nCOLS=%s\n' "$ROWS" "$COLS"
+    printf 'HOST_CWD=%s\n' "$(q "$PWD")"
 } > "$JOBDIR/meta"
 
 GUEST_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -278,8 +279,8 @@ done
             printf 'export %s=%s\n' "$name" "$(q "${!name}")"
         fi
     done
-    printf 'cd -- %s 2>/dev/null || { echo "%s: warning: cwd %s is not visible in the guest (under a tmpfs?); running in /" >&2; cd /; }\n' \
-        "$(q "$PWD")" "$PROG" "$(q "$PWD")"
+    printf 'cd -- %s 2>/dev/null || { printf "%%s\\n" %s >&2; cd /; }\n' "$(q "$PWD")" \
+        "$(q "$PROG: warning: cwd $PWD is not visible in the guest (a tmpfs covers it); running in /")"
     printf 'exec'
     for a in "$@"; do printf ' %s' "$(q "$a")"; done
     printf '\n'

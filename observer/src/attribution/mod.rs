@@ -5,5 +5,7 @@
 #[expect(dead_code, reason = "wired into the daemon's pod attribution next")]
 pub mod cgroup_path;
 pub mod cgroups;
+#[expect(dead_code, reason = "wired into the daemon next")]
+pub mod kube;
 
 pub use cgroups::CgroupResolver;

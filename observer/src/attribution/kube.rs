@@ -1,0 +1,1 @@
+//! Pod metadata from the Kubernetes API (being written).
