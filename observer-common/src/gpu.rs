@@ -86,6 +86,8 @@ pub const CUDA_FUNCTIONS: &[&str] = &[
     "cuLaunchKernel",
     "cuStreamSynchronize",
     "cuCtxSynchronize",
+    // Cheap, and called by frameworks at start-up (torch's CUDA init).
+    "cuDriverGetVersion",
 ];
 
 /// Functions whose failure means the runtime could not start at all.

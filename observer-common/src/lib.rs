@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod gpu;
+pub mod kfd;
 pub mod names;
 pub mod sched;
 pub mod task;
@@ -28,6 +29,7 @@ pub enum EventKind {
     OomVictim = 4,
     Exit = 5,
     LibraryMap = 6,
+    GpuHardware = 7,
 }
 
 impl EventKind {
@@ -38,6 +40,7 @@ impl EventKind {
             4 => Self::OomVictim,
             5 => Self::Exit,
             6 => Self::LibraryMap,
+            7 => Self::GpuHardware,
             _ => return None,
         })
     }
@@ -112,6 +115,10 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::task::OomVictimInfo {}
     unsafe impl aya::Pod for crate::task::CrashInfo {}
     unsafe impl aya::Pod for crate::sched::RunqHistogram {}
+    unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
+    unsafe impl aya::Pod for crate::kfd::KfdStats {}
+    unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}
+    unsafe impl aya::Pod for crate::kfd::HwEvent {}
 }
 
 #[cfg(test)]

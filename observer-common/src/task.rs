@@ -38,7 +38,13 @@ pub struct KernelOffsets {
     /// Non-zero when every offset a family needs was found.
     pub have_task_cgroup: u32,
     pub have_vma: u32,
-    pub _pad: u32,
+    /// For the KFD syscall fallback: fd -> struct file.
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
+    pub inode_i_rdev: u32,
+    pub have_fd_lookup: u32,
 }
 
 impl KernelOffsets {
@@ -62,7 +68,12 @@ impl KernelOffsets {
         mark_victim_pid: 0,
         have_task_cgroup: 0,
         have_vma: 0,
-        _pad: 0,
+        task_files: 0,
+        files_fdt: 0,
+        fdtable_fd: 0,
+        fdtable_max_fds: 0,
+        inode_i_rdev: 0,
+        have_fd_lookup: 0,
     };
 }
 

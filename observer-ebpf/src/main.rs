@@ -8,6 +8,7 @@
 mod common;
 mod gpu;
 mod kernel;
+mod kfd;
 mod sched;
 mod task;
 

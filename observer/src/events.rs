@@ -3,7 +3,9 @@
 use observer_common::{
     comm_str,
     gpu::{Api, GpuCallEvent},
+    kfd::{eviction_trigger_name, HwKind, HW_HOOKS},
     names,
+    kfd::{HwEvent, KfdIoctlEvent},
     task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
     EventHeader, EventKind,
 };
@@ -61,6 +63,14 @@ pub enum Detail {
         exit_code: i32,
         core_dumped: bool,
     },
+    /// A KFD ioctl that failed.
+    KfdIoctl { nr: u32, cmd: u32, result: i32, duration_ns: u64, via: &'static str },
+    /// A GPU memory fault, reset or queue eviction seen in the driver.
+    GpuHardware { kind: HwKind, function: &'static str, detail: String },
+    /// A cgroup was throttled in consecutive samples.
+    CpuThrottle { throttled_ns: u64, periods: u64, total_periods: u64 },
+    /// A cgroup held more runnable threads than its quota has cores.
+    CpuOversubscribed { runnable_threads: u32, quota_cores: f64 },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -77,6 +87,25 @@ pub fn result_name(api: Api, result: i32) -> Option<&'static str> {
     }
 }
 
+/// `GET_VERSION`, or `0x82` for numbers without a name.
+pub fn kfd_ioctl_label(nr: u32) -> String {
+    names::kfd_ioctl_name(nr).map(str::to_string).unwrap_or_else(|| format!("{nr:#04x}"))
+}
+
+/// What the hooked function's raw integer arguments mean.
+pub fn hw_detail(ev: &HwEvent) -> (HwKind, &'static str, String) {
+    let (function, kind, arg) = HW_HOOKS.get(ev.hook as usize).copied().unwrap_or(("unknown", HwKind::Reset, ""));
+    let detail = match (kind, arg) {
+        (HwKind::MemoryFault, "pasid") => format!("pasid {}", ev.arg1 & 0xffff),
+        (HwKind::QueueEviction, "pid") => {
+            format!("pid {} trigger {}", ev.arg1 as u32, eviction_trigger_name(ev.arg2 as u32))
+        }
+        (HwKind::QueueEviction, _) => format!("trigger {}", eviction_trigger_name(ev.arg1 as u32)),
+        _ => String::new(),
+    };
+    (kind, function, detail)
+}
+
 /// `SIGSEGV`, or `SIG<n>` for numbers without a name.
 pub fn signal_label(signal: i32) -> String {
     names::signal_name(signal).map(str::to_string).unwrap_or_else(|| format!("SIG{signal}"))
@@ -90,6 +119,8 @@ pub fn function_name(api: Api, index: u32) -> String {
 pub enum Raw {
     GpuCall(GpuCallEvent),
     Exit(Box<ExitEvent>),
+    KfdIoctl(KfdIoctlEvent),
+    GpuHardware(HwEvent),
     OomVictim(OomVictimEvent),
     LibraryMap(LibraryMapEvent),
 }
@@ -126,7 +157,8 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
         EventKind::Exit => Ok(Raw::Exit(Box::new(read(data, kind)?))),
         EventKind::OomVictim => Ok(Raw::OomVictim(read(data, kind)?)),
         EventKind::LibraryMap => Ok(Raw::LibraryMap(read(data, kind)?)),
-        EventKind::KfdIoctl => Err(DecodeError::UnknownKind(kind_raw)),
+        EventKind::KfdIoctl => Ok(Raw::KfdIoctl(read(data, kind)?)),
+        EventKind::GpuHardware => Ok(Raw::GpuHardware(read(data, kind)?)),
     }
 }
 
@@ -149,6 +181,12 @@ impl Event {
             Detail::Crash { .. } => "crash",
             Detail::OomKill { .. } => "oom_kill",
             Detail::Exit { .. } => "exit",
+            Detail::KfdIoctl { .. } => "kfd_ioctl",
+            Detail::GpuHardware { kind: HwKind::MemoryFault, .. } => "gpu_memory_fault",
+            Detail::GpuHardware { kind: HwKind::Reset, .. } => "gpu_reset",
+            Detail::GpuHardware { kind: HwKind::QueueEviction, .. } => "gpu_queue_eviction",
+            Detail::CpuThrottle { .. } => "cpu_throttle",
+            Detail::CpuOversubscribed { .. } => "cpu_oversubscribed",
         }
     }
 
@@ -156,9 +194,7 @@ impl Event {
     pub fn is_failure(&self) -> bool {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
-            Detail::GpuStall { .. } | Detail::Crash { .. } | Detail::OomKill { .. } | Detail::Exit { .. } => {
-                true
-            }
+            _ => true,
         }
     }
 
@@ -208,6 +244,28 @@ impl Event {
                 m.insert("signal_number".into(), json!(signal));
                 m.insert("exit_code".into(), json!(exit_code));
                 m.insert("core_dumped".into(), json!(core_dumped));
+            }
+            Detail::KfdIoctl { nr, cmd, result, duration_ns, via } => {
+                m.insert("ioctl".into(), json!(kfd_ioctl_label(*nr)));
+                m.insert("nr".into(), json!(format!("{nr:#04x}")));
+                m.insert("cmd".into(), json!(format!("{cmd:#010x}")));
+                m.insert("result".into(), json!(result));
+                m.insert("errno".into(), json!(names::errno_name(-*result)));
+                m.insert("duration_ns".into(), json!(duration_ns));
+                m.insert("via".into(), json!(via));
+            }
+            Detail::GpuHardware { function, detail, .. } => {
+                m.insert("function".into(), json!(function));
+                m.insert("detail".into(), json!(detail));
+            }
+            Detail::CpuThrottle { throttled_ns, periods, total_periods } => {
+                m.insert("throttled_ns".into(), json!(throttled_ns));
+                m.insert("periods".into(), json!(periods));
+                m.insert("total_periods".into(), json!(total_periods));
+            }
+            Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
+                m.insert("runnable_threads".into(), json!(runnable_threads));
+                m.insert("quota_cores".into(), json!(quota_cores));
             }
         }
         Value::Object(m)

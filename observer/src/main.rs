@@ -9,9 +9,12 @@ mod attribution;
 mod check;
 mod cli_error;
 mod clock;
+mod cpu;
 mod events;
+mod metrics;
 mod oom;
 mod probes;
+mod run;
 mod session;
 mod trace;
 
@@ -31,8 +34,44 @@ struct Cli {
 enum Command {
     /// Print GPU runtime failures and other low-level events on this node as they happen (default).
     Trace(TraceArgs),
+    /// Run as the node daemon: all probes and a Prometheus exporter.
+    Run(RunArgs),
     /// Report what this node supports and what the observer would attach.
     Check(CheckArgs),
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct RunArgs {
+    /// Address of the Prometheus exporter (/metrics, /healthz, /readyz) [default: 0.0.0.0:9464].
+    #[arg(long, env = "CANARYSCOPE_LISTEN")]
+    pub listen: Option<String>,
+    /// Config file (TOML); flags override its values.
+    #[arg(long, env = "CANARYSCOPE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Kubeconfig for the pod watcher; in-cluster config is used when absent.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name: only its pods are watched (the DaemonSet sets NODE_NAME).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Pod label whose value becomes the `track` label (canary/stable) [default: track].
+    #[arg(long)]
+    pub track_label: Option<String>,
+    /// Keep series of a deleted pod this long so the last increase is scraped [default: 5m].
+    #[arg(long)]
+    pub series_grace: Option<String>,
+    /// Most cgroups with series on this node; beyond it updates are counted, not exported [default: 5000].
+    #[arg(long)]
+    pub max_cgroups: Option<usize>,
+    /// A GPU call in flight longer than this counts as stalled [default: 10s].
+    #[arg(long)]
+    pub stall_threshold: Option<String>,
+    /// Also probe this GPU runtime library; repeatable.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+    /// Do not talk to the Kubernetes API even when a config is found.
+    #[arg(long)]
+    pub no_kubernetes: bool,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -104,6 +143,7 @@ fn main() -> ExitCode {
         ..TraceArgs::default()
     })) {
         Command::Trace(args) => trace::run(args),
+        Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
     };
     match result {

@@ -8,13 +8,15 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf},
     Ebpf,
 };
 use log::{debug, warn};
 use observer_common::{
     comm_str,
-    gpu::{Api, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
+    gpu::{Api, GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
+    kfd::{KfdStats, KfdStatsKey},
+    sched::RunqHistogram,
     task::{
         core_dumped, exit_signal, exit_status, is_abnormal_exit, CrashInfo, ExitEvent, EXIT_FLAG_CRASH,
         EXIT_FLAG_OOM_VICTIM,
@@ -24,6 +26,7 @@ use observer_common::{
 use crate::{
     attribution::CgroupResolver,
     clock::BootClock,
+    cpu::{CpuFinding, CpuMonitor},
     events::{self, Detail, Event, Raw},
     oom,
     probes::{self, gpu, Families, KernelSettings, LoadError, ProbeStatus},
@@ -35,6 +38,8 @@ pub struct SessionOptions {
     pub explicit_libs: Vec<PathBuf>,
     pub stall_threshold_ns: u64,
     pub families: Families,
+    /// How long a cgroup must stay oversubscribed before it is reported.
+    pub oversubscribed_after: Duration,
 }
 
 pub struct Session {
@@ -51,6 +56,11 @@ pub struct Session {
     pub probe_status: Vec<ProbeStatus>,
     pending_scans: Vec<(Instant, u32)>,
     oom_scopes: HashMap<u32, &'static str>,
+    pub cpu: Option<CpuMonitor>,
+    /// Calls past the stall threshold at the last scan: (cgroup, api, function).
+    pub stalled_now: Vec<(u64, Api, String)>,
+    /// Ring-buffer records received, by kind.
+    pub records: std::collections::BTreeMap<&'static str, u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +74,7 @@ pub enum SessionError {
 impl Session {
     pub fn start(options: SessionOptions) -> Result<Self, SessionError> {
         let env = probes::environment();
-        let mut ebpf = probes::load(options.settings, &env)?;
+        let mut ebpf = probes::load(&options.settings, &env)?;
         let events = probes::take_events(&mut ebpf)?;
         let probe_status = probes::attach_families(&mut ebpf, &env, options.families);
         let mut session = Self {
@@ -79,7 +89,22 @@ impl Session {
             probe_status,
             pending_scans: Vec::new(),
             oom_scopes: HashMap::new(),
+            cpu: None,
+            stalled_now: Vec::new(),
+            records: Default::default(),
         };
+        if options.families.sched {
+            let monitor = CpuMonitor::new(session.cgroups.root(), options.oversubscribed_after);
+            session.probe_status.push(ProbeStatus {
+                probe: "throttle",
+                target: "cpu.stat".into(),
+                attached: monitor.hierarchy.is_some(),
+                detail: monitor.hierarchy.as_ref().map(|h| h.describe()).unwrap_or_else(|| {
+                    "no cgroup cpu controller found (kprobes on throttle_cfs_rq are unavailable here)".into()
+                }),
+            });
+            session.cpu = Some(monitor);
+        }
         for path in &options.explicit_libs {
             let display = path.display().to_string();
             let library = gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;
@@ -129,6 +154,15 @@ impl Session {
                 return Vec::new();
             }
         };
+        let kind = match &raw {
+            Raw::GpuCall(_) => "gpu_call",
+            Raw::LibraryMap(_) => "library_map",
+            Raw::OomVictim(_) => "oom_victim",
+            Raw::Exit(_) => "exit",
+            Raw::KfdIoctl(_) => "kfd_ioctl",
+            Raw::GpuHardware(_) => "gpu_hardware",
+        };
+        *self.records.entry(kind).or_default() += 1;
         match raw {
             Raw::GpuCall(ev) => {
                 let Some(api) = Api::from_u32(ev.api) else { return Vec::new() };
@@ -162,6 +196,27 @@ impl Session {
                 Vec::new()
             }
             Raw::Exit(ev) => self.exit_events(&ev),
+            Raw::KfdIoctl(ev) => {
+                let mut origin = events::origin_of(&ev.header, self.clock);
+                origin.cgroup = self.cgroups.path(origin.cgroup_id);
+                let via = if ev.source == 1 { "kprobe" } else { "syscall" };
+                vec![Event {
+                    origin,
+                    detail: Detail::KfdIoctl {
+                        nr: ev.cmd & 0xff,
+                        cmd: ev.cmd,
+                        result: ev.result,
+                        duration_ns: ev.duration_ns,
+                        via,
+                    },
+                }]
+            }
+            Raw::GpuHardware(ev) => {
+                let mut origin = events::origin_of(&ev.header, self.clock);
+                origin.cgroup = self.cgroups.path(origin.cgroup_id);
+                let (kind, function, detail) = events::hw_detail(&ev);
+                vec![Event { origin, detail: Detail::GpuHardware { kind, function, detail } }]
+            }
         }
     }
 
@@ -248,6 +303,38 @@ impl Session {
         }
     }
 
+    /// Samples CPU limits of cgroups; findings become events.
+    pub fn sample_cpu(&mut self) -> Vec<Event> {
+        let Some(monitor) = self.cpu.as_mut() else { return Vec::new() };
+        let findings = monitor.sample();
+        let now = self.clock.to_unix_ns(BootClock::boot_now_ns());
+        findings
+            .into_iter()
+            .map(|f| {
+                let (rel, detail) = match f {
+                    CpuFinding::Throttled { rel, periods, total, throttled_ns } => {
+                        (rel, Detail::CpuThrottle { throttled_ns, periods, total_periods: total })
+                    }
+                    CpuFinding::Oversubscribed { rel, runnable, quota_cores } => {
+                        (rel, Detail::CpuOversubscribed { runnable_threads: runnable, quota_cores })
+                    }
+                };
+                let cgroup_id = self.cgroups.id_of(&rel).unwrap_or(0);
+                Event {
+                    origin: events::Origin {
+                        ts_ns: now,
+                        pid: 0,
+                        tid: 0,
+                        comm: String::new(),
+                        cgroup_id,
+                        cgroup: Some(rel),
+                    },
+                    detail,
+                }
+            })
+            .collect()
+    }
+
     /// Drains every pending record.
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) {
         let mut records = Vec::new();
@@ -273,6 +360,7 @@ impl Session {
         };
         let mut stalls = Vec::new();
         let mut dead = Vec::new();
+        self.stalled_now.clear();
         let mut live = HashSet::new();
         for (key, stack) in inflight.iter().flatten() {
             if !std::path::Path::new(&format!("/proc/{}/task/{}", stack.pid, key.tid)).exists() {
@@ -287,7 +375,11 @@ impl Session {
                 let tag = (key.tid, key.api, frame.start_ns);
                 live.insert(tag);
                 let elapsed = now.saturating_sub(frame.start_ns);
-                if elapsed < self.stall_threshold_ns || self.reported_stalls.contains(&tag) {
+                if elapsed < self.stall_threshold_ns {
+                    continue;
+                }
+                self.stalled_now.push((stack.cgroup_id, api, events::function_name(api, frame.function)));
+                if self.reported_stalls.contains(&tag) {
                     continue;
                 }
                 self.reported_stalls.insert(tag);
@@ -322,9 +414,102 @@ impl Session {
             .collect()
     }
 
+    /// Kernel GPU aggregates, summed over CPUs.
+    pub fn gpu_stats(&self) -> Vec<(GpuStatsKey, GpuStats)> {
+        sum_per_cpu(&self.ebpf, observer_common::gpu::STATS_MAP)
+    }
+
+    /// KFD ioctl aggregates, summed over CPUs.
+    pub fn kfd_stats(&self) -> Vec<(KfdStatsKey, KfdStats)> {
+        sum_per_cpu(&self.ebpf, observer_common::kfd::KFD_STATS_MAP)
+    }
+
+    /// Run-queue latency histograms per cgroup, summed over CPUs.
+    pub fn runq_stats(&self) -> Vec<(u64, RunqHistogram)> {
+        sum_per_cpu(&self.ebpf, observer_common::sched::RUNQ_MAP)
+    }
+
+    /// Removes kernel aggregates of cgroups that are gone, so maps return to
+    /// their baseline under pod churn.
+    pub fn purge_cgroups(&mut self, cgroups: &[u64]) {
+        if cgroups.is_empty() {
+            return;
+        }
+        if let Some(map) = self.ebpf.map_mut(observer_common::gpu::STATS_MAP) {
+            if let Ok(mut stats) = PerCpuHashMap::<_, GpuStatsKey, GpuStats>::try_from(map) {
+                let doomed: Vec<GpuStatsKey> =
+                    stats.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
+                for k in doomed {
+                    let _ = stats.remove(&k);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut(observer_common::sched::RUNQ_MAP) {
+            if let Ok(mut stats) = PerCpuHashMap::<_, u64, RunqHistogram>::try_from(map) {
+                for c in cgroups {
+                    let _ = stats.remove(c);
+                }
+            }
+        }
+        for c in cgroups {
+            self.cgroups.forget(*c);
+        }
+    }
+
     pub fn events_lost(&self) -> u64 {
         probes::events_lost(&self.ebpf)
     }
+}
+
+/// Kernel aggregates that add up across CPUs.
+pub trait PerCpuSum: aya::Pod + Default {
+    fn add(&mut self, other: &Self);
+}
+
+fn add_buckets(into: &mut [u64], from: &[u64]) {
+    for (t, b) in into.iter_mut().zip(from) {
+        *t += b;
+    }
+}
+
+impl PerCpuSum for GpuStats {
+    fn add(&mut self, o: &Self) {
+        self.calls += o.calls;
+        self.total_ns += o.total_ns;
+        add_buckets(&mut self.buckets, &o.buckets);
+    }
+}
+
+impl PerCpuSum for KfdStats {
+    fn add(&mut self, o: &Self) {
+        self.calls += o.calls;
+        self.total_ns += o.total_ns;
+        add_buckets(&mut self.buckets, &o.buckets);
+    }
+}
+
+impl PerCpuSum for RunqHistogram {
+    fn add(&mut self, o: &Self) {
+        self.count += o.count;
+        self.total_ns += o.total_ns;
+        add_buckets(&mut self.buckets, &o.buckets);
+    }
+}
+
+fn sum_per_cpu<K: aya::Pod, V: PerCpuSum>(ebpf: &Ebpf, name: &str) -> Vec<(K, V)> {
+    let Some(map) = ebpf.map(name) else { return Vec::new() };
+    let Ok(stats) = PerCpuHashMap::<_, K, V>::try_from(map) else { return Vec::new() };
+    stats
+        .iter()
+        .flatten()
+        .map(|(k, per_cpu)| {
+            let mut total = V::default();
+            for v in per_cpu.iter() {
+                total.add(v);
+            }
+            (k, total)
+        })
+        .collect()
 }
 
 fn read_comm(pid: u32, tid: u32) -> String {

@@ -1,1 +1,985 @@
-//! Pod metadata from the Kubernetes API (being written).
+//! Pod metadata from the Kubernetes API, joined to events on the pod UID that
+//! [`super::cgroup_path`] reads from the cgroup path.
+//!
+//! One kube-rs [`watcher`] lists and watches the pods of this node (field
+//! selector `spec.nodeName=<node>`) and keeps a [`PodCache`] of what the
+//! attribution needs from each: namespace, name, owning workload, revision,
+//! track and the container ID -> container name map. Whole `Pod` objects are
+//! not kept: a node runs about a hundred pods, and their specs and managed
+//! fields would cost far more memory than the few strings used.
+//!
+//! # Losing the API server
+//!
+//! An unreachable or failing API server never stops the daemon. The watcher
+//! retries with kube-rs' default backoff (0.8 s doubling to 30 s, with
+//! jitter), [`PodCache::api_healthy`] is false meanwhile, and the cache keeps
+//! its last contents, so events keep their labels for pods that still run.
+//! After any error the next attempt starts with a fresh list, which replaces
+//! the cache as a whole, so pods deleted during the outage disappear and new
+//! ones appear as soon as the server answers.
+//!
+//! # Canary or stable
+//!
+//! `track` is the value of a label that the user chooses (`track` unless
+//! configured otherwise). Argo Rollouts knows which ReplicaSet is the canary
+//! and which is stable from the Rollout's status, which this module does not
+//! read; it only stamps `rollouts-pod-template-hash` on the pods. So for
+//! Argo, either put a track label in the canary and stable pod metadata of
+//! the Rollout (`spec.strategy.canary.canaryMetadata` / `stableMetadata`), or
+//! compare `revision` values.
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, PoisonError, RwLock, Weak,
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kube::{
+    config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError},
+    runtime::{
+        utils::Backoff,
+        watcher::{self, DefaultBackoff, Event},
+    },
+    Api, Client, Config,
+};
+
+/// The label read for [`PodMeta::track`] unless configured otherwise.
+pub const DEFAULT_TRACK_LABEL: &str = "track";
+
+/// Set by Argo Rollouts on the pods of each revision of a Rollout.
+const ROLLOUTS_HASH_LABEL: &str = "rollouts-pod-template-hash";
+/// Set by the Deployment controller on the pods of each ReplicaSet.
+const POD_TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+/// Set by the StatefulSet and DaemonSet controllers.
+const CONTROLLER_REVISION_LABEL: &str = "controller-revision-hash";
+/// On a mirror pod (the API's copy of a static pod): the kubelet's hash of
+/// the manifest, which is also the pod UID in the cgroup path.
+const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
+
+/// What the attribution needs to know about one pod.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PodMeta {
+    pub namespace: String,
+    pub name: String,
+    /// `metadata.uid`. For a static pod this differs from the UID in the
+    /// cgroup path; [`PodCache`] files such pods under the cgroup one.
+    pub uid: String,
+    /// The owning workload: for a ReplicaSet, its name without the
+    /// pod-template-hash suffix, i.e. the Deployment's or Argo Rollout's
+    /// name; the StatefulSet, DaemonSet or Job name (a CronJob's Jobs keep
+    /// their own, per-run names); for a static pod the manifest's name (the
+    /// pod name without the `-<node>` suffix); for a bare pod the pod name.
+    pub workload: String,
+    /// `rollouts-pod-template-hash` label, else `pod-template-hash`, else
+    /// `controller-revision-hash`, else "".
+    pub revision: String,
+    /// Value of the configured track label (`track` by default), else "".
+    /// Argo Rollouts' canary/stable distinction lives in the Rollout status,
+    /// which is not read here: put a track label in the Rollout's
+    /// canaryMetadata/stableMetadata, or compare `revision`.
+    pub track: String,
+    /// Container ID (the runtime's `containerd://`, `cri-o://` or `docker://`
+    /// prefix stripped) -> container name, for regular, init and ephemeral
+    /// containers, including the previous instance of a restarted container.
+    pub containers: HashMap<String, String>,
+}
+
+/// The pod's metadata, or `None` when it has no UID or name (which the API
+/// server always sets, so only a malformed object lacks them).
+pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
+    let meta = &pod.metadata;
+    let uid = meta.uid.as_deref().filter(|s| !s.is_empty())?;
+    let name = meta.name.as_deref().filter(|s| !s.is_empty())?;
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let label = |key: &str| labels.get(key).filter(|v| !v.is_empty());
+
+    let revision = label(ROLLOUTS_HASH_LABEL)
+        .or_else(|| label(POD_TEMPLATE_HASH_LABEL))
+        .or_else(|| label(CONTROLLER_REVISION_LABEL))
+        .cloned()
+        .unwrap_or_default();
+    let track = if track_label.is_empty() { None } else { label(track_label) };
+
+    let mut containers = HashMap::new();
+    if let Some(status) = &pod.status {
+        let lists =
+            [&status.init_container_statuses, &status.container_statuses, &status.ephemeral_container_statuses];
+        for statuses in lists.into_iter().flatten() {
+            for status in statuses {
+                add_container_ids(&mut containers, status);
+            }
+        }
+    }
+
+    Some(PodMeta {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        workload: workload(pod, name, labels),
+        revision,
+        track: track.cloned().unwrap_or_default(),
+        containers,
+    })
+}
+
+fn add_container_ids(containers: &mut HashMap<String, String>, status: &ContainerStatus) {
+    // The previous instance of a restarted container matters too: its exit,
+    // OOM kill or crash is reported after the kubelet has already moved
+    // `containerID` on to the replacement.
+    let previous = status.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.container_id.as_ref());
+    for id in [status.container_id.as_ref(), previous].into_iter().flatten() {
+        let id = strip_runtime_prefix(id);
+        if !id.is_empty() {
+            containers.insert(id.to_owned(), status.name.clone());
+        }
+    }
+}
+
+/// `containerd://<id>` -> `<id>`; the scheme names the runtime, which the
+/// cgroup path already tells.
+fn strip_runtime_prefix(id: &str) -> &str {
+    id.split_once("://").map_or(id, |(_, rest)| rest).trim()
+}
+
+fn workload(pod: &Pod, pod_name: &str, labels: &BTreeMap<String, String>) -> String {
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    // The managing controller is the owner with `controller: true`; other
+    // owners (garbage-collection links) are only a fallback.
+    let Some(owner) = owners.iter().find(|o| o.controller == Some(true)).or_else(|| owners.first()) else {
+        return pod_name.to_owned();
+    };
+    match owner.kind.as_str() {
+        "ReplicaSet" => replica_set_workload(&owner.name, labels),
+        // A mirror pod is "owned" by its node and named `<manifest>-<node>`;
+        // the manifest name is the same on every node.
+        "Node" => pod_name
+            .strip_suffix(owner.name.as_str())
+            .and_then(|base| base.strip_suffix('-'))
+            .filter(|base| !base.is_empty())
+            .unwrap_or(pod_name)
+            .to_owned(),
+        _ => owner.name.clone(),
+    }
+}
+
+/// Deployments and Rollouts name their ReplicaSets `<name>-<hash>` and label
+/// the pods with the hash, so the hash is removed only when the pod says
+/// which it is; a ReplicaSet created by hand keeps its whole name.
+fn replica_set_workload(rs_name: &str, labels: &BTreeMap<String, String>) -> String {
+    [ROLLOUTS_HASH_LABEL, POD_TEMPLATE_HASH_LABEL]
+        .iter()
+        .filter_map(|key| labels.get(*key).filter(|hash| !hash.is_empty()))
+        .find_map(|hash| rs_name.strip_suffix(hash.as_str())?.strip_suffix('-').filter(|base| !base.is_empty()))
+        .unwrap_or(rs_name)
+        .to_owned()
+}
+
+/// The name of the container with this ID (bare, or with its runtime
+/// prefix), if it belongs to the pod.
+pub fn container_name<'a>(meta: &'a PodMeta, container_id: &str) -> Option<&'a str> {
+    meta.containers.get(strip_runtime_prefix(container_id)).map(String::as_str)
+}
+
+/// The key a pod is filed under: the UID that the kubelet puts in the
+/// pod's cgroup path. That is `metadata.uid`, except for a static pod,
+/// whose cgroup carries the manifest hash that the mirror pod shows in its
+/// `kubernetes.io/config.hash` annotation.
+fn cgroup_uid(pod: &Pod) -> Option<String> {
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.as_ref();
+    let mirror_hash = annotations
+        .filter(|a| a.contains_key(CONFIG_MIRROR_ANNOTATION))
+        .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).or_else(|| a.get(CONFIG_MIRROR_ANNOTATION)))
+        .filter(|hash| !hash.is_empty());
+    mirror_hash.or(meta.uid.as_ref()).filter(|uid| !uid.is_empty()).cloned()
+}
+
+/// How to reach the API server and which pods to keep.
+#[derive(Clone, Debug)]
+pub struct KubeOptions {
+    /// A kubeconfig file to use instead of the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// Keep only the pods scheduled to this node; `None` keeps every pod in
+    /// the cluster (for tests and single-node setups).
+    pub node_name: Option<String>,
+    /// The label whose value becomes [`PodMeta::track`].
+    pub track_label: String,
+}
+
+impl Default for KubeOptions {
+    fn default() -> Self {
+        KubeOptions { kubeconfig: None, node_name: None, track_label: DEFAULT_TRACK_LABEL.to_owned() }
+    }
+}
+
+/// Configuration problems that keep the Kubernetes client from being built.
+/// An API server that does not answer is not one of them.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error(
+        "--kubeconfig {}: {source}: give a readable kubeconfig file, or leave --kubeconfig out to use \
+         the pod's service account",
+        path.display()
+    )]
+    KubeconfigUnreadable { path: PathBuf, source: std::io::Error },
+    #[error(
+        "--kubeconfig {}: {source}: fix the file (`kubectl --kubeconfig {} config view` shows how \
+         it reads)",
+        path.display(),
+        path.display()
+    )]
+    KubeconfigInvalid { path: PathBuf, source: KubeconfigError },
+    #[error(
+        "no Kubernetes API configuration: not running in a pod ({in_cluster}) and no usable \
+         kubeconfig ({kubeconfig}): run as a pod with a service account, set KUBECONFIG, or pass \
+         --kubeconfig"
+    )]
+    NoConfig { in_cluster: InClusterError, kubeconfig: KubeconfigError },
+    #[error(
+        "the node name is empty: pass the node this runs on (in a DaemonSet, from the downward API's \
+         spec.nodeName), or none to watch every pod"
+    )]
+    EmptyNodeName,
+    #[error(
+        "cannot set up the Kubernetes client: {source}: check the certificates and credentials in the \
+         kubeconfig or service account"
+    )]
+    Client { source: kube::Error },
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    pods: RwLock<HashMap<String, PodMeta>>,
+    synced: AtomicBool,
+    healthy: AtomicBool,
+    generation: AtomicU64,
+}
+
+/// Shared, cheap-to-clone cache of pods on this node, keyed by the pod UID
+/// as it appears in cgroup paths (see [`super::cgroup_path`]): `metadata.uid`,
+/// or for a static pod the manifest hash.
+#[derive(Clone, Debug, Default)]
+pub struct PodCache {
+    shared: Arc<Shared>,
+}
+
+impl PodCache {
+    pub fn get(&self, uid: &str) -> Option<PodMeta> {
+        self.read().get(uid).cloned()
+    }
+
+    /// The pods have been listed at least once; until then a miss means
+    /// nothing.
+    pub fn is_synced(&self) -> bool {
+        self.shared.synced.load(Ordering::Acquire)
+    }
+
+    /// The last request to the API server succeeded: false from any list or
+    /// watch error until the next successful list.
+    pub fn api_healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Acquire)
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    pub fn uids(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// Bumped on every change of the contents, so a caller holding derived
+    /// state (per-pod series, say) knows when to look for deleted pods.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, PodMeta>> {
+        // A panic while writing leaves a map that is still a valid map; a
+        // stale entry is better than taking the daemon down.
+        self.shared.pods.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, PodMeta>> {
+        self.shared.pods.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn upsert(&self, key: String, meta: PodMeta) {
+        let mut pods = self.write();
+        if pods.get(&key) != Some(&meta) {
+            pods.insert(key, meta);
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn remove(&self, key: &str) {
+        let mut pods = self.write();
+        if pods.remove(key).is_some() {
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn replace_all(&self, new: HashMap<String, PodMeta>) {
+        let mut pods = self.write();
+        if *pods != new {
+            *pods = new;
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        self.shared.synced.store(true, Ordering::Release);
+    }
+
+    fn set_healthy(&self, healthy: bool) -> bool {
+        self.shared.healthy.swap(healthy, Ordering::AcqRel)
+    }
+}
+
+/// Folds watcher events into the cache. The pods of a (re)list are
+/// collected and swapped in at its end, so readers never see a half-listed
+/// node, and pods missing from the new list are dropped.
+struct Applier {
+    cache: PodCache,
+    track_label: String,
+    relist: Option<HashMap<String, PodMeta>>,
+}
+
+impl Applier {
+    fn new(cache: PodCache, track_label: String) -> Self {
+        Applier { cache, track_label, relist: None }
+    }
+
+    fn entry(&self, pod: &Pod) -> Option<(String, PodMeta)> {
+        Some((cgroup_uid(pod)?, pod_meta(pod, &self.track_label)?))
+    }
+
+    /// Applies one event; true when it completes a list or applies a
+    /// change, which shows that the API server answers. `Init` is emitted
+    /// before any request and a list is only known to succeed at its end.
+    fn apply(&mut self, event: Event<Pod>) -> bool {
+        match event {
+            Event::Init => {
+                self.relist = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(pod) => {
+                let entry = self.entry(&pod);
+                if let (Some(relist), Some((key, meta))) = (self.relist.as_mut(), entry) {
+                    relist.insert(key, meta);
+                }
+                false
+            }
+            Event::InitDone => {
+                // Without a preceding Init there is nothing to swap in; that
+                // cannot happen with kube-rs' watcher, but an empty swap
+                // would wipe the cache.
+                if let Some(relist) = self.relist.take() {
+                    self.cache.replace_all(relist);
+                }
+                true
+            }
+            Event::Apply(pod) => {
+                if let Some((key, meta)) = self.entry(&pod) {
+                    self.cache.upsert(key, meta);
+                }
+                true
+            }
+            Event::Delete(pod) => {
+                if let Some(key) = cgroup_uid(&pod) {
+                    self.cache.remove(&key);
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Builds the Kubernetes client and starts watching this node's pods on the
+/// current tokio runtime. Returns at once with an empty, unsynced cache; see
+/// [`PodCache::is_synced`] and [`PodCache::api_healthy`].
+///
+/// The client comes from the `--kubeconfig` file if given, else from the
+/// in-cluster service account, else from `KUBECONFIG` or `~/.kube/config`.
+/// Errors only for configuration problems; an unreachable API server is
+/// retried in the background for as long as the cache is in use.
+pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
+    if options.node_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+        return Err(KubeError::EmptyNodeName);
+    }
+    let config = load_config(&options).await?;
+    let server = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|source| KubeError::Client { source })?;
+    let api: Api<Pod> = Api::all(client);
+
+    // `any_semantic` lists at resourceVersion 0, which the API server answers
+    // from its watch cache instead of etcd: every node of a large cluster
+    // relisting at once after an API outage must not turn into thousands of
+    // etcd range reads. The watch that follows brings the list up to date.
+    let mut watch_config = watcher::Config::default().any_semantic();
+    if let Some(node) = &options.node_name {
+        watch_config = watch_config.fields(&format!("spec.nodeName={}", node.trim()));
+    }
+    let scope = options.node_name.as_deref().map_or_else(|| "all nodes".to_owned(), |n| format!("node {n}"));
+    log::info!("watching pods of {scope} at {server}");
+
+    let cache = PodCache::default();
+    let weak = Arc::downgrade(&cache.shared);
+    tokio::spawn(run_watcher(api, watch_config, weak, options.track_label));
+    Ok(cache)
+}
+
+async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
+    if let Some(path) = &options.kubeconfig {
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|err| match err {
+            KubeconfigError::ReadConfig(source, _) => {
+                KubeError::KubeconfigUnreadable { path: path.clone(), source }
+            }
+            source => KubeError::KubeconfigInvalid { path: path.clone(), source },
+        })?;
+        return Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|source| KubeError::KubeconfigInvalid { path: path.clone(), source });
+    }
+    // In a pod the service account is the intended identity, even when a
+    // kubeconfig happens to be around (kube's own `Config::infer` prefers
+    // the kubeconfig).
+    match Config::incluster() {
+        Ok(config) => Ok(config),
+        Err(in_cluster) => Config::from_kubeconfig(&KubeConfigOptions::default())
+            .await
+            .map_err(|kubeconfig| KubeError::NoConfig { in_cluster, kubeconfig }),
+    }
+}
+
+/// Runs until every [`PodCache`] handle is gone.
+///
+/// kube-rs' watcher resumes a dropped watch from the last resource version
+/// without emitting anything when that works, so after an error there would
+/// be no event to say the server is back, and `api_healthy` could stay false
+/// on a quiet node. Each error therefore ends the watcher, and after the
+/// backoff a new one starts with a list: its completion is the proof of
+/// health, and it also drops pods deleted during the outage. The backoff is
+/// reset only by real progress, not by the `Init` marker that a new watcher
+/// emits before it has talked to the server, so a server that keeps failing
+/// is retried ever more slowly, up to every 30 s.
+async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared>, track_label: String) {
+    let mut backoff = DefaultBackoff::default();
+    loop {
+        let Some(cache) = shared.upgrade().map(|shared| PodCache { shared }) else { return };
+        let mut applier = Applier::new(cache, track_label.clone());
+        let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
+        let error = loop {
+            match stream.next().await {
+                Some(Ok(event)) => {
+                    if Arc::strong_count(&applier.cache.shared) <= 1 {
+                        // Only this task holds the cache: nobody reads it.
+                        return;
+                    }
+                    if applier.apply(event) {
+                        backoff.reset();
+                        if !applier.cache.set_healthy(true) {
+                            log::info!("Kubernetes API: pods listed, {} cached", applier.cache.len());
+                        }
+                    }
+                }
+                Some(Err(err)) => break err.to_string(),
+                // The watcher stream never ends; if it did, start over.
+                None => break "watch stream ended".to_owned(),
+            }
+        };
+        let was_healthy = applier.cache.set_healthy(false);
+        drop(applier);
+        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+        if was_healthy {
+            log::warn!(
+                "Kubernetes API: {error}; pod labels stay as they were until it answers again, retrying"
+            );
+        } else {
+            log::debug!("Kubernetes API: {error}; retrying in {delay:?}");
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).expect("valid Pod JSON")
+    }
+
+    const ID_A: &str = "4f1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c";
+    const ID_B: &str = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    const ID_C: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    fn container_status(name: &str, id: Option<&str>) -> serde_json::Value {
+        let mut status = serde_json::json!({
+            "name": name, "image": "registry.example/app:1", "imageID": "", "ready": true,
+            "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2025-05-01T10:00:00Z"}},
+        });
+        if let Some(id) = id {
+            status["containerID"] = id.into();
+        }
+        status
+    }
+
+    fn deployment_pod() -> Pod {
+        pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "web-7d4b9c8f6d-x2k9p", "namespace": "shop",
+                "uid": "1c0a2b3e-4f5d-6789-abcd-ef0123456789", "resourceVersion": "48213",
+                "generateName": "web-7d4b9c8f6d-",
+                "labels": {"app": "web", "pod-template-hash": "7d4b9c8f6d", "track": "canary"},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c8f6d",
+                    "uid": "9b1e3c5a-1111-2222-3333-444455556666", "controller": true,
+                    "blockOwnerDeletion": true,
+                }],
+            },
+            "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "registry.example/app:1"}]},
+            "status": {
+                "phase": "Running", "qosClass": "Burstable",
+                "initContainerStatuses": [container_status("migrate", Some(&format!("containerd://{ID_C}")))],
+                "containerStatuses": [
+                    container_status("app", Some(&format!("containerd://{ID_A}"))),
+                    container_status("sidecar", Some(&format!("containerd://{ID_B}"))),
+                    container_status("pending", None),
+                ],
+            },
+        }))
+    }
+
+    #[test]
+    fn deployment_pod_workload_revision_track_and_containers() {
+        let meta = pod_meta(&deployment_pod(), "track").expect("meta");
+        assert_eq!(meta.namespace, "shop");
+        assert_eq!(meta.name, "web-7d4b9c8f6d-x2k9p");
+        assert_eq!(meta.uid, "1c0a2b3e-4f5d-6789-abcd-ef0123456789");
+        assert_eq!(meta.workload, "web");
+        assert_eq!(meta.revision, "7d4b9c8f6d");
+        assert_eq!(meta.track, "canary");
+        assert_eq!(meta.containers.len(), 3, "{:?}", meta.containers);
+        assert_eq!(container_name(&meta, ID_A), Some("app"));
+        assert_eq!(container_name(&meta, ID_B), Some("sidecar"));
+        assert_eq!(container_name(&meta, ID_C), Some("migrate"));
+        assert_eq!(container_name(&meta, &format!("containerd://{ID_A}")), Some("app"));
+        assert_eq!(container_name(&meta, "0000"), None);
+    }
+
+    #[test]
+    fn custom_track_label_and_no_track_label() {
+        let mut p = deployment_pod();
+        let labels = p.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert("canaryscope.io/track".into(), "stable".into());
+        assert_eq!(pod_meta(&p, "canaryscope.io/track").expect("meta").track, "stable");
+        assert_eq!(pod_meta(&p, "release-track").expect("meta").track, "");
+        assert_eq!(pod_meta(&p, "").expect("meta").track, "");
+    }
+
+    #[test]
+    fn argo_rollout_pod_uses_rollouts_hash() {
+        let p = pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "checkout-6b8f7c9d4-abcde", "namespace": "shop",
+                "uid": "2d1b3c4e-5f60-4789-8abc-def012345678",
+                "labels": {"app": "checkout", "rollouts-pod-template-hash": "6b8f7c9d4"},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "checkout-6b8f7c9d4",
+                    "uid": "aaaa0000-1111-2222-3333-444455556666", "controller": true,
+                }],
+            },
+            "spec": {"nodeName": "node-a", "containers": [{"name": "checkout"}]},
+            "status": {"containerStatuses": [container_status("checkout", Some(&format!("cri-o://{ID_A}")))]},
+        }));
+        let meta = pod_meta(&p, "track").expect("meta");
+        assert_eq!(meta.workload, "checkout");
+        assert_eq!(meta.revision, "6b8f7c9d4");
+        // Argo's canary/stable comes from the Rollout status, not the pod.
+        assert_eq!(meta.track, "");
+        assert_eq!(container_name(&meta, ID_A), Some("checkout"));
+    }
+
+    #[test]
+    fn statefulset_pod() {
+        let p = pod(serde_json::json!({
+            "metadata": {
+                "name": "db-0", "namespace": "data", "uid": "3e2c4d5f-6071-4a9b-9cde-f01234567890",
+                "labels": {
+                    "app": "db", "controller-revision-hash": "db-5f7b8c9d6",
+                    "statefulset.kubernetes.io/pod-name": "db-0",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                    "uid": "bbbb0000-1111-2222-3333-444455556666", "controller": true,
+                }],
+            },
+            "spec": {"nodeName": "node-a", "containers": [{"name": "postgres"}]},
+            "status": {"containerStatuses": [container_status("postgres", Some(&format!("docker://{ID_B}")))]},
+        }));
+        let meta = pod_meta(&p, "track").expect("meta");
+        assert_eq!(meta.workload, "db");
+        assert_eq!(meta.revision, "db-5f7b8c9d6");
+        assert_eq!(container_name(&meta, ID_B), Some("postgres"));
+    }
+
+    #[test]
+    fn daemonset_and_job_pods() {
+        let ds = pod(serde_json::json!({
+            "metadata": {
+                "name": "agent-7xk2p", "namespace": "kube-system", "uid": "5a4e6f70-8192-4bcd-8ef0-123456789abc",
+                "labels": {"controller-revision-hash": "6c9d8b7f5", "pod-template-generation": "3"},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent",
+                    "uid": "dddd0000-1111-2222-3333-444455556666", "controller": true,
+                }],
+            },
+        }));
+        let meta = pod_meta(&ds, "track").expect("meta");
+        assert_eq!((meta.workload.as_str(), meta.revision.as_str()), ("agent", "6c9d8b7f5"));
+
+        let job = pod(serde_json::json!({
+            "metadata": {
+                "name": "train-28391040-q7w8e", "namespace": "ml", "uid": "4f3d5e60-7182-4bac-9def-0123456789ab",
+                "labels": {
+                    "batch.kubernetes.io/controller-uid": "cccc0000-1111-2222-3333-444455556666",
+                    "batch.kubernetes.io/job-name": "train-28391040", "job-name": "train-28391040",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": "train-28391040",
+                    "uid": "cccc0000-1111-2222-3333-444455556666", "controller": true,
+                }],
+            },
+            "spec": {"nodeName": "node-a", "containers": [{"name": "trainer"}]},
+            "status": {"containerStatuses": [{
+                "name": "trainer", "image": "trainer:2", "imageID": "", "ready": false, "restartCount": 1,
+                "containerID": format!("containerd://{ID_A}"),
+                "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                    "containerID": format!("containerd://{ID_B}")}},
+            }]},
+        }));
+        let meta = pod_meta(&job, "track").expect("meta");
+        assert_eq!(meta.workload, "train-28391040");
+        assert_eq!(meta.revision, "");
+        // The OOM-killed previous instance still maps to its container.
+        assert_eq!(container_name(&meta, ID_A), Some("trainer"));
+        assert_eq!(container_name(&meta, ID_B), Some("trainer"));
+    }
+
+    #[test]
+    fn bare_pod_and_missing_uid() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "debug", "namespace": "default", "uid": "6b5f7081-92a3-4cde-8f01-23456789abcd"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "sh"}]},
+        }));
+        let meta = pod_meta(&p, "track").expect("meta");
+        assert_eq!(meta.workload, "debug");
+        assert_eq!(meta.revision, "");
+        assert_eq!(meta.track, "");
+        assert!(meta.containers.is_empty());
+
+        let no_uid = pod(serde_json::json!({"metadata": {"name": "x", "namespace": "default"}}));
+        assert_eq!(pod_meta(&no_uid, "track"), None);
+    }
+
+    #[test]
+    fn replica_set_without_hash_label_keeps_its_name() {
+        let p = pod(serde_json::json!({
+            "metadata": {
+                "name": "frontend-abcde", "namespace": "default", "uid": "7c608192-a3b4-4def-9012-3456789abcde",
+                "labels": {"tier": "frontend"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "unrelated", "uid": "x"},
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "frontend-v2", "uid": "y",
+                     "controller": true},
+                ],
+            },
+        }));
+        assert_eq!(pod_meta(&p, "track").expect("meta").workload, "frontend-v2");
+    }
+
+    #[test]
+    fn static_pod_is_filed_under_its_config_hash() {
+        let hash = "6a1f3b0c9d2e4f5a6b7c8d9e0f1a2b3c";
+        let p = pod(serde_json::json!({
+            "metadata": {
+                "name": "kube-apiserver-node-a", "namespace": "kube-system",
+                "uid": "8d7192a3-b4c5-4ef0-8123-456789abcdef",
+                "annotations": {"kubernetes.io/config.hash": hash, "kubernetes.io/config.mirror": hash,
+                                "kubernetes.io/config.source": "file"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "z",
+                                     "controller": true}],
+            },
+        }));
+        assert_eq!(cgroup_uid(&p).as_deref(), Some(hash));
+        let meta = pod_meta(&p, "track").expect("meta");
+        assert_eq!(meta.workload, "kube-apiserver");
+        assert_eq!(meta.uid, "8d7192a3-b4c5-4ef0-8123-456789abcdef");
+        assert_eq!(cgroup_uid(&deployment_pod()).as_deref(), Some("1c0a2b3e-4f5d-6789-abcd-ef0123456789"));
+    }
+
+    fn named_pod(name: &str, uid: &str) -> Pod {
+        pod(serde_json::json!({"metadata": {"name": name, "namespace": "default", "uid": uid}}))
+    }
+
+    #[test]
+    fn relist_replaces_the_cache_and_deletes_remove() {
+        let cache = PodCache::default();
+        let mut applier = Applier::new(cache.clone(), "track".into());
+        assert!(!cache.is_synced());
+
+        applier.apply(Event::Init);
+        applier.apply(Event::InitApply(named_pod("a", "uid-a")));
+        applier.apply(Event::InitApply(named_pod("b", "uid-b")));
+        // Nothing is visible until the list is complete.
+        assert_eq!(cache.len(), 0);
+        applier.apply(Event::InitDone);
+        assert!(cache.is_synced());
+        let mut uids = cache.uids();
+        uids.sort();
+        assert_eq!(uids, ["uid-a", "uid-b"]);
+        let generation = cache.generation();
+
+        // Re-applying an unchanged pod is not a change.
+        applier.apply(Event::Apply(named_pod("a", "uid-a")));
+        assert_eq!(cache.generation(), generation);
+
+        applier.apply(Event::Delete(named_pod("a", "uid-a")));
+        assert!(cache.get("uid-a").is_none());
+        assert!(cache.generation() > generation);
+        let generation = cache.generation();
+
+        // A relist drops what it does not contain (b, deleted while
+        // disconnected) and adds what is new (c).
+        applier.apply(Event::Init);
+        applier.apply(Event::InitApply(named_pod("c", "uid-c")));
+        assert!(cache.get("uid-b").is_some());
+        applier.apply(Event::InitDone);
+        assert_eq!(cache.uids(), ["uid-c"]);
+        assert_eq!(cache.get("uid-c").map(|m| m.name), Some("c".to_owned()));
+        assert!(cache.generation() > generation);
+    }
+}
+
+#[cfg(test)]
+mod fake_apiserver_tests {
+    //! Against `tests/fake-apiserver/fake_apiserver.py`, a stand-in for the
+    //! API server only: the client, the watcher and this module are real.
+    use super::*;
+    use std::{
+        path::Path,
+        process::{Child, Command, Stdio},
+        time::Instant,
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const UID_A1: &str = "0b7e0a4c-1d2e-4f30-8a41-5b6c7d8e9f01";
+    const UID_A2: &str = "0b7e0a4c-1d2e-4f30-8a41-5b6c7d8e9f02";
+    const UID_A3: &str = "0b7e0a4c-1d2e-4f30-8a41-5b6c7d8e9f03";
+    const UID_A4: &str = "0b7e0a4c-1d2e-4f30-8a41-5b6c7d8e9f04";
+    const UID_B1: &str = "0b7e0a4c-1d2e-4f30-8a41-5b6c7d8e9fb1";
+
+    fn pod_json(name: &str, uid: &str, node: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": "shop", "uid": uid,
+                "labels": {"app": "web", "pod-template-hash": "7d4b9c8f6d", "track": "canary"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c8f6d",
+                                     "uid": "9b1e3c5a-1111-2222-3333-444455556666", "controller": true}],
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app:1"}]},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "app", "image": "app:1", "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{}", "ab".repeat(32)),
+            }]},
+        })
+    }
+
+    /// The fake server as a child process; killed when dropped.
+    struct Server {
+        child: Child,
+        port: u16,
+        log: PathBuf,
+    }
+
+    impl Server {
+        fn start(dir: &Path, port: u16, pods: &[serde_json::Value]) -> Server {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-apiserver/fake_apiserver.py");
+            let pods_file = dir.join("pods.json");
+            std::fs::write(&pods_file, serde_json::Value::from(pods.to_vec()).to_string()).expect("pods file");
+            let port_file = dir.join("port");
+            let _ = std::fs::remove_file(&port_file);
+            let log = dir.join("fake-apiserver.log");
+            let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+            let child = Command::new("python3")
+                .arg(&script)
+                .args(["--port", &port.to_string(), "--port-file"])
+                .arg(&port_file)
+                .arg("--pods")
+                .arg(&pods_file)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log_file)
+                .spawn()
+                .unwrap_or_else(|err| {
+                    panic!("cannot run python3 {}: {err} (the fake API server needs python3)", script.display())
+                });
+            let mut server = Server { child, port: 0, log };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            server.port = loop {
+                if let Some(port) = std::fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok()) {
+                    break port;
+                }
+                if let Ok(Some(status)) = server.child.try_wait() {
+                    panic!("fake API server exited with {status}:\n{}", server.log_text());
+                }
+                assert!(Instant::now() < deadline, "fake API server did not start:\n{}", server.log_text());
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            server
+        }
+
+        fn log_text(&self) -> String {
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        }
+
+        /// One request to the control API, over a plain TCP connection.
+        async fn control(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+            let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect");
+            let request = format!(
+                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(request.as_bytes()).await.expect("send");
+            let mut response = String::new();
+            conn.read_to_string(&mut response).await.expect("receive");
+            let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+            (status, response)
+        }
+
+        fn stop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.stop();
+        }
+    }
+
+    async fn wait_for(what: &str, server: &Server, timeout: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}; fake API server log:\n{}", server.log_text());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watches_node_pods_and_survives_api_server_restart() {
+        let dir = std::env::temp_dir().join(format!("canaryscope-kube-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut server =
+            Server::start(&dir, 0, &[pod_json("web-a1", UID_A1, "node-a"), pod_json("web-b1", UID_B1, "node-b")]);
+        let port = server.port;
+
+        // Plain HTTP, no credentials: what the fake server speaks.
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(port)).expect("kubeconfig");
+        let options = KubeOptions {
+            kubeconfig: Some(kubeconfig),
+            node_name: Some("node-a".into()),
+            track_label: DEFAULT_TRACK_LABEL.into(),
+        };
+        let cache = start(options).await.expect("start");
+        let long = Duration::from_secs(20);
+
+        wait_for("the first list", &server, long, || cache.is_synced()).await;
+        assert!(cache.api_healthy());
+        let meta = cache.get(UID_A1).expect("pod on node-a");
+        assert_eq!((meta.workload.as_str(), meta.revision.as_str(), meta.track.as_str()), ("web", "7d4b9c8f6d", "canary"));
+        assert_eq!(container_name(&meta, &"ab".repeat(32)), Some("app"));
+        assert!(cache.get(UID_B1).is_none(), "pod on node-b must be filtered out by the field selector");
+
+        // Changes arrive through the watch.
+        let (status, body) = server.control("POST", "/control/pods", &pod_json("web-a2", UID_A2, "node-a").to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        wait_for("web-a2 is added", &server, long, || cache.get(UID_A2).is_some()).await;
+        let generation = cache.generation();
+        let (status, body) = server.control("DELETE", "/control/pods/shop/web-a1", "").await;
+        assert_eq!(status, 200, "{body}");
+        wait_for("web-a1 is deleted", &server, long, || cache.get(UID_A1).is_none()).await;
+        assert!(cache.generation() > generation);
+
+        // API server gone: unhealthy, contents kept.
+        server.stop();
+        wait_for("api_healthy() turns false", &server, long, || !cache.api_healthy()).await;
+        assert!(cache.get(UID_A2).is_some(), "the cache must keep its contents while the API is away");
+        assert!(cache.is_synced());
+
+        // Back on the same port with other pods: web-a2 was deleted while
+        // the daemon was disconnected, web-a3 created. The restarted server
+        // does not know the old resource versions, so the client relists.
+        drop(server);
+        let server =
+            Server::start(&dir, port, &[pod_json("web-a3", UID_A3, "node-a"), pod_json("web-b1", UID_B1, "node-b")]);
+        wait_for("web-a3 appears after the restart", &server, Duration::from_secs(60), || {
+            cache.get(UID_A3).is_some()
+        })
+        .await;
+        assert!(cache.get(UID_A2).is_none(), "a pod deleted during the outage must go with the relist");
+        wait_for("api_healthy() turns true", &server, long, || cache.api_healthy()).await;
+        let (status, body) = server.control("POST", "/control/pods", &pod_json("web-a4", UID_A4, "node-a").to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        wait_for("web-a4 is added after the restart", &server, long, || cache.get(UID_A4).is_some()).await;
+        assert_eq!(cache.len(), 2);
+
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_errors_name_the_file_and_the_fix() {
+        let missing = std::env::temp_dir().join("canaryscope-no-such-kubeconfig");
+        let options = KubeOptions { kubeconfig: Some(missing.clone()), ..KubeOptions::default() };
+        let err = start(options).await.err().expect("a missing kubeconfig is an error");
+        let message = err.to_string();
+        assert!(matches!(err, KubeError::KubeconfigUnreadable { .. }), "{message}");
+        assert!(message.starts_with(&format!("--kubeconfig {}: ", missing.display())), "{message}");
+        assert!(message.contains("No such file"), "{message}");
+
+        let invalid = std::env::temp_dir().join(format!("canaryscope-bad-kubeconfig-{}", std::process::id()));
+        std::fs::write(&invalid, "apiVersion: v1\nkind: Config\nclusters: [").expect("write");
+        let options = KubeOptions { kubeconfig: Some(invalid.clone()), ..KubeOptions::default() };
+        let err = start(options).await.err().expect("an unparsable kubeconfig is an error");
+        assert!(matches!(err, KubeError::KubeconfigInvalid { .. }), "{err}");
+        let _ = std::fs::remove_file(&invalid);
+
+        let options = KubeOptions { node_name: Some(" ".into()), ..KubeOptions::default() };
+        assert!(matches!(start(options).await, Err(KubeError::EmptyNodeName)));
+    }
+
+    fn kubeconfig_yaml(port: u16) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             users:\n- name: fake\n  user: {{}}\n"
+        )
+    }
+}

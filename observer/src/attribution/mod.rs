@@ -7,5 +7,6 @@ pub mod cgroup_path;
 pub mod cgroups;
 #[expect(dead_code, reason = "wired into the daemon next")]
 pub mod kube;
+pub mod labels;
 
 pub use cgroups::CgroupResolver;

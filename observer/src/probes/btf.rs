@@ -113,6 +113,18 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
             (inode, dentry, ino, name);
         o.have_vma = 1;
     }
+    if let (Some(files), Some(fdt), Some(fd), Some(max), Some(rdev), Some(inode)) = (
+        get("task_struct", "files"),
+        get("files_struct", "fdt"),
+        get("fdtable", "fd"),
+        get("fdtable", "max_fds"),
+        get("inode", "i_rdev"),
+        get("file", "f_inode"),
+    ) {
+        (o.task_files, o.files_fdt, o.fdtable_fd, o.fdtable_max_fds, o.inode_i_rdev) = (files, fdt, fd, max, rdev);
+        o.file_f_inode = inode;
+        o.have_fd_lookup = 1;
+    }
     o
 }
 

@@ -4,6 +4,7 @@
 //! `load`, `attach`, read its maps; dropping the `Ebpf` detaches everything.
 pub mod btf;
 pub mod gpu;
+pub mod kfd;
 pub mod maps;
 pub mod tracefs;
 
@@ -23,12 +24,15 @@ use observer_common::{
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
 
 /// Settings the kernel side reads as load-time globals.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct KernelSettings {
     /// Every GPU call returns an event (`trace --all`).
     pub gpu_emit_all: bool,
     /// A GPU call at least this slow is an event even when it succeeds.
     pub gpu_slow_ns: u64,
+    /// Device whose ioctls the syscall fallback counts as KFD ioctls
+    /// (normally /dev/kfd).
+    pub kfd_device: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,13 +89,16 @@ pub fn environment() -> Environment {
     Environment { offsets, tracefs, btf_error }
 }
 
-pub fn load(settings: KernelSettings, env: &Environment) -> Result<Ebpf, LoadError> {
+pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Ebpf, LoadError> {
     raise_memlock();
     let emit_all: u32 = settings.gpu_emit_all.into();
+    let kfd_device = settings.kfd_device.clone().unwrap_or_else(|| "/dev/kfd".into());
+    let kfd_rdev: u32 = kfd::device_rdev(&kfd_device).unwrap_or(0);
     let mut ebpf = EbpfLoader::new()
         .override_global(gpu_common::GLOBAL_EMIT_ALL, &emit_all, true)
         .override_global(gpu_common::GLOBAL_SLOW_NS, &settings.gpu_slow_ns, true)
         .override_global(GLOBAL_OFFSETS, &env.offsets, true)
+        .override_global(observer_common::kfd::GLOBAL_KFD_RDEV, &kfd_rdev, true)
         .load(EBPF_OBJECT)?;
     gpu::GpuProbes::load(&mut ebpf)?;
     Ok(ebpf)
@@ -125,6 +132,7 @@ pub struct Families {
     pub exits: bool,
     pub sched: bool,
     pub discovery: bool,
+    pub kfd: bool,
 }
 
 /// Attaches the tracepoint families; failures are reported, never fatal.
@@ -175,6 +183,12 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
             Ok(_) => attach_tp(ebpf, "mmap_exec", "syscalls", "sys_enter_mmap"),
         };
         record("discovery", "syscalls:sys_enter_mmap", r, "new GPU libraries found when a process maps them");
+    }
+    if families.kfd {
+        for st in kfd::attach(ebpf, env.tracefs.is_ok(), o.have_fd_lookup != 0) {
+            let result = if st.attached { Ok(()) } else { Err(st.detail.clone()) };
+            record(st.probe, &st.target, result, &st.detail);
+        }
     }
     if families.sched {
         if o.have_task_cgroup == 0 || o.task_pid == 0 {

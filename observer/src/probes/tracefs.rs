@@ -49,8 +49,12 @@ pub fn parse_format(text: &str) -> Vec<Field> {
                     size = v.trim().parse().ok();
                 }
             }
-            // The name is the last identifier, before any array suffix.
-            let name = declaration.split('[').next()?.split_whitespace().last()?.to_string();
+            // The name is the last token without its array suffix:
+            // `char prev_comm[16]`, `__data_loc char[] comm`.
+            let name = declaration.split_whitespace().last()?.split('[').next()?.to_string();
+            if name.is_empty() {
+                return None;
+            }
             Some(Field { name, offset: offset?, size: size? })
         })
         .collect()

@@ -83,10 +83,11 @@ pub fn run(args: TraceArgs) -> Result<ExitCode, CliError> {
 async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     let stall_ns = args.stall_threshold.as_nanos().min(u64::MAX as u128) as u64;
     let session = Session::start(SessionOptions {
-        settings: KernelSettings { gpu_emit_all: args.all, gpu_slow_ns: stall_ns.max(1) },
+        settings: KernelSettings { gpu_emit_all: args.all, gpu_slow_ns: stall_ns.max(1), kfd_device: None },
         explicit_libs: args.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
-        families: crate::probes::Families { exits: true, sched: false, discovery: true },
+        families: crate::probes::Families { exits: true, sched: true, discovery: true, kfd: true },
+        oversubscribed_after: Duration::from_secs(2),
     })
     .map_err(|e| match e {
         SessionError::Library(msg) => CliError::usage(msg),
@@ -124,6 +125,7 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut lost_reported = 0;
+    let mut cpu_tick = std::time::Instant::now();
 
     loop {
         let sleep_until_deadline = async {
@@ -150,6 +152,10 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
                 let session = fd.get_mut();
                 session.run_pending_scans();
                 batch.extend(session.scan_stalls());
+                if cpu_tick.elapsed() >= Duration::from_secs(1) {
+                    cpu_tick = std::time::Instant::now();
+                    batch.extend(session.sample_cpu());
+                }
                 let lost = session.events_lost();
                 if lost > lost_reported {
                     warn!("{} events lost: the ring buffer was full", lost - lost_reported);

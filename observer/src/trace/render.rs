@@ -54,6 +54,18 @@ pub fn detail(event: &Event) -> String {
             let rss = anon_rss_bytes.map(|b| format!(", {} MiB anonymous", b >> 20)).unwrap_or_default();
             format!("killed by the OOM killer ({scope} limit{rss})")
         }
+        Detail::KfdIoctl { nr, result, duration_ns, .. } => {
+            let errno = observer_common::names::errno_name(-*result).unwrap_or("?");
+            format!("{} -> {result} {errno} in {}", crate::events::kfd_ioctl_label(*nr), duration(*duration_ns))
+        }
+        Detail::GpuHardware { function, detail, .. } => format!("{function} {detail}"),
+        Detail::CpuThrottle { throttled_ns, periods, total_periods } => {
+            let pct = if *total_periods > 0 { 100 * periods / total_periods } else { 100 };
+            format!("throttled in {periods} of {total_periods} periods ({pct}%), {} lost", duration(*throttled_ns))
+        }
+        Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
+            format!("{runnable_threads} runnable threads, quota {quota_cores:.1} cores")
+        }
         Detail::Exit { signal, exit_code, core_dumped } => {
             if *signal != 0 {
                 let core = if *core_dumped { " (core dumped)" } else { "" };
@@ -78,7 +90,7 @@ pub fn line(event: &Event) -> String {
     let o = &event.origin;
     let cgroup = o.cgroup.as_deref().unwrap_or("(gone)");
     format!(
-        "{:<13} {:<8} {:<16} {:<31} {:<11} {}",
+        "{:<13} {:<8} {:<16} {:<31} {:<18} {}",
         clock_time(o.ts_ns),
         o.pid,
         shorten(&o.comm, 16),

@@ -158,6 +158,8 @@ pub struct PodCgroup {
     pub rel: String,
     pub dir: PathBuf,
     created: Vec<PathBuf>,
+    v1_dirs: Vec<PathBuf>,
+    created_v1: Vec<PathBuf>,
 }
 
 impl PodCgroup {
@@ -179,25 +181,85 @@ impl PodCgroup {
                 created.push(dir.clone());
             }
         }
-        Self { rel: format!("/{}", parts.join("/")), dir, created }
+        Self { rel: format!("/{}", parts.join("/")), dir, created, v1_dirs: Vec::new(), created_v1: Vec::new() }
     }
 
-    /// A command whose process joins this cgroup before it execs.
+    /// A command whose process joins this cgroup (and its v1 limit
+    /// cgroups on hybrid hosts) before it execs.
     pub fn command(&self, program: &Path) -> Command {
-        let procs = self.dir.join("cgroup.procs");
+        let mut files = vec![self.dir.join("cgroup.procs")];
+        files.extend(self.v1_dirs.iter().map(|d| d.join("tasks")));
         let mut cmd = Command::new(program);
-        // SAFETY: the closure only writes to a file, which is async-signal-safe
-        // enough for a test child between fork and exec.
+        // SAFETY: the closure only writes to files, which is fine for a test
+        // child between fork and exec.
         unsafe {
-            cmd.pre_exec(move || fs::write(&procs, b"0"));
+            cmd.pre_exec(move || {
+                for f in &files {
+                    fs::write(f, b"0")?;
+                }
+                Ok(())
+            });
         }
         cmd
+    }
+
+    /// Pure cgroup v2 hosts (the VM) put limits in the same directory;
+    /// hybrid hosts (this machine's kind) in a v1 controller directory at
+    /// the same relative path, as kubelet does.
+    fn v1_dir(&mut self, controller: &str) -> Option<PathBuf> {
+        let v2_has = fs::read_to_string(cgroup2_root().join("cgroup.controllers"))
+            .map(|c| c.split_whitespace().any(|x| x == controller))
+            .unwrap_or(false);
+        if v2_has {
+            // Enable the controller for children along the path.
+            let mut dir = cgroup2_root();
+            for part in self.rel.trim_start_matches('/').split('/') {
+                let _ = fs::write(dir.join("cgroup.subtree_control"), format!("+{controller}"));
+                dir.push(part);
+            }
+            return None;
+        }
+        let mut dir = PathBuf::from("/sys/fs/cgroup").join(controller);
+        for part in self.rel.trim_start_matches('/').split('/') {
+            dir.push(part);
+            if !dir.exists() {
+                fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                self.created_v1.push(dir.clone());
+            }
+        }
+        self.v1_dirs.push(dir.clone());
+        Some(dir)
+    }
+
+    pub fn limit_cpu(&mut self, cores: f64) {
+        let period = 100_000u64;
+        let quota = (cores * period as f64) as u64;
+        match self.v1_dir("cpu") {
+            Some(d) => {
+                fs::write(d.join("cpu.cfs_period_us"), period.to_string()).expect("cfs_period_us");
+                fs::write(d.join("cpu.cfs_quota_us"), quota.to_string()).expect("cfs_quota_us");
+            }
+            None => fs::write(self.dir.join("cpu.max"), format!("{quota} {period}")).expect("cpu.max"),
+        }
+    }
+
+    pub fn limit_memory(&mut self, bytes: u64) {
+        match self.v1_dir("memory") {
+            Some(d) => {
+                fs::write(d.join("memory.limit_in_bytes"), bytes.to_string()).expect("limit_in_bytes");
+                let _ = fs::write(d.join("memory.memsw.limit_in_bytes"), bytes.to_string());
+            }
+            None => {
+                fs::write(self.dir.join("memory.max"), bytes.to_string()).expect("memory.max");
+                let _ = fs::write(self.dir.join("memory.swap.max"), "0");
+            }
+        }
     }
 }
 
 impl Drop for PodCgroup {
     fn drop(&mut self) {
-        for dir in self.created.iter().rev() {
+        for dir in self.created.iter().rev().chain(self.created_v1.iter().rev()) {
             // Processes may take a moment to leave after exiting.
             for _ in 0..50 {
                 if fs::remove_dir(dir).is_ok() || !dir.exists() {
@@ -220,4 +282,108 @@ pub fn random_hex(len: usize) -> String {
 pub fn random_pod_uid() -> String {
     let h = random_hex(32);
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+/// A running `canaryscope run` exporter on a free loopback port.
+pub struct Daemon {
+    child: Child,
+    pub port: u16,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    pub fn start(extra: &[&str]) -> Self {
+        let port = free_port();
+        let mut child = Command::new(canaryscope())
+            .arg("run")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start canaryscope run");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let err = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[canaryscope run] {line}");
+                let mut s = sink.lock().expect("lock");
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let d = Self { child, port, stderr };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if d.get("/readyz").is_some_and(|(code, _)| code == 200) {
+                return d;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        panic!("daemon not ready; stderr:\n{}", d.stderr.lock().expect("lock"));
+    }
+
+    /// (status code, body) of a GET, or None when nothing answers.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// Waits until some /metrics line satisfies `pred`; returns that line.
+    pub fn wait_metric(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = self.metrics();
+            if let Some(line) = text.lines().find(|l| !l.starts_with('#') && pred(l)) {
+                return line.to_string();
+            }
+            if Instant::now() >= deadline {
+                panic!("no metric for {what} within {timeout:?}; /metrics:\n{text}");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().expect("wait")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// The value of a metric line (`name{labels} value`).
+pub fn metric_value(line: &str) -> f64 {
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
 }

@@ -1,0 +1,205 @@
+//! AMD KFD driver ioctls: `kfd_ioctl` entry/return where kprobes exist,
+//! the ioctl syscall tracepoints filtered to the KFD device where not.
+//! Aggregated per cgroup x `_IOC_NR` x result; failures become events.
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns},
+    macros::{kprobe, kretprobe, map, tracepoint},
+    maps::{HashMap, PerCpuHashMap},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
+use observer_common::{
+    kfd::{HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdStats, KfdStatsKey, MAX_KFD_STATS},
+    latency_bucket, names::KFD_IOCTL_TYPE,
+    EventKind,
+};
+
+use crate::{
+    common::{current_header, emit},
+    kernel::{offsets, read},
+};
+
+#[map(name = "KFD_INFLIGHT")]
+static KFD_INFLIGHT: HashMap<u32, KfdInflight> = HashMap::with_max_entries(8192, 0);
+
+#[map(name = "KFD_STATS")]
+static KFD_STATS: PerCpuHashMap<KfdStatsKey, KfdStats> = PerCpuHashMap::with_max_entries(MAX_KFD_STATS, 0);
+
+#[unsafe(no_mangle)]
+static KFD_RDEV: u32 = 0;
+
+const SOURCE_KPROBE: u32 = 1;
+const SOURCE_SYSCALL: u32 = 2;
+
+#[inline(always)]
+fn is_kfd_cmd(cmd: u32) -> bool {
+    (cmd >> 8) & 0xff == KFD_IOCTL_TYPE
+}
+
+#[inline(always)]
+fn enter(cmd: u32) -> Result<(), i64> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    KFD_INFLIGHT.insert(&tid, &KfdInflight { start_ns: now, cmd, _pad: 0 }, 0).map_err(|e| e as i64)
+}
+
+#[inline(always)]
+fn exit(result: i64, source: u32) -> Result<(), i64> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: read-only lookup.
+    let Some(inflight) = (unsafe { KFD_INFLIGHT.get(&tid) }).copied() else { return Ok(()) };
+    let _ = KFD_INFLIGHT.remove(&tid);
+    // SAFETY: helpers without arguments.
+    let duration_ns = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(inflight.start_ns);
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let result = result as i32;
+    let key = KfdStatsKey { cgroup_id, nr: inflight.cmd & 0xff, result };
+    let bucket = latency_bucket(duration_ns);
+    match KFD_STATS.get_ptr_mut(&key) {
+        Some(s) => {
+            // SAFETY: per-CPU value, no other writer on this CPU.
+            let s = unsafe { &mut *s };
+            s.calls += 1;
+            s.total_ns += duration_ns;
+            if bucket < s.buckets.len() {
+                s.buckets[bucket] += 1;
+            }
+        }
+        None => {
+            let mut s = KfdStats::default();
+            s.calls = 1;
+            s.total_ns = duration_ns;
+            if bucket < s.buckets.len() {
+                s.buckets[bucket] = 1;
+            }
+            let _ = KFD_STATS.insert(&key, &s, 0);
+        }
+    }
+    if result < 0 {
+        emit(&KfdIoctlEvent {
+            header: current_header(EventKind::KfdIoctl as u32),
+            cmd: inflight.cmd,
+            result,
+            duration_ns,
+            source,
+            _pad: 0,
+        });
+    }
+    Ok(())
+}
+
+/// match-proto: static long kfd_ioctl(struct file *filep, unsigned int cmd,
+/// unsigned long arg) in drivers/gpu/drm/amd/amdkfd/kfd_chardev.c.
+#[kprobe]
+pub fn kfd_ioctl_enter(ctx: ProbeContext) -> u32 {
+    let cmd: u32 = ctx.arg::<u64>(1).unwrap_or(0) as u32;
+    if !is_kfd_cmd(cmd) {
+        return 0;
+    }
+    enter(cmd).map(|_| 0).unwrap_or(1)
+}
+
+#[kretprobe]
+pub fn kfd_ioctl_exit(ctx: RetProbeContext) -> u32 {
+    let ret: i64 = ctx.ret::<i64>();
+    exit(ret, SOURCE_KPROBE).map(|_| 0).unwrap_or(1)
+}
+
+/// The file behind `fd` of the current task, via task->files->fdt->fd[fd].
+///
+/// match-proto: struct files_struct *task_struct::files; struct fdtable
+/// __rcu *files_struct::fdt; struct file __rcu **fdtable::fd; unsigned int
+/// fdtable::max_fds; dev_t inode::i_rdev.
+#[inline(always)]
+fn fd_rdev(fd: u64) -> Result<u32, i64> {
+    let o = offsets();
+    if o.have_fd_lookup == 0 {
+        return Err(-1);
+    }
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let files: *const u8 = read(task, o.task_files)?;
+    let fdt: *const u8 = read(files, o.files_fdt)?;
+    let max_fds: u32 = read(fdt, o.fdtable_max_fds)?;
+    if fd >= u64::from(max_fds) {
+        return Err(-1);
+    }
+    let fd_array: *const u8 = read(fdt, o.fdtable_fd)?;
+    let file: *const u8 = read(fd_array, (fd * 8) as u32)?;
+    let inode: *const u8 = read(file, o.file_f_inode)?;
+    read(inode, o.inode_i_rdev)
+}
+
+/// Fallback without kprobes: syscalls:sys_enter_ioctl (fd at 16, cmd at 24;
+/// the syscall tracepoint layout is fixed by the ABI).
+#[tracepoint(category = "syscalls", name = "sys_enter_ioctl")]
+pub fn kfd_sys_enter_ioctl(ctx: TracePointContext) -> u32 {
+    // SAFETY: fixed syscall tracepoint layout.
+    let cmd: u64 = unsafe { ctx.read_at(24) }.unwrap_or(0);
+    let cmd = cmd as u32;
+    if !is_kfd_cmd(cmd) {
+        return 0; // most ioctls stop here, before any pointer chasing
+    }
+    // SAFETY: volatile read of a load-time global.
+    let want = unsafe { core::ptr::read_volatile(&KFD_RDEV) };
+    let fd: u64 = unsafe { ctx.read_at(16) }.unwrap_or(u64::MAX);
+    match fd_rdev(fd) {
+        Ok(rdev) if rdev == want && want != 0 => enter(cmd).map(|_| 0).unwrap_or(1),
+        _ => 0,
+    }
+}
+
+/// syscalls:sys_exit_ioctl: `ret` at 16.
+#[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
+pub fn kfd_sys_exit_ioctl(ctx: TracePointContext) -> u32 {
+    // SAFETY: fixed syscall tracepoint layout.
+    let ret: i64 = unsafe { ctx.read_at(16) }.unwrap_or(0);
+    exit(ret, SOURCE_SYSCALL).map(|_| 0).unwrap_or(1)
+}
+
+/// One small program per hooked function (kprobes carry no cookie through
+/// aya here), each naming its index in `HW_HOOKS`; arguments 1 and 2 are
+/// read raw and decoded in userspace, which knows each prototype.
+#[inline(always)]
+fn hw_event(ctx: &ProbeContext, kind: HwKind, hook: u32) -> u32 {
+    let arg1: u64 = ctx.arg::<u64>(1).unwrap_or(0);
+    let arg2: u64 = ctx.arg::<u64>(2).unwrap_or(0);
+    emit(&HwEvent {
+        header: current_header(EventKind::GpuHardware as u32),
+        kind: kind as u32,
+        hook,
+        arg1,
+        arg2,
+    });
+    0
+}
+
+#[kprobe]
+pub fn kfd_hw_vmfault(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::MemoryFault, 0)
+}
+
+#[kprobe]
+pub fn kfd_hw_vmfault_signal(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::MemoryFault, 1)
+}
+
+#[kprobe]
+pub fn kfd_hw_reset_signal(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::Reset, 2)
+}
+
+#[kprobe]
+pub fn kfd_hw_gpu_recover(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::Reset, 3)
+}
+
+#[kprobe]
+pub fn kfd_hw_eviction_smi(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::QueueEviction, 4)
+}
+
+#[kprobe]
+pub fn kfd_hw_evict_queues(ctx: ProbeContext) -> u32 {
+    hw_event(&ctx, HwKind::QueueEviction, 5)
+}

@@ -1,0 +1,251 @@
+//! CFS bandwidth: throttling and oversubscription per cgroup, read from the
+//! cgroup files. This kernel offers neither kprobes nor fentry on
+//! `throttle_cfs_rq`, and no tracepoint exists for it (6.18), so the
+//! kernel's own counters in `cpu.stat` are the portable source: v2
+//! `nr_throttled`/`throttled_usec`, v1 `nr_throttled`/`throttled_time`.
+//! Only cgroups with a quota are read, once per tick.
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// Where CPU limits live: the unified hierarchy (pure v2) or the v1 `cpu`
+/// controller (hybrid hosts, where identity still comes from cgroup2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CpuHierarchy {
+    V2(PathBuf),
+    V1(PathBuf),
+}
+
+impl CpuHierarchy {
+    pub fn detect(cgroup2_root: Option<&Path>) -> Option<Self> {
+        if let Some(root) = cgroup2_root {
+            let controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            if controllers.split_whitespace().any(|c| c == "cpu") {
+                return Some(Self::V2(root.to_path_buf()));
+            }
+        }
+        ["/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("cpu.cfs_quota_us").exists())
+            .map(Self::V1)
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::V2(p) => format!("cgroup v2 cpu.stat under {}", p.display()),
+            Self::V1(p) => format!("cgroup v1 cpu.stat under {} (hybrid host)", p.display()),
+        }
+    }
+}
+
+/// Counters of one cgroup at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuStat {
+    pub nr_periods: u64,
+    pub nr_throttled: u64,
+    pub throttled_ns: u64,
+}
+
+/// Parses v2 (`throttled_usec`) and v1 (`throttled_time`, ns) cpu.stat.
+pub fn parse_cpu_stat(text: &str) -> CpuStat {
+    let mut s = CpuStat::default();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(key), Some(value)) = (it.next(), it.next()) else { continue };
+        let Ok(v) = value.parse::<u64>() else { continue };
+        match key {
+            "nr_periods" => s.nr_periods = v,
+            "nr_throttled" => s.nr_throttled = v,
+            "throttled_usec" => s.throttled_ns = v.saturating_mul(1000),
+            "throttled_time" => s.throttled_ns = v,
+            _ => {}
+        }
+    }
+    s
+}
+
+/// Quota in cores from v2 `cpu.max` ("max 100000" or "200000 100000").
+pub fn parse_cpu_max(text: &str) -> Option<f64> {
+    let mut it = text.split_whitespace();
+    let quota = it.next()?;
+    let period: f64 = it.next()?.parse().ok()?;
+    if quota == "max" || period <= 0.0 {
+        return None;
+    }
+    Some(quota.parse::<f64>().ok()? / period)
+}
+
+fn read_u64ish(path: &Path) -> Option<i64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Quota in cores for a v1 cgroup directory.
+fn v1_quota(dir: &Path) -> Option<f64> {
+    let quota = read_u64ish(&dir.join("cpu.cfs_quota_us"))?;
+    let period = read_u64ish(&dir.join("cpu.cfs_period_us"))?;
+    (quota > 0 && period > 0).then(|| quota as f64 / period as f64)
+}
+
+/// Threads of a cgroup that are runnable (state R: running or waiting for
+/// a CPU, which includes threads parked by throttling).
+pub fn runnable_threads(dir: &Path, v2: bool) -> u32 {
+    let list = if v2 { "cgroup.threads" } else { "tasks" };
+    let Ok(text) = fs::read_to_string(dir.join(list)) else { return 0 };
+    text.lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter(|tid| thread_state(*tid) == Some('R'))
+        .count() as u32
+}
+
+fn thread_state(tid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: the state is the
+    // first field after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().next()?.chars().next()
+}
+
+/// One limited cgroup as last sampled.
+#[derive(Clone, Debug)]
+pub struct CpuCgroup {
+    /// Path below the hierarchy root; the same path names the cgroup2 cgroup.
+    pub rel: String,
+    pub quota_cores: f64,
+    pub stat: CpuStat,
+    pub runnable: u32,
+    /// Consecutive samples with new throttled periods.
+    throttled_streak: u32,
+    throttle_reported: bool,
+    oversubscribed_since: Option<Instant>,
+    oversubscribed_reported: bool,
+}
+
+/// Something a person should hear about.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CpuFinding {
+    /// Throttled in consecutive periods: `periods` throttled out of `total`
+    /// periods and `throttled_ns` lost since the previous sample.
+    Throttled { rel: String, periods: u64, total: u64, throttled_ns: u64 },
+    /// More runnable threads than the quota has cores, for a while.
+    Oversubscribed { rel: String, runnable: u32, quota_cores: f64 },
+}
+
+pub struct CpuMonitor {
+    pub hierarchy: Option<CpuHierarchy>,
+    pub cgroups: HashMap<String, CpuCgroup>,
+    oversubscribed_after: Duration,
+}
+
+impl CpuMonitor {
+    pub fn new(cgroup2_root: Option<&Path>, oversubscribed_after: Duration) -> Self {
+        Self { hierarchy: CpuHierarchy::detect(cgroup2_root), cgroups: HashMap::new(), oversubscribed_after }
+    }
+
+    /// Walks the hierarchy, samples limited cgroups, returns new findings.
+    pub fn sample(&mut self) -> Vec<CpuFinding> {
+        let Some(hierarchy) = self.hierarchy.clone() else { return Vec::new() };
+        let (root, v2) = match &hierarchy {
+            CpuHierarchy::V2(p) => (p.clone(), true),
+            CpuHierarchy::V1(p) => (p.clone(), false),
+        };
+        let mut seen = Vec::new();
+        let mut findings = Vec::new();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            if let Ok(entries) = fs::read_dir(&dir) {
+                for e in entries.flatten() {
+                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            let quota = if v2 {
+                fs::read_to_string(dir.join("cpu.max")).ok().and_then(|t| parse_cpu_max(&t))
+            } else {
+                v1_quota(&dir)
+            };
+            let Some(quota_cores) = quota else { continue };
+            let Ok(stat_text) = fs::read_to_string(dir.join("cpu.stat")) else { continue };
+            let stat = parse_cpu_stat(&stat_text);
+            let rel = match dir.strip_prefix(&root) {
+                Ok(p) if p.as_os_str().is_empty() => "/".to_string(),
+                Ok(p) => format!("/{}", p.display()),
+                Err(_) => continue,
+            };
+            let runnable = runnable_threads(&dir, v2);
+            seen.push(rel.clone());
+            let entry = self.cgroups.entry(rel.clone()).or_insert_with(|| CpuCgroup {
+                rel: rel.clone(),
+                quota_cores,
+                stat,
+                runnable,
+                throttled_streak: 0,
+                throttle_reported: false,
+                oversubscribed_since: None,
+                oversubscribed_reported: false,
+            });
+            let new_throttled = stat.nr_throttled.saturating_sub(entry.stat.nr_throttled);
+            let new_periods = stat.nr_periods.saturating_sub(entry.stat.nr_periods);
+            let new_throttled_ns = stat.throttled_ns.saturating_sub(entry.stat.throttled_ns);
+            // Two samples in a row with several throttled periods is a
+            // pattern, not a blip; one event per episode.
+            if new_throttled >= 2 {
+                entry.throttled_streak += 1;
+                if entry.throttled_streak >= 2 && !entry.throttle_reported {
+                    entry.throttle_reported = true;
+                    findings.push(CpuFinding::Throttled {
+                        rel: rel.clone(),
+                        periods: new_throttled,
+                        total: new_periods,
+                        throttled_ns: new_throttled_ns,
+                    });
+                }
+            } else {
+                entry.throttled_streak = 0;
+                entry.throttle_reported = false;
+            }
+            if f64::from(runnable) > quota_cores {
+                let since = *entry.oversubscribed_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.oversubscribed_after && !entry.oversubscribed_reported {
+                    entry.oversubscribed_reported = true;
+                    findings.push(CpuFinding::Oversubscribed { rel: rel.clone(), runnable, quota_cores });
+                }
+            } else {
+                entry.oversubscribed_since = None;
+                entry.oversubscribed_reported = false;
+            }
+            entry.quota_cores = quota_cores;
+            entry.stat = stat;
+            entry.runnable = runnable;
+        }
+        self.cgroups.retain(|rel, _| seen.contains(rel));
+        findings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v1_and_v2_stat_and_quota() {
+        let v2 = "usage_usec 5000\nuser_usec 4000\nsystem_usec 1000\nnr_periods 50\nnr_throttled 36\nthrottled_usec 7200000\n";
+        assert_eq!(parse_cpu_stat(v2), CpuStat { nr_periods: 50, nr_throttled: 36, throttled_ns: 7_200_000_000 });
+        let v1 = "nr_periods 10\nnr_throttled 7\nthrottled_time 123456789\n";
+        assert_eq!(parse_cpu_stat(v1), CpuStat { nr_periods: 10, nr_throttled: 7, throttled_ns: 123_456_789 });
+        assert_eq!(parse_cpu_max("200000 100000\n"), Some(2.0));
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cpu_max("garbage"), None);
+    }
+
+    #[test]
+    fn reads_thread_state_of_this_process() {
+        // This test thread is running while it asks.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert_eq!(thread_state(tid), Some('R'));
+    }
+}

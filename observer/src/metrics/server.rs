@@ -1,0 +1,115 @@
+//! The exporter's HTTP endpoint: `/metrics`, `/healthz`, `/readyz`. A small
+//! HTTP/1.1 responder is enough for Prometheus and kubelet probes and keeps
+//! the daemon free of a web framework; every response closes the connection.
+use std::{
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use log::debug;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+/// What the endpoints serve; updated by the daemon loop.
+#[derive(Default)]
+pub struct Exposition {
+    pub metrics: String,
+    /// `None` when ready, else why not.
+    pub not_ready: Option<String>,
+}
+
+pub type Shared = Arc<RwLock<Exposition>>;
+
+pub async fn serve(listener: TcpListener, shared: Shared) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = respond(stream, &shared).await {
+                        debug!("http {peer}: {e}");
+                    }
+                });
+            }
+            // Out of file descriptors or similar: back off instead of spinning.
+            Err(e) => {
+                debug!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Reads the request head (bounded in size and time) and returns the path.
+async fn read_path(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let read = async {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), read).await {
+        Ok(r) => r?,
+        Err(_) => return Ok(None),
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut first = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    if method != "GET" && method != "HEAD" {
+        return Ok(Some(String::new()));
+    }
+    Ok(Some(target.split('?').next().unwrap_or("").to_string()))
+}
+
+async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let Some(path) = read_path(&mut stream).await? else { return Ok(()) };
+    let (status, content_type, body) = {
+        let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match path.as_str() {
+            "/metrics" => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", state.metrics.clone()),
+            "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+            "/readyz" => match &state.not_ready {
+                None => ("200 OK", "text/plain", "ready\n".to_string()),
+                Some(why) => ("503 Service Unavailable", "text/plain", format!("not ready: {why}\n")),
+            },
+            "" => ("405 Method Not Allowed", "text/plain", "only GET\n".to_string()),
+            _ => ("404 Not Found", "text/plain", "try /metrics, /healthz or /readyz\n".to_string()),
+        }
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+pub fn parse_listen(addr: &str) -> Result<SocketAddr, String> {
+    // Accept ":9464" as shorthand for all interfaces.
+    let full = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr.to_string() };
+    full.parse().map_err(|_| format!("--listen {addr}: not an address (use HOST:PORT, e.g. 0.0.0.0:9464 or :9464)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen(":9464").map(|a| a.port()), Ok(9464));
+        assert!(parse_listen("127.0.0.1:80").is_ok());
+        assert!(parse_listen("[::1]:9464").is_ok());
+        let err = parse_listen("localhost").expect_err("no port");
+        assert!(err.contains("--listen localhost"), "{err}");
+    }
+}

@@ -1,0 +1,295 @@
+//! `canaryscope run`: the node daemon. All probes, a Prometheus exporter,
+//! pod attribution from the Kubernetes API when there is one.
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+use serde::Deserialize;
+use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind};
+
+use crate::{
+    attribution::{
+        kube::{self, KubeOptions, PodCache},
+        labels::labels_for,
+    },
+    cli_error::{require_root, CliError},
+    metrics::{
+        server::{self, Exposition, Shared},
+        CpuSnapshot, Metrics,
+    },
+    probes::{Families, KernelSettings},
+    session::{Session, SessionError, SessionOptions},
+    RunArgs,
+};
+
+/// The optional config file (TOML); flags override it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConfigFile {
+    pub listen: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: Option<String>,
+    pub track_label: Option<String>,
+    pub series_grace: Option<String>,
+    pub max_cgroups: Option<usize>,
+    pub stall_threshold: Option<String>,
+    pub libs: Vec<PathBuf>,
+    pub kubernetes: Option<bool>,
+}
+
+/// Everything the daemon runs with, after flags, environment and file.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: std::net::SocketAddr,
+    pub kube: Option<KubeOptions>,
+    pub series_grace: Duration,
+    pub max_cgroups: usize,
+    pub stall_threshold: Duration,
+    pub libs: Vec<PathBuf>,
+}
+
+pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::usage(format!("--config {}: {e}", path.display())))?;
+            toml::from_str::<ConfigFile>(&text)
+                .map_err(|e| CliError::usage(format!("--config {}: {}", path.display(), one_line(&e.to_string()))))?
+        }
+        None => ConfigFile::default(),
+    };
+    let listen_text = args.listen.clone().or(file.listen).unwrap_or_else(|| "0.0.0.0:9464".into());
+    let listen = server::parse_listen(&listen_text).map_err(CliError::usage)?;
+    let duration = |flag: &str, v: Option<String>, default: Duration| -> Result<Duration, CliError> {
+        match v {
+            Some(s) => crate::parse_duration(&s).map_err(|e| CliError::usage(format!("{flag}: {e}"))),
+            None => Ok(default),
+        }
+    };
+    let series_grace =
+        duration("--series-grace", args.series_grace.clone().or(file.series_grace), Duration::from_secs(300))?;
+    let stall_threshold =
+        duration("--stall-threshold", args.stall_threshold.clone().or(file.stall_threshold), Duration::from_secs(10))?;
+    let kubeconfig = args.kubeconfig.clone().or(file.kubeconfig);
+    if let Some(path) = &kubeconfig {
+        if let Err(e) = std::fs::File::open(path) {
+            return Err(CliError::usage(format!("--kubeconfig {}: {e}", path.display())));
+        }
+    }
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kubernetes = !args.no_kubernetes && file.kubernetes.unwrap_or(true) && (kubeconfig.is_some() || in_cluster);
+    let kube = kubernetes.then(|| KubeOptions {
+        kubeconfig,
+        node_name: args.node_name.clone().or(file.node_name),
+        track_label: args.track_label.clone().or(file.track_label).unwrap_or_else(|| "track".into()),
+    });
+    let mut libs = args.libs.clone();
+    libs.extend(file.libs);
+    for lib in &libs {
+        if let Err(e) = std::fs::metadata(lib) {
+            return Err(CliError::usage(format!("--lib {}: {e}", lib.display())));
+        }
+    }
+    Ok(Settings {
+        listen,
+        kube,
+        series_grace,
+        max_cgroups: args.max_cgroups.or(file.max_cgroups).unwrap_or(5000),
+        stall_threshold,
+        libs,
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
+    let settings = settings(&args)?;
+    require_root("canaryscope run")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::runtime(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(daemon(settings))
+}
+
+async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
+    // Bind first: a taken port is the user's to fix, before probes load.
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| CliError::usage(format!("--listen {}: {e}", settings.listen)))?;
+    let stall_ns = settings.stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
+    let session = Session::start(SessionOptions {
+        settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: stall_ns.max(1), kfd_device: None },
+        explicit_libs: settings.libs.clone(),
+        stall_threshold_ns: stall_ns.max(1),
+        families: Families { exits: true, sched: true, discovery: true, kfd: true },
+        oversubscribed_after: Duration::from_secs(2),
+    })
+    .map_err(|e| match e {
+        SessionError::Library(msg) => CliError::usage(msg),
+        SessionError::Load(e) => CliError::runtime(e.to_string()),
+    })?;
+
+    let pods: Option<PodCache> = match &settings.kube {
+        Some(options) => {
+            Some(kube::start(options.clone()).await.map_err(|e| CliError::usage(e.to_string()))?)
+        }
+        None => {
+            info!("no Kubernetes API configured: labels come from cgroup paths");
+            None
+        }
+    };
+
+    let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
+    tokio::spawn(server::serve(listener, shared.clone()));
+    eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
+
+    let mut metrics = Metrics::new(settings.max_cgroups);
+    metrics.probes = session.probe_status.clone();
+    for lib in session.gpu.libraries() {
+        metrics.probes.push(crate::probes::ProbeStatus {
+            probe: "gpu",
+            target: lib.library.display_path.clone(),
+            attached: true,
+            detail: format!("{} functions", lib.functions),
+        });
+    }
+
+    // SAFETY: the ring buffer fd is owned by the session and outlives this AsyncFd.
+    let mut fd = unsafe { AsyncFd::register_with_interest(session, tokio::io::Interest::READABLE) }
+        .map_err(|e| CliError::runtime(format!("ring buffer: {}", e.into_parts().1)))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
+        .map_err(|e| CliError::runtime(format!("cannot handle SIGTERM: {e}")))?;
+    // Events are rare, so a short render tick keeps detection latency low
+    // without re-rendering per event under a flood.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut last_slow = Instant::now() - Duration::from_secs(10);
+    let mut dirty = true;
+
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            guard = fd.readable_mut() => {
+                let mut guard = guard.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
+                guard.get_inner_mut().drain(|e| metrics.record(&e));
+                guard.clear_ready();
+                dirty = true;
+            }
+            _ = tick.tick() => {
+                let session = fd.get_mut();
+                session.run_pending_scans();
+                if last_slow.elapsed() >= Duration::from_millis(500) {
+                    last_slow = Instant::now();
+                    slow_refresh(session, &mut metrics, pods.as_ref(), settings.series_grace);
+                    dirty = true;
+                }
+                if dirty {
+                    dirty = false;
+                    let text = metrics.render();
+                    let not_ready = readiness(&metrics, pods.as_ref());
+                    let mut state = shared.write().unwrap_or_else(|p| p.into_inner());
+                    state.metrics = text;
+                    state.not_ready = not_ready;
+                }
+            }
+        }
+    }
+    eprintln!("canaryscope: stopping; detaching probes");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Kernel aggregates, stalls, CPU limits and labels: refreshed twice a second.
+fn slow_refresh(session: &mut Session, metrics: &mut Metrics, pods: Option<&PodCache>, grace: Duration) {
+    let _ = session.scan_stalls();
+    metrics.set_stalled(session.stalled_now.clone());
+    metrics.set_gpu(session.gpu_stats());
+    metrics.set_runq(session.runq_stats());
+    metrics.set_kfd(session.kfd_stats());
+    let _findings = session.sample_cpu();
+    if let Some(cpu) = &session.cpu {
+        let snapshots: Vec<(u64, CpuSnapshot)> = cpu
+            .cgroups
+            .values()
+            .map(|c| {
+                let id = session.cgroups.id_of(&c.rel).unwrap_or(0);
+                let snap = CpuSnapshot {
+                    periods: c.stat.nr_periods,
+                    throttled_periods: c.stat.nr_throttled,
+                    throttled_ns: c.stat.throttled_ns,
+                    runnable: c.runnable,
+                    quota_cores: c.quota_cores,
+                };
+                (id, snap)
+            })
+            .collect();
+        metrics.set_cpu(snapshots);
+    }
+    metrics.events_lost = session.events_lost();
+    metrics.records = session.records.clone();
+    let resolver = &mut session.cgroups;
+    let purged = metrics.refresh_labels(grace, |id| {
+        let path = resolver.path(id);
+        labels_for(path.as_deref(), pods)
+    });
+    if !purged.is_empty() {
+        info!("dropped series of {} gone cgroups", purged.len());
+        session.purge_cgroups(&purged);
+    }
+}
+
+fn readiness(metrics: &Metrics, pods: Option<&PodCache>) -> Option<String> {
+    if !metrics.probes.iter().any(|p| p.attached) {
+        return Some("no probe attached".into());
+    }
+    if let Some(p) = pods {
+        if !p.is_synced() {
+            return Some("pod cache not synced with the Kubernetes API yet".into());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> RunArgs {
+        RunArgs::default()
+    }
+
+    #[test]
+    fn bad_listen_and_config_are_usage_errors() {
+        let mut a = args();
+        a.listen = Some("nonsense".into());
+        assert!(matches!(settings(&a), Err(CliError::Usage(m)) if m.contains("--listen nonsense")));
+        let mut a = args();
+        a.config = Some("/nonexistent/canaryscope.toml".into());
+        assert!(matches!(settings(&a), Err(CliError::Usage(m)) if m.contains("--config /nonexistent")));
+        let dir = std::env::temp_dir().join(format!("cs-config-{}", std::process::id()));
+        std::fs::write(&dir, "listen = \":9999\"\nno_such_key = 1\n").expect("write");
+        let mut a = args();
+        a.config = Some(dir.clone());
+        let err = settings(&a).expect_err("unknown key");
+        assert!(matches!(&err, CliError::Usage(m) if m.contains("no_such_key") && !m.contains('\n')), "{err}");
+        std::fs::write(&dir, "listen = \":9999\"\nseries_grace = \"30s\"\n").expect("write");
+        let s = settings(&a).expect("valid config");
+        assert_eq!(s.listen.port(), 9999);
+        assert_eq!(s.series_grace, Duration::from_secs(30));
+        let _ = std::fs::remove_file(dir);
+    }
+
+    #[test]
+    fn unreadable_kubeconfig_is_named() {
+        let mut a = args();
+        a.kubeconfig = Some("/nonexistent/kubeconfig".into());
+        assert!(matches!(settings(&a), Err(CliError::Usage(m)) if m.starts_with("--kubeconfig /nonexistent/kubeconfig")));
+    }
+}

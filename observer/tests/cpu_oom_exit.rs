@@ -1,0 +1,127 @@
+//! CPU inference and solver failure modes with real processes in real
+//! cgroups with real limits: CFS throttling and oversubscription, OOM kills,
+//! CPU-rlimit kills, and clean exits that must not be reported.
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+/// Mean run-queue latency of one cgroup's histogram, from /metrics.
+fn mean_runq(metrics: &str, container: &str) -> Option<(f64, f64)> {
+    let pick = |suffix: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("canaryscope_cpu_runqueue_latency_seconds_{suffix}{{"))
+                    && l.contains(&format!("container=\"{container}\""))
+            })
+            .map(metric_value)
+    };
+    let (sum, count) = (pick("sum")?, pick("count")?);
+    (count > 0.0).then_some((sum / count, count))
+}
+
+fn short(pod: &PodCgroup) -> String {
+    pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn thirty_two_threads_in_a_small_quota_are_throttled_oversubscribed_and_wait() {
+    assert_root();
+    let busy = fixture("busy_threads");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let mut limited = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    // Half of this 2-CPU machine: a 2-core quota here would equal the whole
+    // machine and could hardly be exceeded.
+    limited.limit_cpu(1.0);
+    let tracer = Tracer::start(&["--cgroup", &limited.rel]);
+    let out = limited.command(&busy).args(["32", "5"]).output().expect("busy");
+    assert!(out.status.success());
+    let throttle = tracer.wait_for("cpu_throttle", Duration::from_secs(3), |e| e["kind"] == "cpu_throttle");
+    assert_eq!(throttle["cgroup"], limited.rel.as_str());
+    assert!(throttle["periods"].as_u64() >= Some(2), "{throttle}");
+    let over = tracer.wait_for("cpu_oversubscribed", Duration::from_secs(3), |e| e["kind"] == "cpu_oversubscribed");
+    assert_eq!(over["cgroup"], limited.rel.as_str());
+    assert!(over["runnable_threads"].as_u64() > Some(1), "{over}");
+    assert_eq!(over["quota_cores"], 1.0);
+    drop(tracer);
+
+    // The same load without a limit, for comparison.
+    let free = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let out = free.command(&busy).args(["32", "5"]).output().expect("busy");
+    assert!(out.status.success());
+    std::thread::sleep(Duration::from_millis(800));
+    let metrics = daemon.metrics();
+    let (limited_mean, limited_n) = mean_runq(&metrics, &short(&limited)).expect("limited histogram");
+    let (free_mean, free_n) = mean_runq(&metrics, &short(&free)).expect("free histogram");
+    eprintln!("run-queue mean: limited {limited_mean:.6}s over {limited_n} waits, free {free_mean:.6}s over {free_n}");
+    assert!(limited_mean > 2.0 * free_mean, "limited {limited_mean} vs free {free_mean}");
+    let throttled = daemon.wait_metric("throttled periods", Duration::from_secs(2), |l| {
+        l.starts_with("canaryscope_cpu_throttled_periods_total{") && l.contains(&short(&limited))
+    });
+    assert!(metric_value(&throttled) >= 2.0, "{throttled}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_process_past_its_memory_limit_is_one_oom_kill_and_one_sigkill_exit() {
+    assert_root();
+    let hog = fixture("oom_hog");
+    let mut pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    pod.limit_memory(50 << 20);
+    let tracer = Tracer::start(&["--cgroup", &pod.rel]);
+    let child = pod.command(&hog).arg("200").stdout(std::process::Stdio::null()).spawn().expect("spawn");
+    let pid = child.id() as u64;
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
+    let oom = tracer.wait_for("oom_kill", Duration::from_secs(5), |e| e["kind"] == "oom_kill");
+    assert_eq!(oom["pid"], pid);
+    assert_eq!(oom["cgroup"], pod.rel.as_str());
+    assert_eq!(oom["scope"], "memcg");
+    let exit = tracer.wait_for("exit", Duration::from_secs(5), |e| e["kind"] == "exit" && e["pid"] == pid);
+    assert_eq!(exit["signal"], "SIGKILL");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, events) = tracer.stop();
+    assert_eq!(events.iter().filter(|e| e["kind"] == "oom_kill").count(), 1, "{events:#?}");
+    assert_eq!(events.iter().filter(|e| e["kind"] == "exit" && e["pid"] == pid).count(), 1, "{events:#?}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() {
+    assert_root();
+    let solver = fixture("solver_child");
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let tracer = Tracer::start(&["--cgroup", &pod.rel]);
+    let out = pod.command(&solver).arg("cpu").output().expect("solver cpu");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let child: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "child")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    let exit = tracer.wait_for("exit of the rlimited child", Duration::from_secs(5), |e| {
+        e["kind"] == "exit" && e["pid"] == child
+    });
+    assert!(exit["signal"] == "SIGXCPU" || exit["signal"] == "SIGKILL", "{exit}");
+    assert_eq!(exit["cgroup"], pod.rel.as_str(), "the child lives in its parent's cgroup");
+
+    let out = pod.command(&solver).arg("as").output().expect("solver as");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("exit 3"), "{text}");
+    let clean_child: u64 = text
+        .split_whitespace()
+        .skip_while(|w| *w != "child")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, events) = tracer.stop();
+    assert!(
+        !events.iter().any(|e| e["pid"] == clean_child),
+        "a child that refused an allocation and exited 3 is no kill: {events:#?}"
+    );
+}

@@ -1,0 +1,175 @@
+//! ZLUDA-shaped CUDA driver library (tests/fixtures/zluda_cuda.c: cu* calls
+//! forward to the real HIP runtime and pass HIP's error number through):
+//! failures, the HIP call beneath, crashes inside the library, libraries
+//! found later or only through a container's root, and in-kernel aggregation.
+mod support;
+
+use std::{process::Command, time::Duration};
+
+use support::*;
+
+fn zluda_lib() -> std::path::PathBuf {
+    fixture("cuda_app");
+    fixtures_dir().join("zluda/libcuda.so.1")
+}
+
+fn out_pid(stdout: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"))
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn cu_init_failure_is_reported_with_the_hip_call_beneath() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let lib = zluda_lib();
+    let tracer = Tracer::start(&["--lib", lib.to_str().expect("utf8")]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let out = pod.command(&app).output().expect("run cuda_app");
+    assert!(out.status.success(), "{out:?}");
+    let pid = out_pid(&out.stdout);
+    let cu = tracer.wait_for("cuInit", Duration::from_secs(5), |e| e["function"] == "cuInit" && e["pid"] == pid);
+    assert_eq!(cu["api"], "cuda");
+    assert_eq!(cu["result"], 101);
+    assert_eq!(cu["result_name"], "CUDA_ERROR_INVALID_DEVICE");
+    assert!(cu["library"].as_str().is_some_and(|l| l.ends_with("zluda/libcuda.so.1")), "{cu}");
+    assert_eq!(cu["cgroup"], pod.rel.as_str());
+    let hip = tracer.wait_for("hipInit beneath", Duration::from_secs(5), |e| {
+        e["function"] == "hipInit" && e["pid"] == pid
+    });
+    assert_eq!(hip["result"], 101);
+    assert_eq!(hip["cgroup"], pod.rel.as_str());
+    assert_eq!(hip["tid"], cu["tid"]);
+    // The HIP call happened inside cuInit: shorter, and not after it returned.
+    assert!(hip["duration_ns"].as_u64() <= cu["duration_ns"].as_u64(), "{hip} vs {cu}");
+    assert!(hip["ts_ns"].as_u64() <= cu["ts_ns"].as_u64());
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn check_tells_zluda_from_other_libraries() {
+    assert_root();
+    let lib = zluda_lib();
+    let out =
+        Command::new(canaryscope()).args(["check", "--json", "--lib"]).arg(&lib).output().expect("run check");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let entry = report["gpu_libraries"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["path"].as_str() == lib.to_str()))
+        .unwrap_or_else(|| panic!("library missing: {report:#}"));
+    assert_eq!(entry["flavor"], "zluda", "{entry}");
+    let hip = report["gpu_libraries"].as_array().and_then(|a| a.iter().find(|l| l["flavor"] == "hip"));
+    assert!(hip.is_some(), "Debian's libamdhip64 is listed as hip: {report:#}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_crash_inside_the_library_names_library_and_call() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let lib = zluda_lib();
+    let tracer = Tracer::start(&["--lib", lib.to_str().expect("utf8")]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let child = pod
+        .command(&app)
+        .arg("--launch")
+        .env("ZLUDA_FIXTURE_CRASH", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as u64;
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(11), "{out:?}");
+    let crash = tracer.wait_for("crash", Duration::from_secs(5), |e| e["kind"] == "crash" && e["pid"] == pid);
+    assert_eq!(crash["signal"], "SIGSEGV");
+    assert!(crash["library"].as_str().is_some_and(|l| l.contains("libcuda.so.1")), "{crash}");
+    assert_eq!(crash["in_call"], "cuLaunchKernel");
+    assert_eq!(crash["cgroup"], pod.rel.as_str());
+    let exit = tracer.wait_for("exit", Duration::from_secs(5), |e| e["kind"] == "exit" && e["pid"] == pid);
+    assert_eq!(exit["signal"], "SIGSEGV");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_library_loaded_later_is_found_within_a_second() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let _ = zluda_lib();
+    // No --lib: the library is not in a standard directory either, so only
+    // the executable-mapping events can lead the tracer to it.
+    let tracer = Tracer::start(&[]);
+    let out = Command::new(&app).args(["--sleep-before", "1000"]).output().expect("run");
+    let pid = out_pid(&out.stdout);
+    let cu = tracer.wait_for("cuInit from a library found by discovery", Duration::from_secs(5), |e| {
+        e["function"] == "cuInit" && e["pid"] == pid
+    });
+    assert_eq!(cu["result_name"], "CUDA_ERROR_INVALID_DEVICE");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_library_only_inside_a_container_root_is_probed() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let lib = zluda_lib();
+    let tracer = Tracer::start(&[]);
+    // A private mount namespace with a tmpfs holding the app and its
+    // library: from the host the file exists only via /proc/PID/root.
+    let script = format!(
+        "set -e; mount -t tmpfs none /mnt; mkdir -p /mnt/app/zluda; cp {app} /mnt/app/; cp {lib} /mnt/app/zluda/; \
+         exec /mnt/app/cuda_app --sleep-before 1000",
+        app = app.display(),
+        lib = lib.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{out:?}");
+    let pid = out_pid(&out.stdout);
+    let cu = tracer.wait_for("cuInit in the container", Duration::from_secs(5), |e| {
+        e["function"] == "cuInit" && e["pid"] == pid
+    });
+    assert_eq!(cu["library"], "/mnt/app/zluda/libcuda.so.1", "the path as the container sees it: {cu}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn successful_calls_are_aggregated_in_the_kernel_exactly() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let lib = zluda_lib();
+    let daemon = Daemon::start(&["--no-kubernetes", "--lib", lib.to_str().expect("utf8")]);
+    let before = ring_records(&daemon);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let out = pod.command(&app).args(["--version-loop", "100000"]).output().expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| &s[..12]).unwrap_or_default().to_string();
+    let line = daemon.wait_metric("100000 successful calls", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("container=\"{short}\""))
+            && l.contains("function=\"cuDriverGetVersion\"")
+            && l.contains("result=\"CUDA_SUCCESS\"")
+            && metric_value(l) >= 100000.0
+    });
+    assert_eq!(metric_value(&line), 100000.0, "exact count: {line}");
+    let after = ring_records(&daemon);
+    // The failures of cuInit/hipInit and the process's own exit events are
+    // all that may cross; 100,000 successes must not.
+    assert!(after - before < 20.0, "{} ring-buffer records for 100,000 calls", after - before);
+    let lost = daemon.wait_metric("events lost", Duration::from_secs(1), |l| l.starts_with("canaryscope_events_lost_total"));
+    assert_eq!(metric_value(&lost), 0.0);
+}
+
+fn ring_records(daemon: &Daemon) -> f64 {
+    std::thread::sleep(Duration::from_millis(700));
+    daemon
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("canaryscope_ring_events_total{"))
+        .map(metric_value)
+        .sum()
+}

@@ -1,0 +1,603 @@
+#!/usr/bin/env python3
+"""Stand-in for the Kubernetes API server, for canaryscope's tests.
+
+This is the one mocked part of the pod-attribution tests: it replaces
+kube-apiserver only. The daemon under test talks to it through its real
+kube-rs client and watcher, over plain HTTP, and receives real Pod objects
+(apiVersion v1, kind Pod, metadata with uid, resourceVersion, labels and
+ownerReferences, spec.nodeName, status.containerStatuses with containerID),
+in the wire format of the real list and watch endpoints.
+
+What it serves (Python 3 standard library only):
+
+  GET /api/v1/pods                         list or watch, all namespaces
+  GET /api/v1/namespaces/{ns}/pods         list or watch, one namespace
+  GET /api/v1/namespaces/{ns}/pods/{name}  one pod
+  GET /version, /api, /api/v1, /apis, /healthz, /readyz, /livez
+
+Query parameters of list and watch:
+
+  fieldSelector       honoured: metadata.name, metadata.namespace,
+                      spec.nodeName, spec.schedulerName,
+                      spec.serviceAccountName, spec.restartPolicy,
+                      status.phase, status.podIP, status.nominatedNodeName
+                      with =, == and !=; any other field is a 400, as on the
+                      real server
+  labelSelector       equality (k=v, k==v, k!=v) and existence (k, !k);
+                      set-based terms (in, notin) are a 400 here
+  watch=1|true        newline-delimited JSON watch events (ADDED, MODIFIED,
+                      DELETED, BOOKMARK, ERROR) in a chunked response that
+                      stays open until timeoutSeconds
+  resourceVersion     watch: resume after this version. Unset or "0" starts
+                      with synthetic ADDED events for the current pods, as on
+                      the real server. A version older than this server's
+                      history (for example one from a previous run of this
+                      server) or newer than its latest gets a 200 response
+                      with a single ERROR event of code 410 Gone, which is
+                      what makes kube-rs relist. List: always the current
+                      state (which satisfies every resourceVersionMatch).
+  allowWatchBookmarks BOOKMARK events every --bookmark-interval seconds
+  sendInitialEvents   streaming list: ADDED for every pod, then a BOOKMARK
+                      annotated k8s.io/initial-events-end
+  timeoutSeconds      the watch ends cleanly after this long (default 1800)
+  limit, continue     ignored: a list is always returned in one piece
+
+As on the real server, a watch with a field or label selector sees a pod
+that stops matching as DELETED and one that starts matching as ADDED, and
+re-creating a pod under the same name with a new uid is a DELETED of the
+old pod followed by an ADDED of the new one.
+
+Control API for tests (not part of Kubernetes):
+
+  POST   /control/pods               body: a Pod, a list of Pods or a PodList;
+                                     adds or replaces each pod, emitting
+                                     ADDED or MODIFIED. Missing uid,
+                                     namespace ("default") and
+                                     creationTimestamp are filled in; the
+                                     resourceVersion is always assigned here.
+                                     Answers with the stored pods.
+  DELETE /control/pods/{ns}/{name}   removes a pod, emitting DELETED; 404 if
+                                     there is no such pod
+  GET    /control/pods               every stored pod, as a PodList
+  GET    /control/health             {"ok": true, "resourceVersion": ...,
+                                      "pods": N, "watches": N}
+  POST   /control/compact            forgets all history: every open watch
+                                     gets ERROR 410 Gone and ends, and
+                                     resuming from an older version fails,
+                                     so clients relist (as after an etcd
+                                     compaction or a watch cache reset)
+
+Command line:
+
+  fake_apiserver.py [--host 127.0.0.1] [--port 0] [--port-file FILE]
+                    [--pods FILE] [--start-rv N] [--bookmark-interval S]
+                    [--quiet]
+
+--port 0 binds a free port; --port-file then receives the bound port number
+(written atomically, so a reader never sees a partial file), and the URL is
+printed on stdout. --pods loads initial pods from a JSON file holding a Pod,
+a list of Pods or a PodList. Resource versions start at --start-rv, by
+default the current Unix time in milliseconds, so that a restarted server
+never accepts a version handed out by the previous run: a client resuming a
+watch across the restart is told 410 Gone and relists, as it would be by a
+real API server whose history was compacted meanwhile.
+
+Stop it with SIGTERM or SIGINT (exits at once, dropping open watches, as a
+crashed or restarted API server would) or SIGKILL.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+# Keep at most this many watch events; a resume from an older version is
+# answered 410 Gone, like a compacted etcd.
+HISTORY_LIMIT = 10000
+DEFAULT_WATCH_TIMEOUT = 1800
+
+SUPPORTED_FIELDS = {
+    "metadata.name": lambda p: p.get("metadata", {}).get("name", ""),
+    "metadata.namespace": lambda p: p.get("metadata", {}).get("namespace", ""),
+    "spec.nodeName": lambda p: p.get("spec", {}).get("nodeName", ""),
+    "spec.schedulerName": lambda p: p.get("spec", {}).get("schedulerName", ""),
+    "spec.serviceAccountName": lambda p: p.get("spec", {}).get("serviceAccountName", ""),
+    "spec.restartPolicy": lambda p: p.get("spec", {}).get("restartPolicy", ""),
+    "status.phase": lambda p: p.get("status", {}).get("phase", ""),
+    "status.podIP": lambda p: p.get("status", {}).get("podIP", ""),
+    "status.nominatedNodeName": lambda p: p.get("status", {}).get("nominatedNodeName", ""),
+}
+
+
+class BadRequest(Exception):
+    pass
+
+
+def now_rfc3339():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_object(code, reason, message):
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def parse_field_selector(text):
+    """Returns a predicate on pods, or raises BadRequest."""
+    terms = []
+    for raw in filter(None, (t.strip() for t in (text or "").split(","))):
+        if "!=" in raw:
+            key, value = raw.split("!=", 1)
+            negate = True
+        elif "==" in raw:
+            key, value = raw.split("==", 1)
+            negate = False
+        elif "=" in raw:
+            key, value = raw.split("=", 1)
+            negate = False
+        else:
+            raise BadRequest(f"invalid field selector: {raw!r}: expected key=value or key!=value")
+        key = key.strip()
+        if key not in SUPPORTED_FIELDS:
+            raise BadRequest(f'"{key}" is not a known field selector: only "{", ".join(sorted(SUPPORTED_FIELDS))}"')
+        terms.append((SUPPORTED_FIELDS[key], value.strip(), negate))
+
+    def matches(pod):
+        return all((get(pod) == value) != negate for get, value, negate in terms)
+
+    return matches
+
+
+def parse_label_selector(text):
+    """Returns a predicate on pods, or raises BadRequest."""
+    terms = []
+    for raw in filter(None, (t.strip() for t in (text or "").split(","))):
+        if " in " in raw or " notin " in raw or "(" in raw:
+            raise BadRequest(f"set-based label selector {raw!r} is not supported by this fake API server")
+        if "!=" in raw:
+            key, value = raw.split("!=", 1)
+            terms.append(("ne", key.strip(), value.strip()))
+        elif "==" in raw:
+            key, value = raw.split("==", 1)
+            terms.append(("eq", key.strip(), value.strip()))
+        elif "=" in raw:
+            key, value = raw.split("=", 1)
+            terms.append(("eq", key.strip(), value.strip()))
+        elif raw.startswith("!"):
+            terms.append(("absent", raw[1:].strip(), None))
+        else:
+            terms.append(("present", raw, None))
+
+    def matches(pod):
+        labels = pod.get("metadata", {}).get("labels") or {}
+        for op, key, value in terms:
+            if op == "eq" and labels.get(key) != value:
+                return False
+            if op == "ne" and labels.get(key) == value:
+                return False
+            if op == "present" and key not in labels:
+                return False
+            if op == "absent" and key in labels:
+                return False
+        return True
+
+    return matches
+
+
+class Store:
+    """Pods, the resource version counter and the watch event history."""
+
+    def __init__(self, start_rv):
+        self.cond = threading.Condition()
+        self.rv = start_rv
+        # Versions <= history_floor cannot be resumed from; the server's
+        # history starts after it.
+        self.history_floor = start_rv
+        self.pods = {}  # (namespace, name) -> pod
+        self.events = []  # (rv, type, object, previous object or None)
+        self.watches = 0
+        # Bumped by compact(); open watches compare it to end themselves.
+        self.epoch = 0
+
+    def _next_rv(self):
+        self.rv += 1
+        return self.rv
+
+    def _record(self, rv, kind, obj, old):
+        self.events.append((rv, kind, obj, old))
+        if len(self.events) > HISTORY_LIMIT:
+            dropped = self.events[: len(self.events) - HISTORY_LIMIT]
+            self.events = self.events[len(dropped):]
+            self.history_floor = dropped[-1][0]
+        self.cond.notify_all()
+
+    def put(self, pod):
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+            raise BadRequest("a pod must be a JSON object with metadata")
+        meta = pod["metadata"]
+        if not meta.get("name"):
+            raise BadRequest("metadata.name is required")
+        pod = json.loads(json.dumps(pod))  # private deep copy
+        pod["apiVersion"] = "v1"
+        pod["kind"] = "Pod"
+        meta = pod["metadata"]
+        meta.setdefault("namespace", "default")
+        meta.setdefault("creationTimestamp", now_rfc3339())
+        pod.setdefault("spec", {})
+        pod.setdefault("status", {})
+        key = (meta["namespace"], meta["name"])
+        with self.cond:
+            old = self.pods.get(key)
+            if old is not None and meta.get("uid") and meta["uid"] != old["metadata"]["uid"]:
+                # Same name, new uid: the old pod is gone and a new one exists.
+                self._delete_locked(key)
+                old = None
+            if old is not None:
+                meta["uid"] = old["metadata"]["uid"]
+                meta["creationTimestamp"] = old["metadata"].get("creationTimestamp", meta["creationTimestamp"])
+            else:
+                meta.setdefault("uid", str(uuid.uuid4()))
+            rv = self._next_rv()
+            meta["resourceVersion"] = str(rv)
+            self.pods[key] = pod
+            self._record(rv, "MODIFIED" if old is not None else "ADDED", pod, old)
+            return pod
+
+    def _delete_locked(self, key):
+        pod = self.pods.pop(key)
+        pod = json.loads(json.dumps(pod))
+        rv = self._next_rv()
+        pod["metadata"]["resourceVersion"] = str(rv)
+        self._record(rv, "DELETED", pod, None)
+        return pod
+
+    def delete(self, namespace, name):
+        with self.cond:
+            if (namespace, name) not in self.pods:
+                return None
+            return self._delete_locked((namespace, name))
+
+    def compact(self):
+        with self.cond:
+            self.history_floor = self.rv
+            self.events = []
+            self.epoch += 1
+            self.cond.notify_all()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-apiserver/1"
+
+    # Set on the class by main().
+    store = None
+    bookmark_interval = 15.0
+    quiet = False
+
+    def log_message(self, fmt, *args):
+        if not self.quiet:
+            sys.stderr.write("fake-apiserver: %s %s\n" % (self.address_string(), fmt % args))
+
+    # -- plumbing ---------------------------------------------------------
+
+    def send_json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_status(self, code, reason, message):
+        self.send_json(code, status_object(code, reason, message))
+
+    def read_json_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw or b"null")
+        except ValueError as err:
+            raise BadRequest(f"request body is not JSON: {err}")
+
+    def write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    # -- routing ----------------------------------------------------------
+
+    def do_GET(self):
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        parts = [unquote(p) for p in url.path.split("/") if p]
+        try:
+            self.route_get(parts, query)
+        except BadRequest as err:
+            self.send_status(400, "BadRequest", str(err))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def route_get(self, parts, query):
+        if parts in (["healthz"], ["readyz"], ["livez"]):
+            body = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif parts == ["version"]:
+            self.send_json(200, {
+                "major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "gitCommit": "fake",
+                "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24",
+                "compiler": "gc", "platform": "linux/amd64",
+            })
+        elif parts == ["api"]:
+            host, port = self.server.server_address[:2]
+            self.send_json(200, {
+                "kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"{host}:{port}"}],
+            })
+        elif parts == ["api", "v1"]:
+            self.send_json(200, {
+                "kind": "APIResourceList", "groupVersion": "v1",
+                "resources": [{
+                    "name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+                    "verbs": ["get", "list", "watch"], "shortNames": ["po"],
+                }],
+            })
+        elif parts == ["apis"]:
+            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+        elif parts == ["api", "v1", "pods"]:
+            self.list_or_watch(None, query)
+        elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            self.list_or_watch(parts[3], query)
+        elif len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            with self.store.cond:
+                pod = self.store.pods.get((parts[3], parts[5]))
+            if pod is None:
+                self.send_status(404, "NotFound", f'pods "{parts[5]}" not found')
+            else:
+                self.send_json(200, pod)
+        elif parts == ["control", "health"]:
+            with self.store.cond:
+                self.send_json(200, {
+                    "ok": True, "resourceVersion": str(self.store.rv),
+                    "pods": len(self.store.pods), "watches": self.store.watches,
+                })
+        elif parts == ["control", "pods"]:
+            self.list_or_watch(None, {})
+        else:
+            self.send_status(404, "NotFound", f"the server could not find the requested resource ({self.path})")
+
+    def do_POST(self):
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        try:
+            if parts == ["control", "pods"]:
+                body = self.read_json_body()
+                if isinstance(body, dict) and body.get("kind") == "PodList":
+                    pods = body.get("items") or []
+                elif isinstance(body, list):
+                    pods = body
+                else:
+                    pods = [body]
+                stored = [self.store.put(p) for p in pods]
+                self.send_json(200, stored[0] if isinstance(body, dict) and body.get("kind") != "PodList" else stored)
+            elif parts == ["control", "compact"]:
+                self.store.compact()
+                self.send_json(200, {"ok": True, "resourceVersion": str(self.store.rv)})
+            else:
+                self.send_status(404, "NotFound", f"no such control endpoint ({self.path})")
+        except BadRequest as err:
+            self.send_status(400, "BadRequest", str(err))
+
+    def do_DELETE(self):
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        if len(parts) == 4 and parts[:2] == ["control", "pods"]:
+            pod = self.store.delete(parts[2], parts[3])
+            if pod is None:
+                self.send_status(404, "NotFound", f'pods "{parts[3]}" not found in namespace "{parts[2]}"')
+            else:
+                self.send_json(200, pod)
+        else:
+            self.send_status(404, "NotFound", f"no such control endpoint ({self.path})")
+
+    # -- list and watch ---------------------------------------------------
+
+    def list_or_watch(self, namespace, query):
+        field_match = parse_field_selector(query.get("fieldSelector"))
+        label_match = parse_label_selector(query.get("labelSelector"))
+
+        def matches(pod):
+            if pod is None:
+                return False
+            if namespace is not None and pod["metadata"].get("namespace") != namespace:
+                return False
+            return field_match(pod) and label_match(pod)
+
+        if query.get("watch") in ("1", "true", "True"):
+            self.watch(matches, query)
+            return
+        with self.store.cond:
+            items = [p for p in self.store.pods.values() if matches(p)]
+            rv = self.store.rv
+        # The real server leaves kind and apiVersion out of list items.
+        items = [{k: v for k, v in p.items() if k not in ("kind", "apiVersion")} for p in items]
+        self.send_json(200, {
+            "kind": "PodList", "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(rv)}, "items": items,
+        })
+
+    def watch(self, matches, query):
+        try:
+            timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
+        except ValueError:
+            raise BadRequest(f"timeoutSeconds: not a number: {query.get('timeoutSeconds')!r}")
+        bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
+        initial_events = query.get("sendInitialEvents") in ("1", "true", "True")
+        requested = query.get("resourceVersion") or ""
+        deadline = time.monotonic() + timeout
+        store = self.store
+
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def emit(kind, obj):
+            self.write_chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        def bookmark(rv, annotations=None):
+            meta = {"resourceVersion": str(rv)}
+            if annotations:
+                meta["annotations"] = annotations
+            emit("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": meta})
+
+        with store.cond:
+            store.watches += 1
+        try:
+            with store.cond:
+                epoch = store.epoch
+                snapshot = None
+                if requested in ("", "0") or initial_events:
+                    snapshot = [p for p in store.pods.values() if matches(p)]
+                    last = store.rv
+                else:
+                    try:
+                        last = int(requested)
+                    except ValueError:
+                        last = -1
+                    if last < store.history_floor or last > store.rv:
+                        snapshot = "gone"
+            if snapshot == "gone":
+                emit("ERROR", status_object(
+                    410, "Expired", f"too old resource version: {requested} ({store.history_floor})"))
+                return
+            for pod in snapshot or []:
+                emit("ADDED", pod)
+            if initial_events:
+                bookmark(last, {"k8s.io/initial-events-end": "true"})
+            next_bookmark = time.monotonic() + self.bookmark_interval
+            while True:
+                with store.cond:
+                    while True:
+                        if store.epoch != epoch:
+                            pending = "gone"
+                            break
+                        pending = [e for e in store.events if e[0] > last]
+                        now = time.monotonic()
+                        if pending or now >= deadline or (bookmarks and now >= next_bookmark):
+                            break
+                        wake = min(deadline, next_bookmark) if bookmarks else deadline
+                        store.cond.wait(max(0.0, wake - now))
+                    current = store.rv
+                if pending == "gone" or last < store.history_floor:
+                    # Compacted, or this watch fell behind the history kept.
+                    emit("ERROR", status_object(410, "Expired", "watch history was compacted"))
+                    return
+                for rv, kind, obj, old in pending:
+                    last = rv
+                    now_matches, before = matches(obj), matches(old)
+                    if kind == "MODIFIED" and now_matches and not before:
+                        kind = "ADDED"
+                    elif kind == "MODIFIED" and before and not now_matches:
+                        kind = "DELETED"
+                    elif not now_matches:
+                        continue
+                    emit(kind, obj)
+                now = time.monotonic()
+                if now >= deadline:
+                    return
+                if bookmarks and now >= next_bookmark:
+                    # Every event up to `current` has been sent or filtered out.
+                    last = max(last, current)
+                    bookmark(last)
+                    next_bookmark = now + self.bookmark_interval
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            with store.cond:
+                store.watches -= 1
+            try:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+
+
+def load_pods(path):
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict) and data.get("kind") == "PodList":
+        return data.get("items") or []
+    if isinstance(data, list):
+        return data
+    return [data]
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Stand-in Kubernetes API server serving Pods (tests only).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--pods", help="JSON file: a Pod, a list of Pods or a PodList, loaded at start")
+    parser.add_argument("--start-rv", type=int, default=None,
+                        help="first resource version (default: Unix time in ms)")
+    parser.add_argument("--bookmark-interval", type=float, default=15.0)
+    parser.add_argument("--quiet", action="store_true", help="no access log on stderr")
+    args = parser.parse_args()
+
+    store = Store(args.start_rv if args.start_rv is not None else int(time.time() * 1000))
+    if args.pods:
+        try:
+            for pod in load_pods(args.pods):
+                store.put(pod)
+        except (OSError, ValueError, BadRequest) as err:
+            sys.exit(f"fake-apiserver: --pods {args.pods}: {err}")
+        # Initial pods are state, not history a watch could replay.
+        store.events = []
+        store.history_floor = store.rv
+
+    Handler.store = store
+    Handler.bookmark_interval = args.bookmark_interval
+    Handler.quiet = args.quiet
+
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.allow_reuse_address = True
+    try:
+        server = ThreadingHTTPServer((args.host, args.port), Handler)
+    except OSError as err:
+        sys.exit(f"fake-apiserver: cannot listen on {args.host}:{args.port}: {err}")
+    port = server.server_address[1]
+
+    if args.port_file:
+        tmp = f"{args.port_file}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{port}\n")
+        os.replace(tmp, args.port_file)
+
+    # Exit at once on SIGTERM/SIGINT: open watches are dropped mid-stream, as
+    # when a real API server goes away.
+    def stop(_signum, _frame):
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"fake-apiserver: listening on http://{args.host}:{port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
