@@ -2,14 +2,17 @@
 //! the ioctl syscall tracepoints filtered to the KFD device where not.
 //! Aggregated per cgroup x `_IOC_NR` x result; failures become events.
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns,
+    },
     macros::{kprobe, kretprobe, map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use observer_common::{
     kfd::{HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdStats, KfdStatsKey, MAX_KFD_STATS},
-    latency_bucket, names::KFD_IOCTL_TYPE,
+    latency_bucket,
+    names::KFD_IOCTL_TYPE,
     EventKind,
 };
 

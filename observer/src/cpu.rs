@@ -234,9 +234,15 @@ mod tests {
     #[test]
     fn parses_v1_and_v2_stat_and_quota() {
         let v2 = "usage_usec 5000\nuser_usec 4000\nsystem_usec 1000\nnr_periods 50\nnr_throttled 36\nthrottled_usec 7200000\n";
-        assert_eq!(parse_cpu_stat(v2), CpuStat { nr_periods: 50, nr_throttled: 36, throttled_ns: 7_200_000_000 });
+        assert_eq!(
+            parse_cpu_stat(v2),
+            CpuStat { nr_periods: 50, nr_throttled: 36, throttled_ns: 7_200_000_000 }
+        );
         let v1 = "nr_periods 10\nnr_throttled 7\nthrottled_time 123456789\n";
-        assert_eq!(parse_cpu_stat(v1), CpuStat { nr_periods: 10, nr_throttled: 7, throttled_ns: 123_456_789 });
+        assert_eq!(
+            parse_cpu_stat(v1),
+            CpuStat { nr_periods: 10, nr_throttled: 7, throttled_ns: 123_456_789 }
+        );
         assert_eq!(parse_cpu_max("200000 100000\n"), Some(2.0));
         assert_eq!(parse_cpu_max("max 100000\n"), None);
         assert_eq!(parse_cpu_max("garbage"), None);

@@ -4,8 +4,8 @@ use observer_common::{
     comm_str,
     gpu::{Api, GpuCallEvent},
     kfd::{eviction_trigger_name, HwKind, HW_HOOKS},
-    names,
     kfd::{HwEvent, KfdIoctlEvent},
+    names,
     task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
     EventHeader, EventKind,
 };
@@ -64,13 +64,30 @@ pub enum Detail {
         core_dumped: bool,
     },
     /// A KFD ioctl that failed.
-    KfdIoctl { nr: u32, cmd: u32, result: i32, duration_ns: u64, via: &'static str },
+    KfdIoctl {
+        nr: u32,
+        cmd: u32,
+        result: i32,
+        duration_ns: u64,
+        via: &'static str,
+    },
     /// A GPU memory fault, reset or queue eviction seen in the driver.
-    GpuHardware { kind: HwKind, function: &'static str, detail: String },
+    GpuHardware {
+        kind: HwKind,
+        function: &'static str,
+        detail: String,
+    },
     /// A cgroup was throttled in consecutive samples.
-    CpuThrottle { throttled_ns: u64, periods: u64, total_periods: u64 },
+    CpuThrottle {
+        throttled_ns: u64,
+        periods: u64,
+        total_periods: u64,
+    },
     /// A cgroup held more runnable threads than its quota has cores.
-    CpuOversubscribed { runnable_threads: u32, quota_cores: f64 },
+    CpuOversubscribed {
+        runnable_threads: u32,
+        quota_cores: f64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -94,7 +111,8 @@ pub fn kfd_ioctl_label(nr: u32) -> String {
 
 /// What the hooked function's raw integer arguments mean.
 pub fn hw_detail(ev: &HwEvent) -> (HwKind, &'static str, String) {
-    let (function, kind, arg) = HW_HOOKS.get(ev.hook as usize).copied().unwrap_or(("unknown", HwKind::Reset, ""));
+    let (function, kind, arg) =
+        HW_HOOKS.get(ev.hook as usize).copied().unwrap_or(("unknown", HwKind::Reset, ""));
     let detail = match (kind, arg) {
         (HwKind::MemoryFault, "pasid") => format!("pasid {}", ev.arg1 & 0xffff),
         (HwKind::QueueEviction, "pid") => {

@@ -57,8 +57,9 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| CliError::usage(format!("--config {}: {e}", path.display())))?;
-            toml::from_str::<ConfigFile>(&text)
-                .map_err(|e| CliError::usage(format!("--config {}: {}", path.display(), one_line(&e.to_string()))))?
+            toml::from_str::<ConfigFile>(&text).map_err(|e| {
+                CliError::usage(format!("--config {}: {}", path.display(), one_line(&e.to_string())))
+            })?
         }
         None => ConfigFile::default(),
     };
@@ -70,10 +71,16 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
             None => Ok(default),
         }
     };
-    let series_grace =
-        duration("--series-grace", args.series_grace.clone().or(file.series_grace), Duration::from_secs(300))?;
-    let stall_threshold =
-        duration("--stall-threshold", args.stall_threshold.clone().or(file.stall_threshold), Duration::from_secs(10))?;
+    let series_grace = duration(
+        "--series-grace",
+        args.series_grace.clone().or(file.series_grace),
+        Duration::from_secs(300),
+    )?;
+    let stall_threshold = duration(
+        "--stall-threshold",
+        args.stall_threshold.clone().or(file.stall_threshold),
+        Duration::from_secs(10),
+    )?;
     let kubeconfig = args.kubeconfig.clone().or(file.kubeconfig);
     if let Some(path) = &kubeconfig {
         if let Err(e) = std::fs::File::open(path) {
@@ -81,7 +88,8 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
         }
     }
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let kubernetes = !args.no_kubernetes && file.kubernetes.unwrap_or(true) && (kubeconfig.is_some() || in_cluster);
+    let kubernetes =
+        !args.no_kubernetes && file.kubernetes.unwrap_or(true) && (kubeconfig.is_some() || in_cluster);
     let kube = kubernetes.then(|| KubeOptions {
         kubeconfig,
         node_name: args.node_name.clone().or(file.node_name),
@@ -278,7 +286,10 @@ mod tests {
         let mut a = args();
         a.config = Some(dir.clone());
         let err = settings(&a).expect_err("unknown key");
-        assert!(matches!(&err, CliError::Usage(m) if m.contains("no_such_key") && !m.contains('\n')), "{err}");
+        assert!(
+            matches!(&err, CliError::Usage(m) if m.contains("no_such_key") && !m.contains('\n')),
+            "{err}"
+        );
         std::fs::write(&dir, "listen = \":9999\"\nseries_grace = \"30s\"\n").expect("write");
         let s = settings(&a).expect("valid config");
         assert_eq!(s.listen.port(), 9999);
@@ -290,6 +301,8 @@ mod tests {
     fn unreadable_kubeconfig_is_named() {
         let mut a = args();
         a.kubeconfig = Some("/nonexistent/kubeconfig".into());
-        assert!(matches!(settings(&a), Err(CliError::Usage(m)) if m.starts_with("--kubeconfig /nonexistent/kubeconfig")));
+        assert!(
+            matches!(settings(&a), Err(CliError::Usage(m)) if m.starts_with("--kubeconfig /nonexistent/kubeconfig"))
+        );
     }
 }

@@ -31,7 +31,8 @@ fn cu_init_failure_is_reported_with_the_hip_call_beneath() {
     let out = pod.command(&app).output().expect("run cuda_app");
     assert!(out.status.success(), "{out:?}");
     let pid = out_pid(&out.stdout);
-    let cu = tracer.wait_for("cuInit", Duration::from_secs(5), |e| e["function"] == "cuInit" && e["pid"] == pid);
+    let cu =
+        tracer.wait_for("cuInit", Duration::from_secs(5), |e| e["function"] == "cuInit" && e["pid"] == pid);
     assert_eq!(cu["api"], "cuda");
     assert_eq!(cu["result"], 101);
     assert_eq!(cu["result_name"], "CUDA_ERROR_INVALID_DEVICE");
@@ -160,7 +161,9 @@ fn successful_calls_are_aggregated_in_the_kernel_exactly() {
     // The failures of cuInit/hipInit and the process's own exit events are
     // all that may cross; 100,000 successes must not.
     assert!(after - before < 20.0, "{} ring-buffer records for 100,000 calls", after - before);
-    let lost = daemon.wait_metric("events lost", Duration::from_secs(1), |l| l.starts_with("canaryscope_events_lost_total"));
+    let lost = daemon.wait_metric("events lost", Duration::from_secs(1), |l| {
+        l.starts_with("canaryscope_events_lost_total")
+    });
     assert_eq!(metric_value(&lost), 0.0);
 }
 

@@ -109,8 +109,11 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
 
     let mut containers = HashMap::new();
     if let Some(status) = &pod.status {
-        let lists =
-            [&status.init_container_statuses, &status.container_statuses, &status.ephemeral_container_statuses];
+        let lists = [
+            &status.init_container_statuses,
+            &status.container_statuses,
+            &status.ephemeral_container_statuses,
+        ];
         for statuses in lists.into_iter().flatten() {
             for status in statuses {
                 add_container_ids(&mut containers, status);
@@ -133,7 +136,8 @@ fn add_container_ids(containers: &mut HashMap<String, String>, status: &Containe
     // The previous instance of a restarted container matters too: its exit,
     // OOM kill or crash is reported after the kubelet has already moved
     // `containerID` on to the replacement.
-    let previous = status.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.container_id.as_ref());
+    let previous =
+        status.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.container_id.as_ref());
     for id in [status.container_id.as_ref(), previous].into_iter().flatten() {
         let id = strip_runtime_prefix(id);
         if !id.is_empty() {
@@ -176,7 +180,9 @@ fn replica_set_workload(rs_name: &str, labels: &BTreeMap<String, String>) -> Str
     [ROLLOUTS_HASH_LABEL, POD_TEMPLATE_HASH_LABEL]
         .iter()
         .filter_map(|key| labels.get(*key).filter(|hash| !hash.is_empty()))
-        .find_map(|hash| rs_name.strip_suffix(hash.as_str())?.strip_suffix('-').filter(|base| !base.is_empty()))
+        .find_map(|hash| {
+            rs_name.strip_suffix(hash.as_str())?.strip_suffix('-').filter(|base| !base.is_empty())
+        })
         .unwrap_or(rs_name)
         .to_owned()
 }
@@ -265,6 +271,9 @@ struct Shared {
 /// Shared, cheap-to-clone cache of pods on this node, keyed by the pod UID
 /// as it appears in cgroup paths (see [`super::cgroup_path`]): `metadata.uid`,
 /// or for a static pod the manifest hash.
+///
+/// [`start`] fills one; `PodCache::default()` is an empty cache that never
+/// syncs, for running without Kubernetes.
 #[derive(Clone, Debug, Default)]
 pub struct PodCache {
     shared: Arc<Shared>,
@@ -281,8 +290,9 @@ impl PodCache {
         self.shared.synced.load(Ordering::Acquire)
     }
 
-    /// The last request to the API server succeeded: false from any list or
-    /// watch error until the next successful list.
+    /// The last request to the API server succeeded: false until the first
+    /// list completes, and from any list or watch error until the next list
+    /// completes.
     pub fn api_healthy(&self) -> bool {
         self.shared.healthy.load(Ordering::Acquire)
     }
@@ -420,11 +430,13 @@ pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
     let client = Client::try_from(config).map_err(|source| KubeError::Client { source })?;
     let api: Api<Pod> = Api::all(client);
 
-    // `any_semantic` lists at resourceVersion 0, which the API server answers
-    // from its watch cache instead of etcd: every node of a large cluster
-    // relisting at once after an API outage must not turn into thousands of
-    // etcd range reads. The watch that follows brings the list up to date.
-    let mut watch_config = watcher::Config::default().any_semantic();
+    // Lists at resourceVersion 0, which the API server answers from its
+    // watch cache instead of etcd, as the kubelet does: every node of a large
+    // cluster relisting at once after an API outage must not turn into
+    // thousands of etcd range reads. The watch that follows brings the list
+    // up to date. kube-rs drops resourceVersion=0 from paged lists, hence no
+    // page size; one node's pods fit in one response.
+    let mut watch_config = watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() };
     if let Some(node) = &options.node_name {
         watch_config = watch_config.fields(&format!("spec.nodeName={}", node.trim()));
     }
@@ -473,6 +485,9 @@ async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
 /// is retried ever more slowly, up to every 30 s.
 async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared>, track_label: String) {
     let mut backoff = DefaultBackoff::default();
+    // One warning per outage, including one that starts before the first
+    // list; the retries that follow are logged at debug level only.
+    let mut warned = false;
     loop {
         let Some(cache) = shared.upgrade().map(|shared| PodCache { shared }) else { return };
         let mut applier = Applier::new(cache, track_label.clone());
@@ -487,27 +502,46 @@ async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared
                     if applier.apply(event) {
                         backoff.reset();
                         if !applier.cache.set_healthy(true) {
+                            warned = false;
                             log::info!("Kubernetes API: pods listed, {} cached", applier.cache.len());
                         }
                     }
                 }
-                Some(Err(err)) => break err.to_string(),
+                Some(Err(err)) => break error_chain(&err),
                 // The watcher stream never ends; if it did, start over.
                 None => break "watch stream ended".to_owned(),
             }
         };
-        let was_healthy = applier.cache.set_healthy(false);
+        applier.cache.set_healthy(false);
+        let synced = applier.cache.is_synced();
         drop(applier);
         let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-        if was_healthy {
-            log::warn!(
-                "Kubernetes API: {error}; pod labels stay as they were until it answers again, retrying"
-            );
-        } else {
+        if warned {
             log::debug!("Kubernetes API: {error}; retrying in {delay:?}");
+        } else {
+            warned = true;
+            let labels = if synced { "pod labels stay as they were" } else { "events carry no pod labels" };
+            log::warn!("Kubernetes API: {error}; {labels} until it answers, retrying");
         }
         tokio::time::sleep(delay).await;
     }
+}
+
+/// The error with its causes: kube's own messages often stop at "client
+/// error (Connect)", and the cause (refused, DNS, TLS) is what the operator
+/// needs.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 #[cfg(test)]
@@ -816,13 +850,16 @@ mod fake_apiserver_tests {
 
     impl Server {
         fn start(dir: &Path, port: u16, pods: &[serde_json::Value]) -> Server {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-apiserver/fake_apiserver.py");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-apiserver/fake_apiserver.py");
             let pods_file = dir.join("pods.json");
-            std::fs::write(&pods_file, serde_json::Value::from(pods.to_vec()).to_string()).expect("pods file");
+            std::fs::write(&pods_file, serde_json::Value::from(pods.to_vec()).to_string())
+                .expect("pods file");
             let port_file = dir.join("port");
             let _ = std::fs::remove_file(&port_file);
             let log = dir.join("fake-apiserver.log");
-            let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+            let log_file =
+                std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
             let child = Command::new("python3")
                 .arg(&script)
                 .args(["--port", &port.to_string(), "--port-file"])
@@ -834,12 +871,17 @@ mod fake_apiserver_tests {
                 .stderr(log_file)
                 .spawn()
                 .unwrap_or_else(|err| {
-                    panic!("cannot run python3 {}: {err} (the fake API server needs python3)", script.display())
+                    panic!(
+                        "cannot run python3 {}: {err} (the fake API server needs python3)",
+                        script.display()
+                    )
                 });
             let mut server = Server { child, port: 0, log };
             let deadline = Instant::now() + Duration::from_secs(10);
             server.port = loop {
-                if let Some(port) = std::fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok()) {
+                if let Some(port) =
+                    std::fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok())
+                {
                     break port;
                 }
                 if let Ok(Some(status)) = server.child.try_wait() {
@@ -885,7 +927,11 @@ mod fake_apiserver_tests {
     async fn wait_for(what: &str, server: &Server, timeout: Duration, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + timeout;
         while !cond() {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}; fake API server log:\n{}", server.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; fake API server log:\n{}",
+                server.log_text()
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -894,8 +940,11 @@ mod fake_apiserver_tests {
     async fn watches_node_pods_and_survives_api_server_restart() {
         let dir = std::env::temp_dir().join(format!("canaryscope-kube-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut server =
-            Server::start(&dir, 0, &[pod_json("web-a1", UID_A1, "node-a"), pod_json("web-b1", UID_B1, "node-b")]);
+        let mut server = Server::start(
+            &dir,
+            0,
+            &[pod_json("web-a1", UID_A1, "node-a"), pod_json("web-b1", UID_B1, "node-b")],
+        );
         let port = server.port;
 
         // Plain HTTP, no credentials: what the fake server speaks.
@@ -909,15 +958,18 @@ mod fake_apiserver_tests {
         let cache = start(options).await.expect("start");
         let long = Duration::from_secs(20);
 
-        wait_for("the first list", &server, long, || cache.is_synced()).await;
-        assert!(cache.api_healthy());
+        wait_for("the first list", &server, long, || cache.is_synced() && cache.api_healthy()).await;
         let meta = cache.get(UID_A1).expect("pod on node-a");
-        assert_eq!((meta.workload.as_str(), meta.revision.as_str(), meta.track.as_str()), ("web", "7d4b9c8f6d", "canary"));
+        assert_eq!(
+            (meta.workload.as_str(), meta.revision.as_str(), meta.track.as_str()),
+            ("web", "7d4b9c8f6d", "canary")
+        );
         assert_eq!(container_name(&meta, &"ab".repeat(32)), Some("app"));
         assert!(cache.get(UID_B1).is_none(), "pod on node-b must be filtered out by the field selector");
 
         // Changes arrive through the watch.
-        let (status, body) = server.control("POST", "/control/pods", &pod_json("web-a2", UID_A2, "node-a").to_string()).await;
+        let (status, body) =
+            server.control("POST", "/control/pods", &pod_json("web-a2", UID_A2, "node-a").to_string()).await;
         assert_eq!(status, 200, "{body}");
         wait_for("web-a2 is added", &server, long, || cache.get(UID_A2).is_some()).await;
         let generation = cache.generation();
@@ -936,15 +988,19 @@ mod fake_apiserver_tests {
         // the daemon was disconnected, web-a3 created. The restarted server
         // does not know the old resource versions, so the client relists.
         drop(server);
-        let server =
-            Server::start(&dir, port, &[pod_json("web-a3", UID_A3, "node-a"), pod_json("web-b1", UID_B1, "node-b")]);
+        let server = Server::start(
+            &dir,
+            port,
+            &[pod_json("web-a3", UID_A3, "node-a"), pod_json("web-b1", UID_B1, "node-b")],
+        );
         wait_for("web-a3 appears after the restart", &server, Duration::from_secs(60), || {
             cache.get(UID_A3).is_some()
         })
         .await;
         assert!(cache.get(UID_A2).is_none(), "a pod deleted during the outage must go with the relist");
         wait_for("api_healthy() turns true", &server, long, || cache.api_healthy()).await;
-        let (status, body) = server.control("POST", "/control/pods", &pod_json("web-a4", UID_A4, "node-a").to_string()).await;
+        let (status, body) =
+            server.control("POST", "/control/pods", &pod_json("web-a4", UID_A4, "node-a").to_string()).await;
         assert_eq!(status, 200, "{body}");
         wait_for("web-a4 is added after the restart", &server, long, || cache.get(UID_A4).is_some()).await;
         assert_eq!(cache.len(), 2);
@@ -957,7 +1013,7 @@ mod fake_apiserver_tests {
     async fn kubeconfig_errors_name_the_file_and_the_fix() {
         let missing = std::env::temp_dir().join("canaryscope-no-such-kubeconfig");
         let options = KubeOptions { kubeconfig: Some(missing.clone()), ..KubeOptions::default() };
-        let err = start(options).await.err().expect("a missing kubeconfig is an error");
+        let err = start(options).await.expect_err("a missing kubeconfig is an error");
         let message = err.to_string();
         assert!(matches!(err, KubeError::KubeconfigUnreadable { .. }), "{message}");
         assert!(message.starts_with(&format!("--kubeconfig {}: ", missing.display())), "{message}");
@@ -966,7 +1022,7 @@ mod fake_apiserver_tests {
         let invalid = std::env::temp_dir().join(format!("canaryscope-bad-kubeconfig-{}", std::process::id()));
         std::fs::write(&invalid, "apiVersion: v1\nkind: Config\nclusters: [").expect("write");
         let options = KubeOptions { kubeconfig: Some(invalid.clone()), ..KubeOptions::default() };
-        let err = start(options).await.err().expect("an unparsable kubeconfig is an error");
+        let err = start(options).await.expect_err("an unparsable kubeconfig is an error");
         assert!(matches!(err, KubeError::KubeconfigInvalid { .. }), "{err}");
         let _ = std::fs::remove_file(&invalid);
 

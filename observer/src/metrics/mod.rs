@@ -89,8 +89,10 @@ impl Metrics {
         match &event.detail {
             Detail::GpuCall { api, function, result, .. } => {
                 if *result != 0 && observer_common::gpu::is_init_function(function) && self.admit(cgroup) {
-                    let name = result_name(*api, *result).map(str::to_string).unwrap_or_else(|| result.to_string());
-                    *self.init_failures.entry((cgroup, api.as_str(), function.clone(), name)).or_default() += 1;
+                    let name =
+                        result_name(*api, *result).map(str::to_string).unwrap_or_else(|| result.to_string());
+                    *self.init_failures.entry((cgroup, api.as_str(), function.clone(), name)).or_default() +=
+                        1;
                 }
             }
             Detail::Crash { signal, library, .. } => {
@@ -107,8 +109,11 @@ impl Metrics {
             }
             Detail::Exit { signal, exit_code, .. } => {
                 if self.admit(cgroup) {
-                    let label =
-                        if *signal != 0 { crate::events::signal_label(*signal) } else { format!("exit{exit_code}") };
+                    let label = if *signal != 0 {
+                        crate::events::signal_label(*signal)
+                    } else {
+                        format!("exit{exit_code}")
+                    };
                     *self.exits.entry((cgroup, label)).or_default() += 1;
                 }
             }
@@ -215,15 +220,22 @@ impl Metrics {
 
     fn families(&self) -> Vec<prometheus::proto::MetricFamily> {
         let w = &LABEL_NAMES;
-        let with = |extra: &[&'static str]| -> Vec<&'static str> { w.iter().copied().chain(extra.iter().copied()).collect() };
+        let with = |extra: &[&'static str]| -> Vec<&'static str> {
+            w.iter().copied().chain(extra.iter().copied()).collect()
+        };
         let vals = |cgroup: u64, extra: &[&str]| -> Vec<String> {
-            self.labels(cgroup).iter().map(|s| s.to_string()).chain(extra.iter().map(|s| s.to_string())).collect()
+            self.labels(cgroup)
+                .iter()
+                .map(|s| s.to_string())
+                .chain(extra.iter().map(|s| s.to_string()))
+                .collect()
         };
         let mut fams = Vec::new();
 
         // GPU calls: counters per result, durations per function.
         let calls_names = with(&["api", "function", "result"]);
-        let mut calls = Family::new("gpu_api_calls_total", "GPU runtime API calls by result.", MetricType::COUNTER);
+        let mut calls =
+            Family::new("gpu_api_calls_total", "GPU runtime API calls by result.", MetricType::COUNTER);
         let dur_names = with(&["api", "function"]);
         let mut durations = Family::new(
             "gpu_api_call_duration_seconds",
@@ -234,10 +246,13 @@ impl Metrics {
         for (k, s) in &self.gpu {
             let Some(api) = Api::from_u32(k.api) else { continue };
             let function = crate::events::function_name(api, k.function);
-            let result = result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
+            let result =
+                result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
             let v = vals(k.cgroup_id, &[api.as_str(), &function, &result]);
             calls.counter(&calls_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
-            let e = by_function.entry((k.cgroup_id, k.api, k.function)).or_insert_with(|| (vec![0; LATENCY_BUCKETS], 0));
+            let e = by_function
+                .entry((k.cgroup_id, k.api, k.function))
+                .or_insert_with(|| (vec![0; LATENCY_BUCKETS], 0));
             for (i, b) in s.buckets.iter().enumerate() {
                 e.0[i] += b;
             }
@@ -247,8 +262,14 @@ impl Metrics {
             let Some(api) = Api::from_u32(*api) else { continue };
             let function = crate::events::function_name(api, *function);
             let v = vals(*cgroup, &[api.as_str(), &function]);
-            let b: Vec<(f64, u64)> = buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            durations.histogram(&dur_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), &b, *total_ns as f64 * 1e-9);
+            let b: Vec<(f64, u64)> =
+                buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
+            durations.histogram(
+                &dur_names,
+                &v.iter().map(String::as_str).collect::<Vec<_>>(),
+                &b,
+                *total_ns as f64 * 1e-9,
+            );
         }
         fams.push(calls.finish());
         fams.push(durations.finish());
@@ -265,8 +286,11 @@ impl Metrics {
         }
         fams.push(init.finish());
 
-        let mut stalled =
-            Family::new("gpu_api_stalled_calls", "GPU calls in flight longer than the stall threshold.", MetricType::GAUGE);
+        let mut stalled = Family::new(
+            "gpu_api_stalled_calls",
+            "GPU calls in flight longer than the stall threshold.",
+            MetricType::GAUGE,
+        );
         let stalled_names = with(&["api", "function"]);
         for ((cgroup, api, function), n) in &self.stalled {
             let v = vals(*cgroup, &[api, function]);
@@ -274,8 +298,11 @@ impl Metrics {
         }
         fams.push(stalled.finish());
 
-        let mut crashes =
-            Family::new("native_crashes_total", "Processes killed by a fault or abort in native code.", MetricType::COUNTER);
+        let mut crashes = Family::new(
+            "native_crashes_total",
+            "Processes killed by a fault or abort in native code.",
+            MetricType::COUNTER,
+        );
         let crash_names = with(&["signal", "library"]);
         for ((cgroup, signal, library), n) in &self.crashes {
             let v = vals(*cgroup, &[signal, library]);
@@ -283,7 +310,8 @@ impl Metrics {
         }
         fams.push(crashes.finish());
 
-        let mut ooms = Family::new("oom_kills_total", "Processes killed by the OOM killer.", MetricType::COUNTER);
+        let mut ooms =
+            Family::new("oom_kills_total", "Processes killed by the OOM killer.", MetricType::COUNTER);
         let oom_names = with(&["scope"]);
         for ((cgroup, scope), n) in &self.ooms {
             let v = vals(*cgroup, &[scope]);
@@ -303,9 +331,13 @@ impl Metrics {
         }
         fams.push(exits.finish());
 
-        let mut kfd_calls = Family::new("kfd_ioctls_total", "AMD KFD driver ioctls by result.", MetricType::COUNTER);
-        let mut kfd_dur =
-            Family::new("kfd_ioctl_duration_seconds", "Duration of AMD KFD driver ioctls.", MetricType::HISTOGRAM);
+        let mut kfd_calls =
+            Family::new("kfd_ioctls_total", "AMD KFD driver ioctls by result.", MetricType::COUNTER);
+        let mut kfd_dur = Family::new(
+            "kfd_ioctl_duration_seconds",
+            "Duration of AMD KFD driver ioctls.",
+            MetricType::HISTOGRAM,
+        );
         let kfd_names = with(&["ioctl", "result"]);
         let kfd_dur_names = with(&["ioctl"]);
         let mut kfd_by_ioctl: BTreeMap<(u64, u32), (Vec<u64>, u64)> = BTreeMap::new();
@@ -313,7 +345,9 @@ impl Metrics {
             let ioctl = crate::events::kfd_ioctl_label(k.nr);
             let result = match k.result {
                 0 => "0".to_string(),
-                r => observer_common::names::errno_name(-r).map(str::to_string).unwrap_or_else(|| r.to_string()),
+                r => observer_common::names::errno_name(-r)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| r.to_string()),
             };
             let v = vals(k.cgroup_id, &[&ioctl, &result]);
             kfd_calls.counter(&kfd_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
@@ -325,13 +359,23 @@ impl Metrics {
         }
         for ((cgroup, nr), (buckets, total_ns)) in &kfd_by_ioctl {
             let v = vals(*cgroup, &[&crate::events::kfd_ioctl_label(*nr)]);
-            let b: Vec<(f64, u64)> = buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            kfd_dur.histogram(&kfd_dur_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), &b, *total_ns as f64 * 1e-9);
+            let b: Vec<(f64, u64)> =
+                buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
+            kfd_dur.histogram(
+                &kfd_dur_names,
+                &v.iter().map(String::as_str).collect::<Vec<_>>(),
+                &b,
+                *total_ns as f64 * 1e-9,
+            );
         }
         fams.push(kfd_calls.finish());
         fams.push(kfd_dur.finish());
         for (kind, name, help) in [
-            (HwKind::MemoryFault, "gpu_memory_faults_total", "GPU memory faults seen by the KFD driver on this node."),
+            (
+                HwKind::MemoryFault,
+                "gpu_memory_faults_total",
+                "GPU memory faults seen by the KFD driver on this node.",
+            ),
             (HwKind::Reset, "gpu_resets_total", "GPU resets on this node."),
             (HwKind::QueueEviction, "gpu_queue_evictions_total", "KFD queue evictions on this node."),
         ] {
@@ -347,19 +391,36 @@ impl Metrics {
         );
         for (cgroup, h) in &self.runq {
             let v = vals(*cgroup, &[]);
-            let b: Vec<(f64, u64)> = h.buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            runq.histogram(w, &v.iter().map(String::as_str).collect::<Vec<_>>(), &b, h.total_ns as f64 * 1e-9);
+            let b: Vec<(f64, u64)> =
+                h.buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
+            runq.histogram(
+                w,
+                &v.iter().map(String::as_str).collect::<Vec<_>>(),
+                &b,
+                h.total_ns as f64 * 1e-9,
+            );
         }
         fams.push(runq.finish());
 
-        let mut periods = Family::new("cpu_periods_total", "CFS bandwidth periods elapsed.", MetricType::COUNTER);
-        let mut throttled =
-            Family::new("cpu_throttled_periods_total", "CFS periods in which the cgroup was throttled.", MetricType::COUNTER);
-        let mut throttled_s =
-            Family::new("cpu_throttled_seconds_total", "Time the cgroup spent throttled.", MetricType::COUNTER);
-        let mut runnable =
-            Family::new("cpu_runnable_threads", "Threads of the cgroup that are runnable.", MetricType::GAUGE);
-        let mut quota = Family::new("cpu_quota_cores", "CPU quota of the cgroup in cores.", MetricType::GAUGE);
+        let mut periods =
+            Family::new("cpu_periods_total", "CFS bandwidth periods elapsed.", MetricType::COUNTER);
+        let mut throttled = Family::new(
+            "cpu_throttled_periods_total",
+            "CFS periods in which the cgroup was throttled.",
+            MetricType::COUNTER,
+        );
+        let mut throttled_s = Family::new(
+            "cpu_throttled_seconds_total",
+            "Time the cgroup spent throttled.",
+            MetricType::COUNTER,
+        );
+        let mut runnable = Family::new(
+            "cpu_runnable_threads",
+            "Threads of the cgroup that are runnable.",
+            MetricType::GAUGE,
+        );
+        let mut quota =
+            Family::new("cpu_quota_cores", "CPU quota of the cgroup in cores.", MetricType::GAUGE);
         for (cgroup, c) in &self.cpu {
             let v = vals(*cgroup, &[]);
             let v: Vec<&str> = v.iter().map(String::as_str).collect();
@@ -369,7 +430,13 @@ impl Metrics {
             runnable.gauge(w, &v, f64::from(c.runnable));
             quota.gauge(w, &v, c.quota_cores);
         }
-        fams.extend([periods.finish(), throttled.finish(), throttled_s.finish(), runnable.finish(), quota.finish()]);
+        fams.extend([
+            periods.finish(),
+            throttled.finish(),
+            throttled_s.finish(),
+            runnable.finish(),
+            quota.finish(),
+        ]);
 
         let mut attached = Family::new(
             "probe_attached",
@@ -403,7 +470,8 @@ impl Metrics {
         );
         overflow.counter(&[], &[], self.series_overflow as f64);
         fams.push(overflow.finish());
-        let mut tracked = Family::new("tracked_cgroups", "Cgroups with series on this node.", MetricType::GAUGE);
+        let mut tracked =
+            Family::new("tracked_cgroups", "Cgroups with series on this node.", MetricType::GAUGE);
         tracked.gauge(&[], &[], self.attribution.len() as f64);
         fams.push(tracked.finish());
         // Families with no series are still valid exposition; drop them to

@@ -97,7 +97,8 @@ async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> 
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, String> {
     // Accept ":9464" as shorthand for all interfaces.
     let full = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr.to_string() };
-    full.parse().map_err(|_| format!("--listen {addr}: not an address (use HOST:PORT, e.g. 0.0.0.0:9464 or :9464)"))
+    full.parse()
+        .map_err(|_| format!("--listen {addr}: not an address (use HOST:PORT, e.g. 0.0.0.0:9464 or :9464)"))
 }
 
 #[cfg(test)]

@@ -121,7 +121,8 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
         get("inode", "i_rdev"),
         get("file", "f_inode"),
     ) {
-        (o.task_files, o.files_fdt, o.fdtable_fd, o.fdtable_max_fds, o.inode_i_rdev) = (files, fdt, fd, max, rdev);
+        (o.task_files, o.files_fdt, o.fdtable_fd, o.fdtable_max_fds, o.inode_i_rdev) =
+            (files, fdt, fd, max, rdev);
         o.file_f_inode = inode;
         o.have_fd_lookup = 1;
     }

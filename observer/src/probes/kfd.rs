@@ -109,7 +109,12 @@ pub fn attach(ebpf: &mut Ebpf, tracefs_ok: bool, have_fd_lookup: bool) -> Vec<Pr
 }
 
 fn status(probe: &'static str, target: &str, r: Result<(), String>, ok: &str) -> ProbeStatus {
-    ProbeStatus { probe, target: target.to_string(), attached: r.is_ok(), detail: r.err().unwrap_or_else(|| ok.into()) }
+    ProbeStatus {
+        probe,
+        target: target.to_string(),
+        attached: r.is_ok(),
+        detail: r.err().unwrap_or_else(|| ok.into()),
+    }
 }
 
 #[cfg(test)]

@@ -56,12 +56,19 @@ pub fn detail(event: &Event) -> String {
         }
         Detail::KfdIoctl { nr, result, duration_ns, .. } => {
             let errno = observer_common::names::errno_name(-*result).unwrap_or("?");
-            format!("{} -> {result} {errno} in {}", crate::events::kfd_ioctl_label(*nr), duration(*duration_ns))
+            format!(
+                "{} -> {result} {errno} in {}",
+                crate::events::kfd_ioctl_label(*nr),
+                duration(*duration_ns)
+            )
         }
         Detail::GpuHardware { function, detail, .. } => format!("{function} {detail}"),
         Detail::CpuThrottle { throttled_ns, periods, total_periods } => {
             let pct = if *total_periods > 0 { 100 * periods / total_periods } else { 100 };
-            format!("throttled in {periods} of {total_periods} periods ({pct}%), {} lost", duration(*throttled_ns))
+            format!(
+                "throttled in {periods} of {total_periods} periods ({pct}%), {} lost",
+                duration(*throttled_ns)
+            )
         }
         Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
             format!("{runnable_threads} runnable threads, quota {quota_cores:.1} cores")

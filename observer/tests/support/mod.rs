@@ -181,7 +181,13 @@ impl PodCgroup {
                 created.push(dir.clone());
             }
         }
-        Self { rel: format!("/{}", parts.join("/")), dir, created, v1_dirs: Vec::new(), created_v1: Vec::new() }
+        Self {
+            rel: format!("/{}", parts.join("/")),
+            dir,
+            created,
+            v1_dirs: Vec::new(),
+            created_v1: Vec::new(),
+        }
     }
 
     /// A command whose process joins this cgroup (and its v1 limit
@@ -368,7 +374,10 @@ impl Drop for Daemon {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
