@@ -34,13 +34,13 @@ static GPU_STATS: PerCpuHashMap<GpuStatsKey, GpuStats> =
 
 /// Non-zero: every return is an event (`canaryscope trace --all`).
 #[unsafe(no_mangle)]
-static GPU_EMIT_ALL: u32 = 0;
+pub static GPU_EMIT_ALL: u32 = 0;
 /// Calls at least this slow are events even when they succeed (stall returns).
 #[unsafe(no_mangle)]
 static GPU_SLOW_NS: u64 = 10_000_000_000;
 
 #[inline(always)]
-fn read_global<T: Copy>(v: &T) -> T {
+pub fn read_global<T: Copy>(v: &T) -> T {
     // SAFETY: globals are overridden at load time; the volatile read keeps
     // the compiler from folding the compile-time default into the code.
     unsafe { core::ptr::read_volatile(v) }

@@ -18,6 +18,7 @@ use observer_common::{
 
 use crate::{
     common::{current_header, emit},
+    gpu::{read_global, GPU_EMIT_ALL},
     kernel::{offsets, read},
 };
 
@@ -78,7 +79,9 @@ fn exit(result: i64, source: u32) -> Result<(), i64> {
             let _ = KFD_STATS.insert(&key, &s, 0);
         }
     }
-    if result < 0 {
+    // `trace --all` shows successes too (GET_VERSION succeeding is how a
+    // person tells a working driver from a missing one).
+    if result < 0 || read_global(&GPU_EMIT_ALL) != 0 {
         emit(&KfdIoctlEvent {
             header: current_header(EventKind::KfdIoctl as u32),
             cmd: inflight.cmd,

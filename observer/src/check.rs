@@ -31,6 +31,10 @@ pub struct Report {
     pub kernel: String,
     pub facilities: Vec<Item>,
     pub gpu_libraries: Vec<Library>,
+    /// Every probe as a trial load attached it (root only).
+    pub probes: Vec<crate::probes::ProbeStatus>,
+    /// Why the trial load failed, if it did.
+    pub load_error: Option<String>,
     /// Whether anything at all can be observed.
     pub observable: bool,
 }
@@ -132,13 +136,39 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
             }),
         }
     }
-    let probe_ready = root && uprobes && gpu_libraries.iter().any(|l| l.problem.is_none());
-    let tracepoints_ready = root && (tracefs.is_some() || root);
-    Report {
-        kernel: kernel_release(),
-        facilities,
-        gpu_libraries,
-        observable: probe_ready || tracepoints_ready,
+    // The real answer to "what will attach" is to attach: load everything
+    // once, record each probe's outcome, and detach.
+    let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
+    let observable = probes.iter().any(|p| p.attached);
+    Report { kernel: kernel_release(), facilities, gpu_libraries, probes, load_error, observable }
+}
+
+fn trial_load(extra_libs: &[std::path::PathBuf]) -> (Vec<crate::probes::ProbeStatus>, Option<String>) {
+    use crate::{
+        probes::{Families, KernelSettings, ProbeStatus},
+        session::{Session, SessionOptions},
+    };
+    let options = SessionOptions {
+        settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: u64::MAX, kfd_device: None },
+        explicit_libs: extra_libs.to_vec(),
+        stall_threshold_ns: u64::MAX,
+        families: Families { exits: true, sched: true, discovery: true, kfd: true },
+        oversubscribed_after: std::time::Duration::from_secs(2),
+    };
+    match Session::start(options) {
+        Ok(session) => {
+            let mut probes = session.probe_status.clone();
+            for lib in session.gpu.libraries() {
+                probes.push(ProbeStatus {
+                    probe: "gpu",
+                    target: lib.library.display_path.clone(),
+                    attached: true,
+                    detail: format!("{:?}: {} functions", lib.library.flavor, lib.functions),
+                });
+            }
+            (probes, None)
+        }
+        Err(e) => (Vec::new(), Some(e.to_string())),
     }
 }
 

@@ -212,6 +212,7 @@ impl Event {
     pub fn is_failure(&self) -> bool {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
+            Detail::KfdIoctl { result, .. } => *result < 0,
             _ => true,
         }
     }

@@ -100,6 +100,10 @@ pub struct TraceArgs {
     /// Stop after this long (for scripts); runs until Ctrl-C / SIGTERM by default.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// Character device whose ioctls count as KFD ioctls when the kernel has
+    /// no kprobes (default /dev/kfd; tests point it at another device).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub kfd_device: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone, Default)]

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{info, warn};
+use log::info;
 use serde::Deserialize;
 use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind};
 
@@ -180,6 +180,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut last_slow = Instant::now() - Duration::from_secs(10);
     let mut dirty = true;
+    let mut last_generation = 0;
 
     loop {
         tokio::select! {
@@ -194,7 +195,10 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
             _ = tick.tick() => {
                 let session = fd.get_mut();
                 session.run_pending_scans();
-                if last_slow.elapsed() >= Duration::from_millis(500) {
+                // A pod added, changed or deleted in the API: relabel now.
+                let generation = pods.as_ref().map(|p| p.generation()).unwrap_or(0);
+                if last_slow.elapsed() >= Duration::from_millis(500) || generation != last_generation {
+                    last_generation = generation;
                     last_slow = Instant::now();
                     slow_refresh(session, &mut metrics, pods.as_ref(), settings.series_grace);
                     dirty = true;

@@ -11,6 +11,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod fixtures;
 mod test;
 
@@ -34,6 +35,8 @@ enum Task {
     Fixtures,
     /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, VM, bench smoke.
     Test(test::TestArgs),
+    /// Overhead and detection latency side by side with bpftrace and libbpf-tools.
+    Bench(bench::BenchArgs),
     /// Boot the test VM (Debian 6.1 kernel with amdgpu) and run CMD inside it.
     Vm {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         }),
         Task::Fixtures => fixtures::build_all().map(|_| ()),
         Task::Test(args) => test::run_all(args),
+        Task::Bench(args) => bench::run(args),
         Task::Vm { cmd } => run(Command::new(root().join("tests/vm/run.sh")).arg("--").args(cmd)),
     };
     match result {

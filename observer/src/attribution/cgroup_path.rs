@@ -113,17 +113,6 @@ pub enum Qos {
     BestEffort,
 }
 
-impl Qos {
-    /// The name Kubernetes uses in `status.qosClass`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Qos::Guaranteed => "Guaranteed",
-            Qos::Burstable => "Burstable",
-            Qos::BestEffort => "BestEffort",
-        }
-    }
-}
-
 /// A container cgroup below a pod.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContainerRef {
@@ -141,20 +130,6 @@ pub enum Runtime {
     /// A bare ID (cgroupfs layout of containerd or dockerd) or an unknown
     /// prefix.
     Unknown,
-}
-
-impl Runtime {
-    /// The scheme of `status.containerStatuses[].containerID` in the pod
-    /// status (`containerd://<id>`, `cri-o://<id>`, `docker://<id>`), or
-    /// `"unknown"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Runtime::Containerd => "containerd",
-            Runtime::CriO => "cri-o",
-            Runtime::Docker => "docker",
-            Runtime::Unknown => "unknown",
-        }
-    }
 }
 
 /// Parses a cgroup v2 path (see the module documentation for the layouts).
@@ -595,17 +570,6 @@ mod tests {
             let got = parse_pod_cgroup(&format!("{base}/{child}"));
             assert_eq!(got, pod(UID, Qos::Burstable, None), "{child}");
         }
-    }
-
-    #[test]
-    fn accessors() {
-        assert_eq!(Qos::Guaranteed.as_str(), "Guaranteed");
-        assert_eq!(Qos::Burstable.as_str(), "Burstable");
-        assert_eq!(Qos::BestEffort.as_str(), "BestEffort");
-        assert_eq!(Runtime::Containerd.as_str(), "containerd");
-        assert_eq!(Runtime::CriO.as_str(), "cri-o");
-        assert_eq!(Runtime::Docker.as_str(), "docker");
-        assert_eq!(Runtime::Unknown.as_str(), "unknown");
     }
 
     // ---- negative cases -------------------------------------------------

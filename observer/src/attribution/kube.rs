@@ -301,10 +301,7 @@ impl PodCache {
         self.read().len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
-    }
-
+    #[cfg(test)]
     pub fn uids(&self) -> Vec<String> {
         self.read().keys().cloned().collect()
     }
@@ -1004,6 +1001,16 @@ mod fake_apiserver_tests {
         assert_eq!(status, 200, "{body}");
         wait_for("web-a4 is added after the restart", &server, long, || cache.get(UID_A4).is_some()).await;
         assert_eq!(cache.len(), 2);
+
+        // History compacted under an open watch: 410 Gone, relist, and the
+        // watch carries on.
+        let (status, body) = server.control("POST", "/control/compact", "").await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = server.control("DELETE", "/control/pods/shop/web-a3", "").await;
+        assert_eq!(status, 200, "{body}");
+        wait_for("web-a3 is deleted after the compaction", &server, long, || cache.get(UID_A3).is_none())
+            .await;
+        assert_eq!(cache.uids(), [UID_A4]);
 
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);

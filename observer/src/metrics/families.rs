@@ -1,7 +1,5 @@
 //! Building Prometheus metric families from snapshots (kernel aggregates are
 //! already counters and histograms: they are rendered, not re-observed).
-use std::collections::BTreeMap;
-
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 
 pub struct Family {
@@ -13,7 +11,7 @@ fn label_pairs(names: &[&str], values: &[&str]) -> Vec<LabelPair> {
         .iter()
         .zip(values)
         .map(|(n, v)| {
-            let mut p = LabelPair::new();
+            let mut p = LabelPair::default();
             p.set_name((*n).to_string());
             p.set_value((*v).to_string());
             p
@@ -23,7 +21,7 @@ fn label_pairs(names: &[&str], values: &[&str]) -> Vec<LabelPair> {
 
 impl Family {
     pub fn new(name: &str, help: &str, kind: MetricType) -> Self {
-        let mut inner = MetricFamily::new();
+        let mut inner = MetricFamily::default();
         inner.set_name(format!("canaryscope_{name}"));
         inner.set_help(help.to_string());
         inner.set_field_type(kind);
@@ -31,7 +29,7 @@ impl Family {
     }
 
     pub fn counter(&mut self, names: &[&str], values: &[&str], value: f64) {
-        let mut c = Counter::new();
+        let mut c = Counter::default();
         c.set_value(value);
         let mut m = Metric::from_label(label_pairs(names, values));
         m.set_counter(c);
@@ -39,7 +37,7 @@ impl Family {
     }
 
     pub fn gauge(&mut self, names: &[&str], values: &[&str], value: f64) {
-        let mut g = Gauge::new();
+        let mut g = Gauge::default();
         g.set_value(value);
         let mut m = Metric::from_label(label_pairs(names, values));
         m.set_gauge(g);
@@ -52,12 +50,12 @@ impl Family {
         let mut out = Vec::with_capacity(buckets.len());
         for (le, count) in buckets {
             cumulative += count;
-            let mut b = Bucket::new();
+            let mut b = Bucket::default();
             b.set_upper_bound(*le);
             b.set_cumulative_count(cumulative);
             out.push(b);
         }
-        let mut h = Histogram::new();
+        let mut h = Histogram::default();
         h.set_bucket(out);
         h.set_sample_count(cumulative);
         h.set_sample_sum(sum);
@@ -69,15 +67,4 @@ impl Family {
     pub fn finish(self) -> MetricFamily {
         self.inner
     }
-}
-
-/// Sums per-key values, keeping keys sorted so output is stable.
-pub fn sum_by<K: Ord, V: Copy + std::ops::Add<Output = V>>(
-    items: impl IntoIterator<Item = (K, V)>,
-) -> BTreeMap<K, V> {
-    let mut out = BTreeMap::new();
-    for (k, v) in items {
-        out.entry(k).and_modify(|e: &mut V| *e = *e + v).or_insert(v);
-    }
-    out
 }

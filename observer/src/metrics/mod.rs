@@ -196,6 +196,7 @@ impl Metrics {
         purged
     }
 
+    #[cfg(test)]
     pub fn tracked_cgroups(&self) -> usize {
         self.attribution.len()
     }

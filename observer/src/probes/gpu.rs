@@ -293,10 +293,6 @@ impl GpuProbes {
         self.attached.values()
     }
 
-    pub fn failures(&self) -> impl Iterator<Item = (&FileId, &String)> {
-        self.failed.iter()
-    }
-
     /// Attaches entry and return probes to every resolved function of `library`.
     pub fn attach(&mut self, ebpf: &mut Ebpf, library: GpuLibrary) -> Result<usize, String> {
         if self.is_attached(&library.id) {

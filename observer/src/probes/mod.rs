@@ -151,6 +151,9 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
         });
     };
     let o = env.offsets;
+    if let Some(e) = &env.btf_error {
+        record("btf", "/sys/kernel/btf/vmlinux", Err(e.clone()), "");
+    }
     if families.exits {
         let exit = if o.task_exit_code == 0 {
             Err("task_struct::exit_code not found in kernel BTF".into())

@@ -83,7 +83,11 @@ pub fn run(args: TraceArgs) -> Result<ExitCode, CliError> {
 async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     let stall_ns = args.stall_threshold.as_nanos().min(u64::MAX as u128) as u64;
     let session = Session::start(SessionOptions {
-        settings: KernelSettings { gpu_emit_all: args.all, gpu_slow_ns: stall_ns.max(1), kfd_device: None },
+        settings: KernelSettings {
+            gpu_emit_all: args.all,
+            gpu_slow_ns: stall_ns.max(1),
+            kfd_device: args.kfd_device.clone(),
+        },
         explicit_libs: args.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
         families: crate::probes::Families { exits: true, sched: true, discovery: true, kfd: true },

@@ -1,0 +1,84 @@
+//! The KFD path on a stock kernel with amdgpu (the test VM: Debian 6.1,
+//! kprobes, /dev/kfd with one CPU-only node). The real HIP runtime issues
+//! real KFD ioctls, some of which fail, and then crashes in hipMalloc.
+mod support;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use support::*;
+
+fn in_vm() -> bool {
+    std::env::var_os("CANARYSCOPE_IN_VM").is_some()
+}
+
+#[test]
+#[ignore = "needs root and /dev/kfd; run in the VM by `cargo xtask test`"]
+fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
+    assert_root();
+    if !Path::new("/dev/kfd").exists() {
+        assert!(!in_vm(), "the VM must have /dev/kfd (amdgpu loaded)");
+        eprintln!("no /dev/kfd on this machine: this test runs in the VM");
+        return;
+    }
+    let probe = fixture("hip_probe");
+    let tracer = Tracer::start(&["--all"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let child = pod
+        .command(&probe)
+        .arg("--malloc")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn hip_probe");
+    let pid = child.id() as u64;
+    let out = child.wait_with_output().expect("wait");
+    eprintln!("hip_probe: {} ({:?})", String::from_utf8_lossy(&out.stdout).trim(), out.status);
+
+    let version = tracer.wait_for("GET_VERSION", Duration::from_secs(20), |e| {
+        e["kind"] == "kfd_ioctl" && e["pid"] == pid && e["ioctl"] == "GET_VERSION"
+    });
+    assert_eq!(version["result"], 0, "{version}");
+    assert_eq!(version["via"], "kprobe");
+    assert_eq!(version["cgroup"], pod.rel.as_str());
+    let failed = tracer.wait_for("a failing ioctl", Duration::from_secs(20), |e| {
+        e["kind"] == "kfd_ioctl" && e["pid"] == pid && e["result"].as_i64().is_some_and(|r| r < 0)
+    });
+    assert!(failed["errno"].as_str().is_some_and(|e| e.starts_with('E')), "{failed}");
+    assert_eq!(failed["cgroup"], pod.rel.as_str());
+
+    if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(11) {
+        let crash = tracer.wait_for("crash in hipMalloc", Duration::from_secs(20), |e| {
+            e["kind"] == "crash" && e["pid"] == pid
+        });
+        assert_eq!(crash["signal"], "SIGSEGV");
+        assert!(crash["library"].as_str().is_some_and(|l| l.contains("libamdhip64")), "{crash}");
+        assert_eq!(crash["in_call"], "hipMalloc");
+        assert_eq!(crash["cgroup"], pod.rel.as_str());
+    }
+    let (_, events) = tracer.stop();
+    let mut seen: Vec<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "kfd_ioctl" && e["pid"] == pid)
+        .map(|e| format!("{}={}", e["ioctl"].as_str().unwrap_or("?"), e["errno"].as_str().unwrap_or("0")))
+        .collect();
+    seen.dedup();
+    eprintln!("KFD ioctls of hip_probe: {}", seen.join(", "));
+}
+
+#[test]
+#[ignore = "needs root and amdgpu; run in the VM by `cargo xtask test`"]
+fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
+    assert_root();
+    if !Path::new("/dev/kfd").exists() {
+        assert!(!in_vm(), "the VM must have /dev/kfd");
+        return;
+    }
+    let out = Command::new(canaryscope()).args(["check", "--json"]).output().expect("check");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    let find = |target: &str| probes.iter().find(|p| p["target"].as_str() == Some(target)).cloned();
+    let kfd = find("kprobe:kfd_ioctl").unwrap_or_else(|| panic!("no kfd probe in {report:#}"));
+    assert_eq!(kfd["attached"], true, "{kfd}");
+    let hw: Vec<_> = probes.iter().filter(|p| p["probe"] == "gpu_hw").collect();
+    assert!(!hw.is_empty(), "fault/reset/eviction hooks listed: {report:#}");
+    assert!(hw.iter().all(|p| p["attached"] == true), "{hw:#?}");
+}
