@@ -19,7 +19,7 @@ PACKAGES=(
     libamdhip64-5 gcc make pkg-config
     bpftool bpftrace libbpf-tools prometheus
     qemu-system-x86 busybox-static cpio kmod
-    buildah
+    buildah util-linux python3
 )
 if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
     PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)
@@ -50,6 +50,15 @@ else
     LLVM_PREFIX=/usr/lib/llvm-22 cargo install bpf-linker --version "$BPF_LINKER_VERSION" \
         --no-default-features --features llvm-22 --locked 2>&1 | grep -E '^\s*(Compiling bpf-linker|Installing|Installed|error)' || true
     command -v bpf-linker >/dev/null || { echo "setup.sh: bpf-linker build failed" >&2; exit 1; }
+fi
+
+# deploy/check.sh validates manifests with PyYAML, jsonschema and the
+# offline Kubernetes schemas of kubernetes-validate (PyPI only).
+if ! python3 -c 'import yaml, jsonschema, kubernetes_validate' 2>/dev/null; then
+    step "installing Python packages for deploy/ validation (pyyaml, jsonschema, kubernetes-validate)"
+    python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema kubernetes-validate
+else
+    step "Python packages for deploy/ validation: present"
 fi
 
 # tracefs is not mounted on this kind of machine; the probes read tracepoint formats.

@@ -11,9 +11,15 @@ pub struct TestArgs {
     /// Skip the VM tests (Debian 6.1 kernel with amdgpu under QEMU).
     #[arg(long)]
     pub no_vm: bool,
+    /// Skip the container image build and its check (buildah, chroot run of the binary).
+    #[arg(long)]
+    pub no_image: bool,
     /// Skip rustfmt and clippy.
     #[arg(long)]
     pub no_lint: bool,
+    /// Skip the benchmark smoke run.
+    #[arg(long)]
+    pub no_bench: bool,
     /// Only run integration tests whose name contains this.
     #[arg(long)]
     pub filter: Option<String>,
@@ -56,10 +62,45 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         step("deploy/: promtool rules, alert unit tests, manifest validation");
         run(&mut Command::new(deploy_check))?;
     }
+    if !args.no_image {
+        step("container image: buildah FROM scratch, OCI archive, config check, run from its root filesystem");
+        crate::image::run()?;
+    }
     if !args.no_vm {
-        step("VM tests: Debian 6.1 kernel with kprobes and amdgpu");
-        run(Command::new(root().join("tests/vm/test.sh")).arg(root().join("target/release/canaryscope")))?;
+        step("VM tests: Debian 6.1 kernel with kprobes, amdgpu and /dev/kfd (QEMU, software emulation)");
+        let binaries = test_binaries(&["vm_kfd", "gpu_hip", "cpu_oom_exit", "gpu_cuda"])?;
+        run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
+    }
+    if !args.no_bench {
+        step("benchmark smoke run (cargo xtask bench --quick)");
+        run(cargo().args(["run", "--quiet", "--release", "-p", "xtask", "--", "bench", "--quick"]))?;
     }
     step(&format!("all tests passed in {:.0?}", started.elapsed()));
     Ok(())
+}
+
+/// Paths of the release integration-test executables with these names.
+fn test_binaries(names: &[&str]) -> Result<Vec<String>> {
+    let out = cargo()
+        .args(["test", "--release", "-p", "observer", "--tests", "--no-run", "--message-format=json"])
+        .current_dir(root())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut found = Vec::new();
+    for line in text.lines() {
+        // Each artifact line carries `"executable":"PATH"`; no JSON parser
+        // is needed for one string field.
+        let Some(start) = line.find("\"executable\":\"") else { continue };
+        let rest = &line[start + 14..];
+        let Some(end) = rest.find('"') else { continue };
+        let path = &rest[..end];
+        let file = path.rsplit('/').next().unwrap_or(path);
+        if names.iter().any(|n| file.starts_with(&format!("{n}-"))) {
+            found.push(path.to_string());
+        }
+    }
+    if found.len() != names.len() {
+        bail!("expected test binaries {names:?}, found {found:?}");
+    }
+    Ok(found)
 }

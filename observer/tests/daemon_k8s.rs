@@ -1,0 +1,224 @@
+//! The daemon as a DaemonSet would run it, against a stand-in Kubernetes API
+//! server (tests/fake-apiserver: the only mocked part, serving real Pod
+//! objects to kube-rs) and a real Prometheus evaluating the shipped alert
+//! rules and the Argo Rollouts analysis query. Two "pods" on this node,
+//! canary and stable, are real cgroups laid out as kubelet + containerd do.
+mod support;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use support::*;
+
+const NS: &str = "inference";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": NS, "uid": uid, "resourceVersion": "1",
+            "labels": {"app": "infer", "track": track, "rollouts-pod-template-hash": hash},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("infer-{hash}"),
+                                 "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]
+        },
+        "spec": {"nodeName": "node-a", "containers": [{"name": "worker", "image": "worker:1"}]},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "worker", "containerID": format!("containerd://{container_id}"), "image": "worker:1",
+            "imageID": "", "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}}]}
+    })
+}
+
+fn start_apiserver(dir: &Path, port: Option<u16>) -> (Proc, u16) {
+    let port_file = dir.join("port");
+    let _ = fs::remove_file(&port_file);
+    let child = Command::new("python3")
+        .arg(repo().join("tests/fake-apiserver/fake_apiserver.py"))
+        .args(["--port", &port.unwrap_or(0).to_string(), "--port-file"])
+        .arg(&port_file)
+        .arg("--quiet")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python3 runs the stand-in API server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok()) {
+            return (Proc(child), p);
+        }
+        assert!(Instant::now() < deadline, "fake API server did not start");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn control(port: u16, method: &str, path: &str, body: &str) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 2") || out.starts_with("HTTP/1.0 2"), "{method} {path}: {out}");
+}
+
+fn prom_query(port: u16, query: &str) -> Vec<Value> {
+    let encoded: String = query
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let body = http_get(port, &format!("/api/v1/query?query={encoded}")).map(|(_, b)| b).unwrap_or_default();
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root, python3 and prometheus; run by `cargo xtask test`"]
+fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
+    assert_root();
+    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
+    fs::create_dir_all(&dir).expect("tmp");
+    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
+    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
+    let canary_cg = PodCgroup::new(&canary_uid, &canary_cid);
+    let stable_cg = PodCgroup::new(&stable_uid, &stable_cid);
+
+    let (mut api, api_port) = start_apiserver(&dir, None);
+    let pods = json!([
+        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
+        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
+    ]);
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("kubeconfig");
+    let daemon = Daemon::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+        "--series-grace",
+        "3s",
+    ]);
+
+    // The canary's HIP runtime fails to initialise; the stable one is healthy.
+    let out = canary_cg.command(&fixture("hip_probe")).output().expect("canary");
+    assert!(out.status.success());
+    let out = stable_cg.command(Path::new("/bin/true")).output().expect("stable");
+    assert!(out.status.success());
+
+    let line = daemon.wait_metric("canary init failure", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_gpu_init_failures_total{") && l.contains("function=\"hipInit\"")
+            && l.contains("pod=\"infer-canaryhash-abcde\"")
+    });
+    for label in [
+        "namespace=\"inference\"",
+        "container=\"worker\"",
+        "workload=\"infer\"",
+        "revision=\"canaryhash\"",
+        "track=\"canary\"",
+        "result=\"hipErrorInvalidDevice\"",
+    ] {
+        assert!(line.contains(label), "{label} missing in {line}");
+    }
+    let metrics = daemon.metrics();
+    assert!(!metrics.contains("pod=\"infer-stablehash-fghij\""), "nothing for the healthy stable pod:\n{metrics}");
+
+    // A real Prometheus scrapes the daemon and evaluates the shipped rules.
+    let prom_port = free_port();
+    let config = dir.join("prometheus.yml");
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            repo().join("deploy/prometheus/rules.yaml").display(),
+            daemon.port
+        ),
+    )
+    .expect("prometheus.yml");
+    let _prom = Proc(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package) runs"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let alert = loop {
+        let alerts = prom_query(prom_port, "ALERTS{alertname=\"CanaryGpuRuntimeInitFailure\"}");
+        if let Some(a) = alerts.into_iter().next() {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "CanaryGpuRuntimeInitFailure never became pending or firing");
+        thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(alert["metric"]["track"], "canary", "{alert}");
+    assert_eq!(alert["metric"]["workload"], "infer", "{alert}");
+
+    // The Argo Rollouts analysis query, with its arguments filled in:
+    // the canary revision fails `result[0] == 0`, the stable one passes.
+    let template = fs::read_to_string(repo().join("deploy/argo-analysistemplate.yaml")).expect("template");
+    let query = template
+        .split("- name: gpu-init-failures")
+        .nth(1)
+        .and_then(|s| s.split("query: |").nth(1))
+        .map(|s| s.lines().skip(1).take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" "))
+        .expect("gpu-init-failures query in the AnalysisTemplate");
+    let fill = |hash: &str| {
+        query.replace("{{args.namespace}}", NS).replace("{{args.workload}}", "infer").replace("{{args.canary-hash}}", hash)
+    };
+    let value = |q: &str| -> f64 {
+        prom_query(prom_port, q)
+            .first()
+            .and_then(|r| r["value"][1].as_str().and_then(|v| v.parse().ok()))
+            .unwrap_or(f64::NAN)
+    };
+    assert!(value(&fill("canaryhash")) > 0.0, "analysis must fail the canary: {}", fill("canaryhash"));
+    assert_eq!(value(&fill("stablehash")), 0.0, "analysis must pass the stable revision");
+
+    // The API server goes away and comes back: the exporter keeps serving.
+    drop(api);
+    thread::sleep(Duration::from_secs(2));
+    assert!(daemon.get("/metrics").is_some_and(|(c, _)| c == 200), "exporter alive while the API is down");
+    let (api2, _) = start_apiserver(&dir, Some(api_port));
+    api = api2;
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+
+    // Deleting the canary pod drops its series after the grace period.
+    control(api_port, "DELETE", &format!("/control/pods/{NS}/infer-canaryhash-abcde"), "");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon.metrics().contains("pod=\"infer-canaryhash-abcde\"") {
+        assert!(Instant::now() < deadline, "series of the deleted pod are still exported");
+        thread::sleep(Duration::from_millis(250));
+    }
+    drop(api);
+    let _ = fs::remove_dir_all(&dir);
+}
