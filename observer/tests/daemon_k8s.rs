@@ -147,7 +147,16 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         assert!(line.contains(label), "{label} missing in {line}");
     }
     let metrics = daemon.metrics();
-    assert!(!metrics.contains("pod=\"infer-stablehash-fghij\""), "nothing for the healthy stable pod:\n{metrics}");
+    let failures_of_stable: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.contains("pod=\"infer-stablehash-fghij\""))
+        .filter(|l| {
+            ["gpu_init_failures", "native_crashes", "oom_kills", "abnormal_exits", "gpu_api_calls_total"]
+                .iter()
+                .any(|f| l.starts_with(&format!("canaryscope_{f}")))
+        })
+        .collect();
+    assert!(failures_of_stable.is_empty(), "no failure series for the healthy stable pod: {failures_of_stable:#?}");
 
     // A real Prometheus scrapes the daemon and evaluates the shipped rules.
     let prom_port = free_port();
