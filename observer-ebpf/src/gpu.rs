@@ -65,9 +65,14 @@ fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
         // SAFETY: the map value stays valid while this program runs, and only
         // this thread touches its own key.
         let stack = unsafe { &mut *stack };
-        let depth = stack.depth as usize;
-        if depth < MAX_NESTING {
-            stack.frames[depth] = frame;
+        // Constant indices: older verifiers (6.1) lose a dynamic bound that
+        // LLVM splits across registers.
+        match stack.depth {
+            0 => stack.frames[0] = frame,
+            1 => stack.frames[1] = frame,
+            2 => stack.frames[2] = frame,
+            3 => stack.frames[3] = frame,
+            _ => {}
         }
         stack.depth = stack.depth.saturating_add(1);
         return Ok(0);
@@ -108,9 +113,15 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
         let stack = unsafe { &mut *stack };
         if stack.depth > 0 {
             stack.depth -= 1;
-            let depth = stack.depth as usize;
-            if depth < MAX_NESTING && stack.frames[depth].function == function {
-                start = stack.frames[depth].start_ns;
+            let (frame_function, frame_start) = match stack.depth {
+                0 => (stack.frames[0].function, stack.frames[0].start_ns),
+                1 => (stack.frames[1].function, stack.frames[1].start_ns),
+                2 => (stack.frames[2].function, stack.frames[2].start_ns),
+                3 => (stack.frames[3].function, stack.frames[3].start_ns),
+                _ => (u32::MAX, now),
+            };
+            if frame_function == function {
+                start = frame_start;
             }
         }
         if stack.depth == 0 {

@@ -70,11 +70,14 @@ pub enum Case {
     Footprint,
 }
 
-type CaseFn = fn(&Env, &Plan) -> Result<Vec<Row>>;
+/// A case pushes its rows as it goes, so an error keeps what was measured.
+type CaseFn = fn(&Env, &Plan, &mut Vec<Row>) -> Result<()>;
 
 /// Sizes of one run.
 struct Plan {
     quick: bool,
+    detection: bool,
+    footprint: bool,
     gpu_calls: u64,
     gpu_rounds: usize,
     pingpong_rounds: u64,
@@ -93,6 +96,8 @@ impl Plan {
         if args.quick {
             Plan {
                 quick: true,
+                detection: true,
+                footprint: true,
                 gpu_calls: 20_000,
                 gpu_rounds: rounds,
                 pingpong_rounds: 20_000,
@@ -107,6 +112,8 @@ impl Plan {
         } else {
             Plan {
                 quick: false,
+                detection: true,
+                footprint: true,
                 gpu_calls: 2_000_000,
                 gpu_rounds: rounds,
                 pingpong_rounds: 200_000,
@@ -145,7 +152,10 @@ impl Env {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let started = Instant::now();
-    let plan = Plan::new(&args);
+    let wanted = |c: Case| args.only.is_empty() || args.only.contains(&c);
+    let mut plan = Plan::new(&args);
+    plan.detection = wanted(Case::Detection);
+    plan.footprint = wanted(Case::Footprint);
     if !is_root() {
         bail!("the benchmarks load eBPF programs, create cgroups and cause OOM kills: run them as root");
     }
@@ -153,6 +163,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         crate::fixtures::build_all()?;
         crate::build()?;
     }
+    let measuring = Instant::now();
     let root = root();
     let fixtures = root.join("target/fixtures");
     let env = Env {
@@ -178,6 +189,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bail!("{} is missing: run `cargo xtask fixtures` first", env.fixture(f).display());
         }
     }
+    let _ = fs::remove_dir_all(&env.logs);
     fs::create_dir_all(&env.logs).with_context(|| format!("cannot create {}", env.logs.display()))?;
     step(&format!(
         "benchmarks ({}): logs of every observer under {}",
@@ -191,8 +203,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     cleanup_stale_cgroups();
+    if fs::read_to_string(BPF_STATS).is_ok_and(|v| v.trim() == "1") {
+        eprintln!(
+            "    warning: kernel.bpf_stats_enabled=1 (left by an interrupted bench?): every BPF program run \
+             pays two extra clock reads; `sysctl kernel.bpf_stats_enabled=0` to measure without"
+        );
+    }
 
-    let wanted = |c: Case| args.only.is_empty() || args.only.contains(&c);
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
     let cases: [(Case, &str, CaseFn); 3] = [
@@ -210,17 +227,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             continue;
         }
         let t = Instant::now();
-        match f(&env, &plan) {
-            Ok(mut r) => {
-                if case == Case::Detection {
-                    r.retain(|row| {
-                        (row.name.starts_with("detection") && wanted(Case::Detection))
-                            || (row.name.starts_with("footprint") && wanted(Case::Footprint))
-                    });
-                }
-                eprintln!("    {name}: done in {:.0?}", t.elapsed());
-                rows.extend(r);
-            }
+        match f(&env, &plan, &mut rows) {
+            Ok(()) => eprintln!("    {name}: done in {:.0?}", t.elapsed()),
             Err(e) => {
                 eprintln!("xtask: bench case {name} could not run: {e:#}");
                 failed.push(name.to_string());
@@ -239,8 +247,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     fs::write(env.out.join("results.json"), serde_json::to_string_pretty(&json)? + "\n")?;
     println!("{md}");
     step(&format!(
-        "bench finished in {:.0?}: {} and {}",
+        "bench finished in {:.0?} ({:.0?} measuring): {} and {}",
         started.elapsed(),
+        measuring.elapsed(),
         env.out.join("results.md").display(),
         env.out.join("results.json").display()
     ));
@@ -535,12 +544,27 @@ impl Proc {
         let log = env.logs.join(format!("{seq:03}-{name}.log"));
         let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let err = out.try_clone()?;
+        cmd.stdout(out).stderr(err);
+        Proc::start(name, cmd, stop_signal, stop_timeout, log)
+    }
+
+    /// Like `spawn`, with output discarded (many short-lived processes).
+    fn spawn_silent(name: &str, cmd: &mut Command, stop_signal: i32, stop_timeout: Duration) -> Result<Proc> {
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        Proc::start(name, cmd, stop_signal, stop_timeout, PathBuf::from("/dev/null"))
+    }
+
+    fn start(
+        name: &str,
+        cmd: &mut Command,
+        stop_signal: i32,
+        stop_timeout: Duration,
+        log: PathBuf,
+    ) -> Result<Proc> {
         let shown = format!("{cmd:?}").replace('"', "");
         let child = cmd
             .current_dir(root())
             .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
             .spawn()
             .with_context(|| format!("cannot start {shown}"))?;
         Ok(Proc { name: name.into(), child: Some(child), status: None, stop_signal, stop_timeout, log })
@@ -795,8 +819,11 @@ fn start_runqlat(env: &Env, name: &str) -> Result<Proc> {
         if let Some(s) = p.exited() {
             bail!("runqlat exited before attaching ({s}); {}", p.log_tail());
         }
-        // Printed after the programs are attached.
-        if p.output().contains("Tracing run queue latency") {
+        // runqlat attaches three programs (sched_wakeup, sched_wakeup_new,
+        // sched_switch) and then prints this line (its stdout is a file,
+        // fully buffered, so the line may come only at exit).
+        if bpf_links_of(p.pid()) >= 3 || p.output().contains("Tracing run queue latency") {
+            sleep(Duration::from_millis(100));
             return Ok(p);
         }
         if Instant::now() >= deadline {
@@ -853,6 +880,14 @@ fn bpf_fdinfos(pid: u32, kind: &str) -> Vec<BTreeMap<String, String>> {
     out
 }
 
+/// BPF links (attached programs) held by `pid`.
+fn bpf_links_of(pid: u32) -> usize {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    dir.flatten()
+        .filter(|e| fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:bpf_link"))
+        .count()
+}
+
 /// prog id -> (run_cnt, run_time_ns)
 fn prog_counters(pid: u32) -> BTreeMap<u64, (u64, u64)> {
     let mut m = BTreeMap::new();
@@ -878,8 +913,19 @@ fn prog_names(env: &Env) -> BTreeMap<u64, String> {
 
 /// BPF program time of `pid`'s programs while `work` runs, with statistics
 /// enabled: (total ns, per-program "name: ns/run × runs" lines).
-fn profile_programs(env: &Env, pid: u32, work: impl FnOnce() -> Result<()>) -> Result<(u64, Vec<String>)> {
-    let stats = BpfStats::enable()?;
+/// `None` (and a warning) when the statistics cannot be switched on.
+fn profile_programs(
+    env: &Env,
+    pid: u32,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<Option<(u64, Vec<String>)>> {
+    let stats = match BpfStats::enable() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("    no BPF program statistics: {e:#}");
+            return Ok(None);
+        }
+    };
     let before = prog_counters(pid);
     work()?;
     let after = prog_counters(pid);
@@ -897,7 +943,7 @@ fn profile_programs(env: &Env, pid: u32, work: impl FnOnce() -> Result<()>) -> R
         let name = names.get(id).cloned().unwrap_or_else(|| format!("prog {id}"));
         lines.push(format!("{name}: {} ns/run × {dc} runs", num(dn as f64 / dc as f64)));
     }
-    Ok((total, lines))
+    Ok(Some((total, lines)))
 }
 
 /// (maps, bytes of memlock) of the BPF maps `pid` holds.
@@ -954,7 +1000,7 @@ fn cuda_loop(env: &Env, calls: u64) -> Result<f64> {
     parse_field(&out, "ns_per_call").ok_or_else(|| anyhow!("no ns_per_call in cuda_app output: {out}"))
 }
 
-fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
+fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     let n = plan.gpu_calls;
     let diag_calls = (n / 10).max(20_000);
     let lib = env.cuda_lib.canonicalize().context("cannot resolve the ZLUDA-shaped libcuda.so.1")?;
@@ -971,6 +1017,7 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         row.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
     }
     let mut samples: BTreeMap<GpuCfg, Vec<f64>> = BTreeMap::new();
+    let mut disabled = std::collections::BTreeSet::new();
     let mut diag_ns: BTreeMap<GpuCfg, f64> = BTreeMap::new();
     let mut stop_times = Vec::new();
 
@@ -984,6 +1031,9 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         order.rotate_left(round % configs.len());
         let last = round + 1 == plan.gpu_rounds;
         for cfg in order {
+            if disabled.contains(&cfg) {
+                continue;
+            }
             let t = Instant::now();
             let v = match cfg {
                 GpuCfg::Bare => cuda_loop(env, n)?,
@@ -1001,31 +1051,43 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
                             .push(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
                     }
                     if last {
-                        let (ns, lines) =
-                            profile_programs(env, d.pid(), || cuda_loop(env, diag_calls).map(|_| ()))?;
-                        diag_ns.insert(cfg, ns as f64 / diag_calls as f64);
-                        diag.notes.push(format!("canaryscope programs that ran: {}", lines.join("; ")));
+                        if let Some((ns, lines)) =
+                            profile_programs(env, d.pid(), || cuda_loop(env, diag_calls).map(|_| ()))?
+                        {
+                            diag_ns.insert(cfg, ns as f64 / diag_calls as f64);
+                            diag.notes.push(format!("canaryscope programs that ran: {}", lines.join("; ")));
+                        }
                     }
                     stop_times.push(d.stop().as_secs_f64());
                     v
                 }
                 GpuCfg::Bpftrace | GpuCfg::Floor => {
-                    let (script, probes) =
-                        if cfg == GpuCfg::Bpftrace { (&full_script, 2) } else { (&floor_script, 2) };
-                    let mut p = start_bpftrace(env, &format!("bpftrace-{}", cfg.label()), script, probes)?;
+                    let script = if cfg == GpuCfg::Bpftrace { &full_script } else { &floor_script };
+                    let mut p = match start_bpftrace(env, &format!("bpftrace-{}", cfg.label()), script, 2) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            eprintln!("    bpftrace ({}) could not run: {e:#}", cfg.label());
+                            row.notes.push(format!("bpftrace ({}) could not run: {e:#}", cfg.label()));
+                            disabled.insert(cfg);
+                            continue;
+                        }
+                    };
                     let v = cuda_loop(env, n)?;
                     if last {
-                        let (ns, lines) =
-                            profile_programs(env, p.pid(), || cuda_loop(env, diag_calls).map(|_| ()))?;
-                        diag_ns.insert(cfg, ns as f64 / diag_calls as f64);
-                        diag.notes.push(format!("bpftrace {} programs: {}", cfg.label(), lines.join("; ")));
+                        if let Some((ns, lines)) =
+                            profile_programs(env, p.pid(), || cuda_loop(env, diag_calls).map(|_| ()))?
+                        {
+                            diag_ns.insert(cfg, ns as f64 / diag_calls as f64);
+                            let which = if cfg == GpuCfg::Floor { "floor (empty pair)" } else { "peer" };
+                            diag.notes.push(format!("bpftrace {which} programs: {}", lines.join("; ")));
+                        }
                     }
                     let (took, killed) = p.stop();
                     if killed {
                         row.notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
                     } else if cfg == GpuCfg::Bpftrace {
-                        let out = p.output();
-                        let counted = out
+                        let text = p.output();
+                        let counted = text
                             .lines()
                             .find_map(|l| l.trim().strip_prefix("@r[0]:")?.trim().parse::<u64>().ok())
                             .unwrap_or(0);
@@ -1077,8 +1139,9 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         row.samples.push((cfg.label().into(), s.clone()));
     }
     row.notes.push(format!(
-        "N={n} calls per run; floor = empty uprobe+uretprobe pair (bpftrace); peer = bpftrace uprobe+uretprobe \
-         counting per return value with a latency histogram; canaryscope = `canaryscope run --lib {}` (all probes)",
+        "N={n} calls per run; floor = empty uprobe+uretprobe pair (bpftrace); peer = bpftrace \
+         uprobe+uretprobe counting per return value with a latency histogram; canaryscope = \
+         `canaryscope run --lib {}` (all probes)",
         env.cuda_lib.display()
     ));
     if !stop_times.is_empty() {
@@ -1116,7 +1179,11 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
     };
     own.target =
         Some(Target::new("canaryscope's own work < 1/5 of bpftrace's (ratio ≤ 0.20)", 0.20, own_ratio, ""));
-    own.notes.push("own work = median(observer) − median(floor): what the programs add above the uprobe+uretprobe trap cost".into());
+    own.notes.push(
+        "own work = median(observer) − median(floor): what the programs add above the cost of the \
+         uprobe+uretprobe traps themselves"
+            .into(),
+    );
     if let Some(b) = own_bt.filter(|b| *b <= 0.0) {
         own.notes.push(format!(
             "bpftrace's own work ({} ns) is not above the floor's noise: the ratio is not meaningful",
@@ -1133,12 +1200,14 @@ fn gpu_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
     diag.notes.insert(
         0,
         format!(
-            "in-kernel BPF program time per call (kernel.bpf_stats_enabled=1, run_time_ns from /proc/PID/fdinfo) \
-             in a separate {diag_calls}-call run during the last round; the statistics add two clock reads per \
+            "in-kernel BPF program time per call (kernel.bpf_stats_enabled=1, run_time_ns from \
+             /proc/PID/fdinfo) in a separate {diag_calls}-call run during the last round; the statistics \
+             add two clock reads per \
              program run, so the floor's figure is mostly that overhead"
         ),
     );
-    Ok(vec![row, own, diag])
+    out.extend([row, own, diag]);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -1172,7 +1241,7 @@ fn pingpong(env: &Env, rounds: u64) -> Result<f64> {
         .ok_or_else(|| anyhow!("no ns_per_round_trip in pingpong output: {out}"))
 }
 
-fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
+fn sched_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     let r = plan.pingpong_rounds;
     let diag_rounds = (r / 2).max(20_000);
     let mut row = Row::new("sched_overhead", "ns/round trip");
@@ -1186,6 +1255,7 @@ fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         row.notes.push("runqlat (libbpf-tools) not installed: no peer".into());
     }
     let mut samples: BTreeMap<SchedCfg, Vec<f64>> = BTreeMap::new();
+    let mut disabled = std::collections::BTreeSet::new();
     let mut diag_ns: BTreeMap<SchedCfg, f64> = BTreeMap::new();
     step(&format!(
         "sched_overhead: pingpong {r} (two processes on CPU 0), {} interleaved rounds",
@@ -1196,6 +1266,9 @@ fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         order.rotate_left(round % configs.len());
         let last = round + 1 == plan.sched_rounds;
         for cfg in order {
+            if disabled.contains(&cfg) {
+                continue;
+            }
             let t = Instant::now();
             let v = match cfg {
                 SchedCfg::Bare => pingpong(env, r)?,
@@ -1203,22 +1276,34 @@ fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
                     let d = Daemon::start(env, "canaryscope-sched", &[])?;
                     let v = pingpong(env, r)?;
                     if last {
-                        let (ns, lines) =
-                            profile_programs(env, d.pid(), || pingpong(env, diag_rounds).map(|_| ()))?;
-                        diag_ns.insert(cfg, ns as f64 / diag_rounds as f64);
-                        diag.notes.push(format!("canaryscope programs that ran: {}", lines.join("; ")));
+                        if let Some((ns, lines)) =
+                            profile_programs(env, d.pid(), || pingpong(env, diag_rounds).map(|_| ()))?
+                        {
+                            diag_ns.insert(cfg, ns as f64 / diag_rounds as f64);
+                            diag.notes.push(format!("canaryscope programs that ran: {}", lines.join("; ")));
+                        }
                     }
                     d.stop();
                     v
                 }
                 SchedCfg::Runqlat => {
-                    let mut p = start_runqlat(env, "runqlat")?;
+                    let mut p = match start_runqlat(env, "runqlat") {
+                        Ok(p) => p,
+                        Err(e) => {
+                            eprintln!("    runqlat could not run: {e:#}");
+                            row.notes.push(format!("runqlat could not run: {e:#}"));
+                            disabled.insert(cfg);
+                            continue;
+                        }
+                    };
                     let v = pingpong(env, r)?;
                     if last {
-                        let (ns, lines) =
-                            profile_programs(env, p.pid(), || pingpong(env, diag_rounds).map(|_| ()))?;
-                        diag_ns.insert(cfg, ns as f64 / diag_rounds as f64);
-                        diag.notes.push(format!("runqlat programs: {}", lines.join("; ")));
+                        if let Some((ns, lines)) =
+                            profile_programs(env, p.pid(), || pingpong(env, diag_rounds).map(|_| ()))?
+                        {
+                            diag_ns.insert(cfg, ns as f64 / diag_rounds as f64);
+                            diag.notes.push(format!("runqlat programs: {}", lines.join("; ")));
+                        }
                     }
                     if p.stop().1 {
                         row.notes.push("runqlat had to be SIGKILLed".into());
@@ -1265,8 +1350,9 @@ fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
         row.samples.push((cfg.label().into(), s.clone()));
     }
     row.notes.push(format!(
-        "pingpong {r}: two processes pinned to CPU 0 bounce a byte over pipes (two context switches and two \
-         wakeups per round trip); canaryscope = `canaryscope run` with all probes; runqlat = libbpf-tools runqlat"
+        "pingpong {r}: two processes pinned to CPU 0 bounce a byte over pipes (two context switches \
+         and two wakeups per round trip); canaryscope = `canaryscope run` with all probes; runqlat = \
+         libbpf-tools runqlat"
     ));
 
     diag.canaryscope = diag_ns.get(&SchedCfg::Canaryscope).copied();
@@ -1280,7 +1366,8 @@ fn sched_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
              system-wide in that time"
         ),
     );
-    Ok(vec![row, diag])
+    out.extend([row, diag]);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -1410,6 +1497,18 @@ fn status_kib(pid: u32, key: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(key)?.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// "name: lines, ..." for the `n` metric names with the most sample lines.
+fn top_metric_names(text: &str, n: usize) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let name = l.split(['{', ' ']).next().unwrap_or(l);
+        *counts.entry(name).or_default() += 1;
+    }
+    let mut v: Vec<(&str, usize)> = counts.into_iter().collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
+    v.iter().take(n).map(|(k, c)| format!("{k} {c}")).collect::<Vec<_>>().join(", ")
+}
+
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// RSS (MiB) at the end and CPU (% of one core) over an idle window.
@@ -1421,19 +1520,45 @@ fn idle_window(pid: u32, window: Duration) -> (Option<f64>, Option<f64>) {
     (status_kib(pid, "VmRSS:").map(|k| k / 1024.0), cpu)
 }
 
-fn detection_and_footprint_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
+fn detection_and_footprint_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     step("detection_latency + footprint: starting canaryscope run");
     let d = Daemon::start(env, "canaryscope-detect", &[])?;
     let pid = d.pid();
-    let mut rows = Vec::new();
 
     // Footprint, idle (first, before anything has run under the daemon).
-    step(&format!("footprint: idle daemon, {:.0?} window", plan.window));
-    sleep(Duration::from_secs(1));
-    let (idle_rss, idle_cpu) = idle_window(pid, plan.window);
-    let (idle_maps, idle_memlock) = map_memory(pid);
+    let idle = plan.footprint.then(|| {
+        step(&format!("footprint: idle daemon, {:.0?} window", plan.window));
+        sleep(Duration::from_secs(1));
+        let (rss, cpu) = idle_window(pid, plan.window);
+        (rss, cpu, map_memory(pid))
+    });
+    if plan.detection {
+        out.extend(hip_trials(env, plan, &d)?);
+        step(&format!(
+            "detection_latency: {} OOM kills (oom_hog 200 in a 50 MiB memory cgroup)",
+            plan.oom_trials
+        ));
+        out.extend(oom_trials(env, plan, &d));
+    }
+    if let Some((idle_rss, idle_cpu, idle_maps)) = idle {
+        let mut r = Row::new("footprint_idle_rss", "MiB");
+        r.canaryscope = idle_rss;
+        r.notes.push(
+            "VmRSS of `canaryscope run` (all probes, no Kubernetes) after start-up, nothing running".into(),
+        );
+        out.push(r);
+        let mut r = Row::new("footprint_idle_cpu", "% of one core");
+        r.canaryscope = idle_cpu;
+        r.notes.push(format!("utime+stime from /proc/PID/stat over a {:.0?} idle window", plan.window));
+        out.push(r);
+        footprint_load(env, plan, &d, idle_maps, out)?;
+    }
+    let took = d.stop();
+    eprintln!("    canaryscope run took {took:.1?} to exit");
+    Ok(())
+}
 
-    // Detection: hipInit failures.
+fn hip_trials(env: &Env, plan: &Plan, d: &Daemon) -> Result<Vec<Row>> {
     step(&format!("detection_latency: {} hip_probe runs (hipInit fails with 101)", plan.hip_trials));
     let hip_name = "canaryscope_gpu_init_failures_total";
     let hip_labels = [("function", "hipInit")];
@@ -1442,6 +1567,7 @@ fn detection_and_footprint_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
     let mut run_ms = Vec::new();
     let mut hip_notes = Vec::new();
     for trial in 0..plan.hip_trials {
+        tick_jitter(trial);
         let before = metric_sum(&d.metrics()?, hip_name, &hip_labels);
         let spawned = Instant::now();
         let mut child = Command::new(env.fixture("hip_probe"))
@@ -1451,7 +1577,7 @@ fn detection_and_footprint_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
             .context("cannot start hip_probe")?;
         let status = child.wait()?;
         let exited = Instant::now();
-        match poll_increase(&d, hip_name, &hip_labels, before, Duration::from_secs(5)) {
+        match poll_increase(d, hip_name, &hip_labels, before, Duration::from_secs(5)) {
             Some(seen) => {
                 from_exit.push(seen.saturating_duration_since(exited).as_secs_f64() * 1e3);
                 from_spawn.push(seen.duration_since(spawned).as_secs_f64() * 1e3);
@@ -1470,7 +1596,8 @@ fn detection_and_footprint_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
     hip_p50.samples.push(("from_spawn_ms".into(), from_spawn.clone()));
     hip_p50.samples.push(("process_run_ms".into(), run_ms.clone()));
     hip_p50.notes.push(format!(
-        "{} trials; time from hip_probe's exit (waitpid return) to the first /metrics scrape (every 5 ms) \
+        "{} trials (spread over the daemon's 100 ms render tick); time from hip_probe's exit (waitpid \
+         return) to the first /metrics scrape (every 5 ms) \
          showing canaryscope_gpu_init_failures_total{{function=\"hipInit\"}} increased; hipInit fails within \
          the process's short life (median run {} ms), so this slightly understates; counted from the spawn \
          instead (an upper bound): p50 {} ms, p99 {} ms",
@@ -1481,21 +1608,14 @@ fn detection_and_footprint_case(env: &Env, plan: &Plan) -> Result<Vec<Row>> {
     ));
     hip_p50.notes.extend(hip_notes);
     hip_p99.samples.push(("from_exit_ms".into(), from_exit));
-    rows.push(hip_p50);
-    rows.push(hip_p99);
+    Ok(vec![hip_p50, hip_p99])
+}
 
-    // Detection: OOM kills.
-    step(&format!(
-        "detection_latency: {} OOM kills (oom_hog 200 in a 50 MiB memory cgroup)",
-        plan.oom_trials
-    ));
-    rows.extend(oom_trials(env, plan, &d));
-
-    // Footprint under load.
-    rows.extend(footprint_load(env, plan, &d, idle_rss, idle_cpu, idle_maps, idle_memlock)?);
-    let took = d.stop();
-    eprintln!("    canaryscope run took {took:.1?} to exit");
-    Ok(rows)
+/// The daemon renders /metrics on a 100 ms tick. Back-to-back trials lock
+/// onto its phase (each starts just after the tick that ended the last), so
+/// trial `i` first waits `(i * 37) mod 100` ms: the phases spread evenly.
+fn tick_jitter(trial: usize) {
+    sleep(Duration::from_millis((trial as u64 * 37) % 100));
 }
 
 /// Polls /metrics every 5 ms until the sum rises above `before`; returns
@@ -1528,6 +1648,7 @@ fn oom_trials(env: &Env, plan: &Plan, d: &Daemon) -> Vec<Row> {
         p50.notes.push(format!("memory limit 50M in {what}"));
         let mut lat = Vec::new();
         for trial in 0..plan.oom_trials {
+            tick_jitter(trial);
             let before = metric_sum(&d.metrics()?, name, &[]);
             let script =
                 format!("echo $$ > {}; exec {} 200", tasks.display(), env.fixture("oom_hog").display());
@@ -1555,7 +1676,8 @@ fn oom_trials(env: &Env, plan: &Plan, d: &Daemon) -> Vec<Row> {
             p50.canaryscope = percentile(&lat, 50.0);
             p99.canaryscope = percentile(&lat, 99.0);
             p50.notes.push(format!(
-                "{} trials; time from the killed child's waitpid return to the first /metrics scrape (every \
+                "{} trials (spread over the daemon's 100 ms render tick); time from the killed child's \
+                 waitpid return to the first /metrics scrape (every \
                  5 ms) showing canaryscope_oom_kills_total increased",
                 plan.oom_trials
             ));
@@ -1568,16 +1690,13 @@ fn oom_trials(env: &Env, plan: &Plan, d: &Daemon) -> Vec<Row> {
     vec![p50, p99]
 }
 
-#[allow(clippy::too_many_arguments)]
 fn footprint_load(
     env: &Env,
     plan: &Plan,
     d: &Daemon,
-    idle_rss: Option<f64>,
-    idle_cpu: Option<f64>,
-    idle_maps: usize,
-    idle_memlock: u64,
-) -> Result<Vec<Row>> {
+    (idle_maps, idle_memlock): (usize, u64),
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     let pid = d.pid();
     let cg2 = cgroup2_root().ok_or_else(|| anyhow!("no cgroup2 mount for the footprint cgroups"))?;
     let base = cg2.join(BENCH_CGROUP);
@@ -1595,6 +1714,10 @@ fn footprint_load(
         fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
 
+    // VmHWM is the lifetime peak, start-up included (BTF parsing, program
+    // loading); writing 5 to clear_refs resets it to the current RSS.
+    let startup_hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
+    let hwm_reset = fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
     let c0 = cpu_seconds(pid);
     let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
@@ -1609,7 +1732,7 @@ fn footprint_load(
         for dir in chunk {
             let mut cmd = Command::new(env.fixture("hip_probe"));
             cmd.args(["--sleep-before", &plan.sleep_before_ms.to_string()]);
-            let p = Proc::spawn(env, "hip_probe-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
+            let p = Proc::spawn_silent("hip_probe-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
             fs::write(dir.join("cgroup.procs"), p.pid().to_string())
                 .with_context(|| format!("cannot move pid {} into {}", p.pid(), dir.display()))?;
             procs.push(p);
@@ -1640,6 +1763,9 @@ fn footprint_load(
     let series = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
     let tracked = metric_sum(&text, "canaryscope_tracked_cgroups", &[]);
     let overflow = metric_sum(&text, "canaryscope_series_overflow_total", &[]);
+    let saved = env.logs.join("metrics-after-load.prom");
+    let _ = fs::write(&saved, &text);
+    let families = top_metric_names(&text, 5);
     drop(tree);
 
     let load_desc = format!(
@@ -1650,21 +1776,17 @@ fn footprint_load(
         plan.wave,
         load_secs
     );
-    let mut rows = Vec::new();
-    let mut r = Row::new("footprint_idle_rss", "MiB");
-    r.canaryscope = idle_rss;
-    r.notes.push(
-        "VmRSS of `canaryscope run` (all probes, no Kubernetes) after start-up, nothing running".into(),
-    );
-    rows.push(r);
-    let mut r = Row::new("footprint_idle_cpu", "% of one core");
-    r.canaryscope = idle_cpu;
-    r.notes.push(format!("utime+stime from /proc/PID/stat over a {:.0?} idle window", plan.window));
-    rows.push(r);
     let mut r = Row::new("footprint_load_rss_peak", "MiB");
-    r.canaryscope = Some(peak_rss.max(hwm.unwrap_or(0.0)));
+    r.canaryscope = Some(if hwm_reset { peak_rss.max(hwm.unwrap_or(0.0)) } else { peak_rss });
     r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, r.canaryscope, " MiB"));
-    r.notes.push(format!("peak VmRSS sampled every 100 ms during the load and VmHWM; {load_desc}"));
+    r.notes.push(format!(
+        "peak of VmRSS sampled every 100 ms{} (load and the idle window after it); {load_desc}",
+        if hwm_reset { " and of VmHWM (reset through clear_refs when the load began)" } else { "" }
+    ));
+    r.notes.push(format!(
+        "lifetime VmHWM before the load, start-up included: {} MiB (start-up peak, not load)",
+        opt(startup_hwm)
+    ));
     if plan.quick {
         r.notes.push(format!("--quick: only {} cgroups, the target is for 1,000", plan.cgroups));
     }
@@ -1680,10 +1802,12 @@ fn footprint_load(
     r.canaryscope = after_rss;
     r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, after_rss, " MiB"));
     r.notes.push(format!(
-        "after the load, with the cgroups' series still kept (series grace): {series} sample lines on /metrics \
+        "after the load, with the cgroups' series still kept (series grace): {series} sample lines on \
+         /metrics \
          ({} KiB), canaryscope_tracked_cgroups={tracked}, canaryscope_series_overflow_total={overflow}",
         text.len() / 1024
     ));
+    r.notes.push(format!("most sample lines by metric name: {families} (whole text in {})", saved.display()));
     rows.push(r);
     let mut r = Row::new("footprint_after_cpu", "% of one core");
     r.canaryscope = after_cpu;
@@ -1694,10 +1818,11 @@ fn footprint_load(
     r.canaryscope = Some(after_memlock as f64 / MIB);
     r.ratio("after_vs_idle", div(r.canaryscope, r.baseline));
     r.notes.push(format!(
-        "sum of `memlock` of the maps the daemon holds (/proc/PID/fdinfo): baseline column = idle ({idle_maps} \
+        "sum of `memlock` of the maps the daemon holds (/proc/PID/fdinfo): baseline column = idle \
+         ({idle_maps} \
          maps), canaryscope column = after the load ({after_maps} maps); hash maps are preallocated, so this \
          does not grow with cgroups"
     ));
     rows.push(r);
-    Ok(rows)
+    Ok(())
 }

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod fixtures;
+mod image;
 mod test;
 
 #[derive(Parser)]
@@ -33,7 +34,7 @@ enum Task {
     },
     /// Build the C test programs and libraries into target/fixtures.
     Fixtures,
-    /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, VM, bench smoke.
+    /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, image, VM, bench smoke.
     Test(test::TestArgs),
     /// Overhead and detection latency side by side with bpftrace and libbpf-tools.
     Bench(bench::BenchArgs),
@@ -42,6 +43,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Build the container image (OCI archive) the DaemonSet runs.
+    Image,
 }
 
 pub fn root() -> PathBuf {
@@ -64,7 +67,13 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 }
 
 pub fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // `cargo xtask` (cargo run) exports xtask's CARGO_MANIFEST_DIR; ring's build
+    // script reruns when it changes, so every switch between `cargo xtask ...` and
+    // a plain `cargo build`/`cargo test` would rebuild ring, rustls, kube and the
+    // observer (minutes). Builds started from here see what a plain cargo sees.
+    cmd.env_remove("CARGO_MANIFEST_DIR").env_remove("CARGO_MANIFEST_PATH");
+    cmd
 }
 
 pub fn build() -> Result<PathBuf> {
@@ -87,6 +96,7 @@ fn main() -> ExitCode {
         Task::Fixtures => fixtures::build_all().map(|_| ()),
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),
+        Task::Image => image::run(),
         Task::Vm { cmd } => run(Command::new(root().join("tests/vm/run.sh")).arg("--").args(cmd)),
     };
     match result {

@@ -63,7 +63,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         run(&mut Command::new(deploy_check))?;
     }
     if !args.no_image {
-        step("container image: buildah FROM scratch, OCI archive, config check, run from its root filesystem");
+        step("container image: buildah FROM scratch, OCI archive, config check, run from its rootfs");
         crate::image::run()?;
     }
     if !args.no_vm {
