@@ -46,6 +46,21 @@ pub fn read_global<T: Copy>(v: &T) -> T {
     unsafe { core::ptr::read_volatile(v) }
 }
 
+/// Index into `InflightStack::frames` for nesting depth `*depth - back`,
+/// and whether that depth is kept at all.
+///
+/// Two volatile reads on purpose: LLVM otherwise proves the index bounded
+/// from the validity check and drops the mask, then checks one register and
+/// indexes with another, which the 6.1 verifier rejects as unbounded. The
+/// mask is what the verifier needs; the separate check is what we need.
+#[inline(always)]
+pub fn frame_slot(depth: &u32, back: u32) -> (usize, bool) {
+    // SAFETY: plain reads of a valid map value field.
+    let for_index = unsafe { core::ptr::read_volatile(depth) }.wrapping_sub(back);
+    let for_check = unsafe { core::ptr::read_volatile(depth) }.wrapping_sub(back);
+    ((for_index as usize) & (MAX_NESTING - 1), (for_check as usize) < MAX_NESTING)
+}
+
 #[uprobe]
 pub fn gpu_enter(ctx: ProbeContext) -> u32 {
     try_gpu_enter(&ctx).unwrap_or(1)
@@ -65,14 +80,9 @@ fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
         // SAFETY: the map value stays valid while this program runs, and only
         // this thread touches its own key.
         let stack = unsafe { &mut *stack };
-        // Constant indices: older verifiers (6.1) lose a dynamic bound that
-        // LLVM splits across registers.
-        match stack.depth {
-            0 => stack.frames[0] = frame,
-            1 => stack.frames[1] = frame,
-            2 => stack.frames[2] = frame,
-            3 => stack.frames[3] = frame,
-            _ => {}
+        let (slot, valid) = frame_slot(&stack.depth, 0);
+        if valid {
+            stack.frames[slot] = frame;
         }
         stack.depth = stack.depth.saturating_add(1);
         return Ok(0);
@@ -113,13 +123,9 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
         let stack = unsafe { &mut *stack };
         if stack.depth > 0 {
             stack.depth -= 1;
-            let (frame_function, frame_start) = match stack.depth {
-                0 => (stack.frames[0].function, stack.frames[0].start_ns),
-                1 => (stack.frames[1].function, stack.frames[1].start_ns),
-                2 => (stack.frames[2].function, stack.frames[2].start_ns),
-                3 => (stack.frames[3].function, stack.frames[3].start_ns),
-                _ => (u32::MAX, now),
-            };
+            let (slot, valid) = frame_slot(&stack.depth, 0);
+            let (frame_function, frame_start) =
+                if valid { (stack.frames[slot].function, stack.frames[slot].start_ns) } else { (u32::MAX, now) };
             if frame_function == function {
                 start = frame_start;
             }

@@ -22,7 +22,7 @@ use observer_common::{
 
 use crate::{
     common::{count_lost, current_header, emit, EVENTS},
-    gpu::GPU_INFLIGHT,
+    gpu::{frame_slot, GPU_INFLIGHT},
     kernel::{offsets, read},
 };
 
@@ -106,15 +106,11 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
         let key = InflightKey { tid, api: api as u32 };
         // SAFETY: read-only access to a map value.
         if let Some(stack) = unsafe { GPU_INFLIGHT.get(&key) } {
-            // Constant indices: the verifier loses a dynamic bound that
-            // LLVM splits across registers.
-            let frame = match stack.depth {
-                1 => stack.frames[0],
-                2 => stack.frames[1],
-                3 => stack.frames[2],
-                4 => stack.frames[3],
-                _ => continue,
-            };
+            let (slot, valid) = frame_slot(&stack.depth, 1);
+            if stack.depth == 0 || !valid {
+                continue;
+            }
+            let frame = stack.frames[slot];
             crash.in_call_api = api as u32 + 1;
             crash.in_call_function = frame.function;
             crash.in_call_library = frame.library;

@@ -28,7 +28,7 @@ use std::{
     fs::{self, File},
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    os::unix::process::ExitStatusExt,
+    os::unix::process::{CommandExt, ExitStatusExt},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
@@ -203,6 +203,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     cleanup_stale_cgroups();
+    let load_before = load_average();
+    if load_before.is_some_and(|l| l > 1.0) {
+        eprintln!(
+            "    warning: load average {} before the bench: other work on this host makes the figures noisier",
+            opt(load_before)
+        );
+    }
     if fs::read_to_string(BPF_STATS).is_ok_and(|v| v.trim() == "1") {
         eprintln!(
             "    warning: kernel.bpf_stats_enabled=1 (left by an interrupted bench?): every BPF program run \
@@ -241,7 +248,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
 
-    let md = render_markdown(&rows, &plan, &env);
+    let md = render_markdown(&rows, &plan, &env, (load_before, load_average()));
     let json = render_json(&rows);
     fs::write(env.out.join("results.md"), &md)?;
     fs::write(env.out.join("results.json"), serde_json::to_string_pretty(&json)? + "\n")?;
@@ -328,10 +335,15 @@ fn opt(v: Option<f64>) -> String {
     v.map(num).unwrap_or_else(|| "–".into())
 }
 
-fn render_markdown(rows: &[Row], plan: &Plan, env: &Env) -> String {
+fn render_markdown(rows: &[Row], plan: &Plan, env: &Env, load: (Option<f64>, Option<f64>)) -> String {
     let mut s = String::new();
     s.push_str(&format!("# canaryscope benchmarks ({})\n\n", if plan.quick { "quick" } else { "full" }));
     s.push_str(&environment_line(env));
+    s.push_str(&format!(
+        " · 1-min load average {} before, {} after (other work on the host adds noise)",
+        opt(load.0),
+        opt(load.1)
+    ));
     s.push_str("\n\nMedians over interleaved rounds unless the unit says otherwise. ");
     s.push_str("Targets are printed, never asserted.\n\n");
     s.push_str("| benchmark | unit | baseline | canaryscope | peer | floor | ratios | target | result |\n");
@@ -436,6 +448,10 @@ fn environment_line(env: &Env) -> String {
     )
 }
 
+fn load_average() -> Option<f64> {
+    fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 // ---------------------------------------------------------------------------
 // Statistics
 
@@ -479,9 +495,12 @@ const SIGKILL: i32 = 9;
 const SIGTERM: i32 = 15;
 const SC_CLK_TCK: i32 = 2;
 
+const PR_SET_PDEATHSIG: i32 = 1;
+
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
     fn sysconf(name: i32) -> i64;
+    fn prctl(option: i32, ...) -> i32;
 }
 
 fn send_signal(pid: u32, sig: i32) {
@@ -562,6 +581,15 @@ impl Proc {
         log: PathBuf,
     ) -> Result<Proc> {
         let shown = format!("{cmd:?}").replace('"', "");
+        // If the bench itself dies without unwinding (SIGKILL, a signal to
+        // it alone), its children get SIGTERM instead of running on.
+        // SAFETY: prctl is async-signal-safe and touches no Rust state.
+        unsafe {
+            cmd.pre_exec(|| {
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
+                Ok(())
+            });
+        }
         let child = cmd
             .current_dir(root())
             .stdin(Stdio::null())
