@@ -124,8 +124,11 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
         if stack.depth > 0 {
             stack.depth -= 1;
             let (slot, valid) = frame_slot(&stack.depth, 0);
-            let (frame_function, frame_start) =
-                if valid { (stack.frames[slot].function, stack.frames[slot].start_ns) } else { (u32::MAX, now) };
+            let (frame_function, frame_start) = if valid {
+                (stack.frames[slot].function, stack.frames[slot].start_ns)
+            } else {
+                (u32::MAX, now)
+            };
             if frame_function == function {
                 start = frame_start;
             }

@@ -47,6 +47,7 @@ fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -> Va
     })
 }
 
+#[expect(clippy::zombie_processes, reason = "the child is owned by Proc, whose Drop kills and waits")]
 fn start_apiserver(dir: &Path, port: Option<u16>) -> (Proc, u16) {
     let port_file = dir.join("port");
     let _ = fs::remove_file(&port_file);
@@ -133,7 +134,8 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     assert!(out.status.success());
 
     let line = daemon.wait_metric("canary init failure", Duration::from_secs(10), |l| {
-        l.starts_with("canaryscope_gpu_init_failures_total{") && l.contains("function=\"hipInit\"")
+        l.starts_with("canaryscope_gpu_init_failures_total{")
+            && l.contains("function=\"hipInit\"")
             && l.contains("pod=\"infer-canaryhash-abcde\"")
     });
     for label in [
@@ -156,7 +158,10 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
                 .any(|f| l.starts_with(&format!("canaryscope_{f}")))
         })
         .collect();
-    assert!(failures_of_stable.is_empty(), "no failure series for the healthy stable pod: {failures_of_stable:#?}");
+    assert!(
+        failures_of_stable.is_empty(),
+        "no failure series for the healthy stable pod: {failures_of_stable:#?}"
+    );
 
     // A real Prometheus scrapes the daemon and evaluates the shipped rules.
     let prom_port = free_port();
@@ -199,10 +204,20 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         .split("- name: gpu-init-failures")
         .nth(1)
         .and_then(|s| s.split("query: |").nth(1))
-        .map(|s| s.lines().skip(1).take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" "))
+        .map(|s| {
+            s.lines()
+                .skip(1)
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .expect("gpu-init-failures query in the AnalysisTemplate");
     let fill = |hash: &str| {
-        query.replace("{{args.namespace}}", NS).replace("{{args.workload}}", "infer").replace("{{args.canary-hash}}", hash)
+        query
+            .replace("{{args.namespace}}", NS)
+            .replace("{{args.workload}}", "infer")
+            .replace("{{args.canary-hash}}", hash)
     };
     let value = |q: &str| -> f64 {
         prom_query(prom_port, q)

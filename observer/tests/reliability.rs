@@ -13,13 +13,20 @@ use support::*;
 /// Programs and maps of canaryscope's object loaded in the kernel right
 /// now (names as the kernel keeps them: at most 15 characters).
 fn loaded() -> (usize, usize) {
-    const PROGRAMS: &[&str] = &["gpu_enter", "gpu_exit", "process_exit", "signal_generat", "oom_mark_victim", "mmap_exec"];
-    const MAPS: &[&str] = &["GPU_INFLIGHT", "GPU_STATS", "RUNQ_LATENCY", "RUNQ_WAKEUPS", "CRASHES", "OOM_VICTIMS"];
+    const PROGRAMS: &[&str] =
+        &["gpu_enter", "gpu_exit", "process_exit", "signal_generat", "oom_mark_victim", "mmap_exec"];
+    const MAPS: &[&str] =
+        &["GPU_INFLIGHT", "GPU_STATS", "RUNQ_LATENCY", "RUNQ_WAKEUPS", "CRASHES", "OOM_VICTIMS"];
     let count = |kind: &str, names: &[&str]| {
-        let out = Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (Debian package)");
+        let out =
+            Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (Debian package)");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
         v.as_array()
-            .map(|a| a.iter().filter(|p| p["name"].as_str().is_some_and(|n| names.iter().any(|w| n.starts_with(w)))).count())
+            .map(|a| {
+                a.iter()
+                    .filter(|p| p["name"].as_str().is_some_and(|n| names.iter().any(|w| n.starts_with(w))))
+                    .count()
+            })
             .unwrap_or(0)
     };
     (count("prog", PROGRAMS), count("map", MAPS))
@@ -79,7 +86,9 @@ fn a_flood_of_failing_calls_keeps_counts_exact_and_metrics_up() {
             && metric_value(l) >= calls as f64
     });
     assert_eq!(metric_value(&line), calls as f64, "{line}");
-    let lost = daemon.wait_metric("lost counter", Duration::from_secs(1), |l| l.starts_with("canaryscope_events_lost_total"));
+    let lost = daemon.wait_metric("lost counter", Duration::from_secs(1), |l| {
+        l.starts_with("canaryscope_events_lost_total")
+    });
     let received = daemon.wait_metric("records", Duration::from_secs(1), |l| {
         l.starts_with("canaryscope_ring_events_total{kind=\"gpu_call\"}")
     });

@@ -68,11 +68,21 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // `cargo xtask` (cargo run) exports xtask's CARGO_MANIFEST_DIR; ring's build
-    // script reruns when it changes, so every switch between `cargo xtask ...` and
-    // a plain `cargo build`/`cargo test` would rebuild ring, rustls, kube and the
-    // observer (minutes). Builds started from here see what a plain cargo sees.
-    cmd.env_remove("CARGO_MANIFEST_DIR").env_remove("CARGO_MANIFEST_PATH");
+    // `cargo xtask` (cargo run) exports xtask's own CARGO_MANIFEST_DIR,
+    // CARGO_PKG_NAME, ...; ring's build script reruns when those change, so every
+    // switch between `cargo xtask ...` and a plain `cargo build`/`cargo test`
+    // would rebuild ring, rustls, kube and the observer (minutes). Builds started
+    // from here see what a plain cargo sees (CARGO_HOME, CARGO_TARGET_DIR,
+    // CARGO_BUILD_* and the like are kept).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_for_xtask = ["CARGO_PKG_", "CARGO_MANIFEST_"].iter().any(|p| name.starts_with(p))
+            || ["CARGO_CRATE_NAME", "CARGO_BIN_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_RUSTC_CURRENT_DIR"]
+                .contains(&name.as_ref());
+        if set_for_xtask {
+            cmd.env_remove(name.as_ref());
+        }
+    }
     cmd
 }
 

@@ -3,10 +3,7 @@
 //! device; and the fault, reset and eviction functions where they exist.
 use std::{fs, os::unix::fs::MetadataExt, path::Path};
 
-use aya::{
-    programs::{KProbe, TracePoint},
-    Ebpf,
-};
+use aya::{programs::KProbe, Ebpf};
 use observer_common::kfd::{kernel_dev, HW_HOOKS};
 
 use super::ProbeStatus;
@@ -54,32 +51,15 @@ fn kprobe(ebpf: &mut Ebpf, program: &str, function: &str) -> Result<(), String> 
     Ok(())
 }
 
-fn tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<(), String> {
-    let p: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load().map_err(|e| format!("load: {e}"))?;
-    p.attach(category, name).map_err(|e| format!("attach: {e}"))?;
-    Ok(())
-}
-
 /// Which way KFD ioctls are seen, for `check` and the probe metric.
 pub fn attach(ebpf: &mut Ebpf, tracefs_ok: bool, have_fd_lookup: bool) -> Vec<ProbeStatus> {
     let mut out = Vec::new();
     let kprobes = kprobes_supported();
     if kprobes && kernel_has_function("kfd_ioctl") {
-        let r = kprobe(ebpf, "kfd_ioctl_enter", "kfd_ioctl").and_then(|_| {
-            let p: &mut aya::programs::KProbe = ebpf
-                .program_mut("kfd_ioctl_exit")
-                .ok_or("program kfd_ioctl_exit missing")?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-            p.load().map_err(|e| format!("load: {e}"))?;
-            p.attach("kfd_ioctl", 0).map_err(|e| format!("attach: {e}"))?;
-            Ok(())
-        });
+        // The same KProbe type serves the kretprobe: aya reads the kind
+        // from the program's section.
+        let r = kprobe(ebpf, "kfd_ioctl_enter", "kfd_ioctl")
+            .and_then(|_| kprobe(ebpf, "kfd_ioctl_exit", "kfd_ioctl"));
         out.push(status("kfd", "kprobe:kfd_ioctl", r, "kprobe + kretprobe on kfd_ioctl"));
     } else {
         let why = if !kprobes {
@@ -90,8 +70,8 @@ pub fn attach(ebpf: &mut Ebpf, tracefs_ok: bool, have_fd_lookup: bool) -> Vec<Pr
         let r = match (tracefs_ok, have_fd_lookup) {
             (false, _) => Err("tracefs unavailable".to_string()),
             (_, false) => Err("task->files offsets not in BTF".to_string()),
-            _ => tracepoint(ebpf, "kfd_sys_enter_ioctl", "syscalls", "sys_enter_ioctl")
-                .and_then(|_| tracepoint(ebpf, "kfd_sys_exit_ioctl", "syscalls", "sys_exit_ioctl")),
+            _ => super::attach_tp(ebpf, "kfd_sys_enter_ioctl", "syscalls", "sys_enter_ioctl")
+                .and_then(|_| super::attach_tp(ebpf, "kfd_sys_exit_ioctl", "syscalls", "sys_exit_ioctl")),
         };
         let detail = format!("syscall fallback ({why}): ioctls on fds of the KFD device");
         out.push(status("kfd", "syscalls:sys_enter_ioctl", r, &detail));

@@ -119,7 +119,7 @@ fn attach_raw(ebpf: &mut Ebpf, program: &str, tracepoint: &str) -> Result<(), St
     Ok(())
 }
 
-fn attach_tp(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<(), String> {
+pub(crate) fn attach_tp(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<(), String> {
     let p: &mut TracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("program {program} missing"))?
