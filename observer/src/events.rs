@@ -331,6 +331,26 @@ mod tests {
     }
 
     #[test]
+    fn hardware_hook_arguments_decode_by_prototype() {
+        let ev = |hook, arg1, arg2| HwEvent { hook, arg1, arg2, ..Default::default() };
+        // kfd_smi_event_update_vmfault(node, pasid): pasid is 16 bits.
+        assert_eq!(
+            hw_detail(&ev(0, 0x1_0042, 0)),
+            (HwKind::MemoryFault, "kfd_smi_event_update_vmfault", "pasid 66".into())
+        );
+        // kfd_smi_event_queue_eviction(node, pid, trigger)
+        assert_eq!(
+            hw_detail(&ev(4, 4242, 2)),
+            (HwKind::QueueEviction, "kfd_smi_event_queue_eviction", "pid 4242 trigger TTM".into())
+        );
+        // kfd_process_evict_queues(process, trigger)
+        assert_eq!(hw_detail(&ev(5, 3, 0)).2, "trigger SUSPEND");
+        assert_eq!(hw_detail(&ev(2, 0, 0)).0, HwKind::Reset);
+        assert_eq!(kfd_ioctl_label(0x21), "SET_XNACK_MODE");
+        assert_eq!(kfd_ioctl_label(0xfe), "0xfe");
+    }
+
+    #[test]
     fn json_follows_the_contract() {
         let ev = Event {
             origin: Origin {

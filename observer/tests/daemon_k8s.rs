@@ -163,6 +163,22 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         "no failure series for the healthy stable pod: {failures_of_stable:#?}"
     );
 
+    // The exposition is valid by Prometheus' own linter.
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    {
+        use std::io::Write;
+        let mut stdin = lint.stdin.take().expect("stdin");
+        stdin.write_all(metrics.as_bytes()).expect("feed promtool");
+    }
+    let lint = lint.wait_with_output().expect("promtool");
+    assert!(lint.status.success(), "promtool check metrics: {}", String::from_utf8_lossy(&lint.stderr));
+
     // A real Prometheus scrapes the daemon and evaluates the shipped rules.
     let prom_port = free_port();
     let config = dir.join("prometheus.yml");

@@ -190,3 +190,31 @@ fn ring_records(daemon: &Daemon) -> f64 {
         .map(metric_value)
         .sum()
 }
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_call_hanging_past_the_threshold_is_reported_once_then_on_return() {
+    assert_root();
+    let app = fixture("cuda_app");
+    let lib = zluda_lib();
+    let tracer = Tracer::start(&["--lib", lib.to_str().expect("utf8"), "--stall-threshold", "500ms"]);
+    // The fixture's cuStreamSynchronize sleeps this long inside the library
+    // before returning: a hang in synchronisation that eventually ends.
+    let out = Command::new(&app)
+        .arg("--sync")
+        .env("ZLUDA_FIXTURE_SYNC_SLEEP_MS", "2500")
+        .output()
+        .expect("run cuda_app --sync");
+    let pid = out_pid(&out.stdout);
+    let stall = tracer.wait_for("gpu_stall", WAIT, |e| e["kind"] == "gpu_stall" && e["pid"] == pid);
+    assert_eq!(stall["function"], "cuStreamSynchronize");
+    assert!(stall["elapsed_ns"].as_u64() >= Some(500_000_000), "{stall}");
+    let ret = tracer.wait_for("the return", WAIT, |e| {
+        e["kind"] == "gpu_call" && e["function"] == "cuStreamSynchronize" && e["pid"] == pid
+    });
+    assert!(ret["duration_ns"].as_u64() >= Some(2_400_000_000), "{ret}");
+    std::thread::sleep(Duration::from_millis(600));
+    let (_, events) = tracer.stop();
+    let stalls = events.iter().filter(|e| e["kind"] == "gpu_stall" && e["pid"] == pid).count();
+    assert_eq!(stalls, 1, "a stall is reported once: {events:#?}");
+}
