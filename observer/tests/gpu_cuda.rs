@@ -136,7 +136,7 @@ fn a_library_only_inside_a_container_root_is_probed() {
     // library: from the host the file exists only via /proc/PID/root.
     let script = format!(
         "set -e; mount -t tmpfs none /mnt; mkdir -p /mnt/app/zluda; cp {app} /mnt/app/; cp {lib} /mnt/app/zluda/; \
-         exec /mnt/app/cuda_app --sleep-before 1000",
+         exec /mnt/app/cuda_app --sleep-before 3000",
         app = app.display(),
         lib = lib.display()
     );

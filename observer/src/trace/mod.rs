@@ -21,6 +21,8 @@ use crate::{
 
 /// Which events the user asked to see.
 pub struct Filter {
+    /// A successful call this slow is shown anyway: it is a stall ending.
+    slow_ns: u64,
     pids: Vec<u32>,
     cgroup_prefix: Option<String>,
     comm: Option<String>,
@@ -30,6 +32,7 @@ pub struct Filter {
 impl Filter {
     pub fn from_args(args: &TraceArgs) -> Self {
         Self {
+            slow_ns: args.stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64,
             pids: args.pids.clone(),
             cgroup_prefix: args.cgroup.clone(),
             comm: args.comm.clone(),
@@ -39,7 +42,8 @@ impl Filter {
 
     pub fn matches(&self, event: &Event) -> bool {
         let o = &event.origin;
-        if !self.all && !event.is_failure() {
+        let slow = matches!(event.detail, crate::events::Detail::GpuCall { duration_ns, .. } if duration_ns >= self.slow_ns);
+        if !self.all && !event.is_failure() && !slow {
             return false;
         }
         if !self.pids.is_empty() && !self.pids.contains(&o.pid) {
