@@ -121,14 +121,19 @@ impl Session {
 
     /// Probe the GPU libraries a process maps (containers' own copies included).
     pub fn scan_process(&mut self, pid: u32) {
+        debug!("scanning the mappings of pid {pid}");
         for (path, display) in gpu::process_libraries(pid) {
             self.consider(path, display);
         }
     }
 
     fn consider(&mut self, path: PathBuf, display: String) {
-        let Ok(meta) = std::fs::metadata(&path) else {
-            return;
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) => {
+                debug!("{display} (via {}): {e}", path.display());
+                return;
+            }
         };
         use std::os::unix::fs::MetadataExt;
         if self.gpu.is_attached(&gpu::FileId { dev: meta.dev(), ino: meta.ino() }) {

@@ -3,7 +3,7 @@
 //! the caller's pid and cgroup.
 mod support;
 
-use std::{process::Command, time::Duration};
+use std::{path::Path, process::Command, time::Duration};
 
 use support::*;
 
@@ -23,18 +23,27 @@ fn hip_init_failures_are_traced_with_pid_and_cgroup() {
     assert!(out.status.success(), "hip_probe failed: {out:?}");
     let pid = out_pid(&out.stdout);
 
-    let init =
-        tracer.wait_for("hipInit", Duration::from_secs(5), |e| e["function"] == "hipInit" && e["pid"] == pid);
-    assert_eq!(init["kind"], "gpu_call");
-    assert_eq!(init["api"], "hip");
-    assert_eq!(init["result"], 101);
-    assert_eq!(init["result_name"], "hipErrorInvalidDevice");
-    assert_eq!(init["cgroup"], pod.rel.as_str());
-    assert_eq!(init["comm"], "hip_probe");
-    assert!(init["library"].as_str().is_some_and(|l| l.contains("libamdhip64")), "{init}");
+    // Without /dev/kfd (this host) hipInit itself fails; with it (the
+    // VM's CPU-only KFD node) hipInit succeeds, is not reported, and the
+    // runtime first fails when it counts devices.
+    if Path::new("/dev/kfd").exists() {
+        eprintln!("/dev/kfd present: hipInit succeeds here; checking the device-count failure only");
+    } else {
+        let init = tracer.wait_for("hipInit", WAIT, |e| e["function"] == "hipInit" && e["pid"] == pid);
+        assert_eq!(init["kind"], "gpu_call");
+        assert_eq!(init["api"], "hip");
+        assert_eq!(init["result"], 101);
+        assert_eq!(init["result_name"], "hipErrorInvalidDevice");
+        assert_eq!(init["cgroup"], pod.rel.as_str());
+        assert_eq!(init["comm"], "hip_probe");
+        assert!(init["library"].as_str().is_some_and(|l| l.contains("libamdhip64")), "{init}");
+    }
 
     let count = tracer
         .wait_for("hipGetDeviceCount", WAIT, |e| e["function"] == "hipGetDeviceCount" && e["pid"] == pid);
+    assert_eq!(count["kind"], "gpu_call");
+    assert_eq!(count["api"], "hip");
+    assert_eq!(count["comm"], "hip_probe");
     assert_eq!(count["result"], 100);
     assert_eq!(count["result_name"], "hipErrorNoDevice");
     assert_eq!(count["cgroup"], pod.rel.as_str());

@@ -2,7 +2,7 @@
 # /init of the canaryscope test VM, built into the initramfs by tests/vm/run.sh.
 # Loads virtio/9p/amdgpu, mounts the host root (read-only, 9p) at /newroot with
 # proc/sys/dev/tracefs/debugfs/cgroup2/bpffs and writable tmpfs scratch space,
-# runs the job in a chroot there, prints its exit status and powers off.
+# runs the job with that as its root, prints its exit status and powers off.
 /bin/busybox --install -s /bin
 export PATH=/bin
 umask 022
@@ -112,14 +112,20 @@ if [ "$INTERACTIVE" = 1 ] && [ "$ROWS" -gt 0 ] 2>/dev/null; then
     stty -F /dev/ttyS0 rows "$ROWS" cols "$COLS" 2>/dev/null
 fi
 
+# The job's root is the host root moved over / in a mount namespace of its
+# own (what switch_root does), not a chroot into /newroot: under a chroot,
+# /proc/PID/maps of a process in yet another mount namespace names its files
+# with the /newroot prefix, which no real node shows. init itself stays in
+# the initramfs to report the exit status and power off.
+ENTER_ROOT="cd $R && /bin/mount --move . / && exec /bin/chroot . /bin/bash /run/canaryscope/job.sh"
 cd /
 echo "@@CANARYSCOPE-$NONCE-START uptime=$(cut -d' ' -f1 /proc/uptime)@@"
 if [ "$INTERACTIVE" = 1 ]; then
-    setsid -c env -i /bin/chroot $R /bin/bash /run/canaryscope/job.sh \
+    setsid -c env -i /bin/unshare -m /bin/sh -c "$ENTER_ROOT" \
         </dev/ttyS0 >/dev/ttyS0 2>&1
     rc=$?
 else
-    env -i /bin/chroot $R /bin/bash /run/canaryscope/job.sh </dev/null >/dev/ttyS0 2>&1
+    env -i /bin/unshare -m /bin/sh -c "$ENTER_ROOT" </dev/null >/dev/ttyS0 2>&1
     rc=$?
 fi
 echo "@@CANARYSCOPE-$NONCE-EXIT=$rc@@"

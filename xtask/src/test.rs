@@ -68,7 +68,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     }
     if !args.no_vm {
         step("VM tests: Debian 6.1 kernel with kprobes, amdgpu and /dev/kfd (QEMU, software emulation)");
-        let binaries = test_binaries(&["vm_kfd", "cpu_oom_exit"])?;
+        let binaries = test_binaries(&["vm_kfd", "gpu_hip", "gpu_cuda", "cpu_oom_exit"])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
     }
     if !args.no_bench {

@@ -1,0 +1,15 @@
+//! The observer's parsers of outside input, compiled from their own source
+//! files (not copies) so that the fuzz targets exercise exactly the code that
+//! ships. Each file is std-only apart from the crates listed in Cargo.toml.
+
+#[path = "../../observer/src/attribution/cgroup_path.rs"]
+pub mod cgroup_path;
+
+#[path = "../../observer/src/probes/maps.rs"]
+pub mod maps;
+
+#[path = "../../observer/src/probes/tracefs.rs"]
+pub mod tracefs;
+
+#[path = "../../observer/src/metrics/families.rs"]
+pub mod families;
