@@ -1,6 +1,7 @@
 //! `canaryscope run`: the node daemon. All probes, a Prometheus exporter,
 //! pod attribution from the Kubernetes API when there is one.
 use std::{
+    collections::HashSet,
     path::PathBuf,
     process::ExitCode,
     sync::{Arc, RwLock},
@@ -14,7 +15,7 @@ use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind};
 use crate::{
     attribution::{
         kube::{self, KubeOptions, PodCache},
-        labels::labels_for,
+        labels::{labels_for, Liveness},
     },
     cli_error::{require_root, CliError},
     metrics::{
@@ -190,10 +191,16 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
                 let mut guard = guard.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
                 guard.get_inner_mut().drain(|e| metrics.record(&e));
                 guard.clear_ready();
+                // The kernel wakes a reader only when it has caught up, so
+                // a record that arrived between the drain and clear_ready
+                // would sit unseen, and hold back every wakeup after it.
+                guard.get_inner_mut().drain(|e| metrics.record(&e));
                 dirty = true;
             }
             _ = tick.tick() => {
                 let session = fd.get_mut();
+                // A missed wakeup costs at most one tick, never the stream.
+                session.drain(|e| metrics.record(&e));
                 session.run_pending_scans();
                 // A pod added, changed or deleted in the API: relabel now.
                 let generation = pods.as_ref().map(|p| p.generation()).unwrap_or(0);
@@ -222,9 +229,16 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
 fn slow_refresh(session: &mut Session, metrics: &mut Metrics, pods: Option<&PodCache>, grace: Duration) {
     let _ = session.scan_stalls();
     metrics.set_stalled(session.stalled_now.clone());
-    metrics.set_gpu(session.gpu_stats());
-    metrics.set_runq(session.runq_stats());
-    metrics.set_kfd(session.kfd_stats());
+    let (gpu, runq, kfd) = (session.gpu_stats(), session.runq_stats(), session.kfd_stats());
+    let in_kernel: HashSet<u64> = gpu
+        .iter()
+        .map(|(k, _)| k.cgroup_id)
+        .chain(runq.iter().map(|(c, _)| *c))
+        .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
+        .collect();
+    metrics.set_gpu(gpu);
+    metrics.set_runq(runq);
+    metrics.set_kfd(kfd);
     let _findings = session.sample_cpu();
     if let Some(cpu) = &session.cpu {
         let snapshots: Vec<(u64, CpuSnapshot)> = cpu
@@ -247,13 +261,29 @@ fn slow_refresh(session: &mut Session, metrics: &mut Metrics, pods: Option<&PodC
     metrics.events_lost = session.events_lost();
     metrics.records = session.records.clone();
     let resolver = &mut session.cgroups;
-    let purged = metrics.refresh_labels(grace, |id| {
+    let mut purged = metrics.refresh_labels(grace, |id| {
         let path = resolver.path(id);
-        labels_for(path.as_deref(), pods)
+        let (labels, liveness) = labels_for(path.as_deref(), pods);
+        // A removed cgroup is gone whatever the API says: a restarted
+        // container leaves its old cgroup behind in a pod that lives on.
+        let liveness =
+            if liveness == Liveness::Live && !resolver.exists(id) { Liveness::Gone } else { liveness };
+        (labels, liveness)
     });
+    // Kernel entries of cgroups that never got series (over the cap) and
+    // are gone now: nobody else would ever remove them.
+    purged.extend(
+        in_kernel
+            .into_iter()
+            .filter(|id| !metrics.is_tracked(*id) && (resolver.path(*id).is_none() || !resolver.exists(*id))),
+    );
     if !purged.is_empty() {
-        info!("dropped series of {} gone cgroups", purged.len());
+        info!("dropped series and kernel entries of {} gone cgroups", purged.len());
         session.purge_cgroups(&purged);
+        // Hand the freed memory of those series back to the system now;
+        // otherwise a burst of short-lived pods sets the RSS for good.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
     }
 }
 

@@ -449,6 +449,15 @@ impl Session {
                 }
             }
         }
+        if let Some(map) = self.ebpf.map_mut(observer_common::kfd::KFD_STATS_MAP) {
+            if let Ok(mut stats) = PerCpuHashMap::<_, KfdStatsKey, KfdStats>::try_from(map) {
+                let doomed: Vec<KfdStatsKey> =
+                    stats.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
+                for k in doomed {
+                    let _ = stats.remove(&k);
+                }
+            }
+        }
         if let Some(map) = self.ebpf.map_mut(observer_common::sched::RUNQ_MAP) {
             if let Ok(mut stats) = PerCpuHashMap::<_, u64, RunqHistogram>::try_from(map) {
                 for c in cgroups {

@@ -1,6 +1,7 @@
 //! A node agent must leave nothing behind and keep its numbers exact under
 //! load: programs and maps are gone after SIGTERM and after SIGKILL; a flood
-//! of failing GPU calls keeps aggregated counters exact and /metrics up.
+//! of failing GPU calls keeps aggregated counters exact and /metrics up; a
+//! thousand short-lived pods leave no series, kernel entries or memory behind.
 mod support;
 
 use std::{
@@ -94,4 +95,116 @@ fn a_flood_of_failing_calls_keeps_counts_exact_and_metrics_up() {
     });
     // Every failure is an event: what did not arrive must have been counted as lost.
     assert!(metric_value(&received) + metric_value(&lost) >= calls as f64, "{received} / {lost}");
+}
+
+/// Cgroup ids (cgroup2 inode numbers) present as keys of a canaryscope
+/// map, as bpftool dumps them (the first 8 key bytes are the cgroup id).
+fn map_cgroup_ids(map_name: &str) -> Vec<u64> {
+    let out = Command::new("bpftool").args(["-j", "map", "show"]).output().expect("bpftool");
+    let maps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    let Some(id) =
+        maps.as_array().and_then(|a| a.iter().find(|m| m["name"] == map_name)).and_then(|m| m["id"].as_u64())
+    else {
+        panic!("map {map_name} not loaded");
+    };
+    let out =
+        Command::new("bpftool").args(["-j", "map", "dump", "id", &id.to_string()]).output().expect("dump");
+    let entries: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool map dump JSON");
+    entries
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| {
+            let key = e["key"].as_array()?;
+            let bytes: Vec<u8> = key
+                .iter()
+                .take(8)
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        })
+        .collect()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Runs `count` pods, each a real cgroup with a HIP process that fails to
+/// initialise, two at a time; returns the cgroup ids they had.
+fn churn(count: usize, tag: &str) -> Vec<u64> {
+    let hip_probe = fixture("hip_probe");
+    let run_one = |i: usize| {
+        let uid = format!("{tag}{:04x}-0000-4000-8000-{}", i, random_hex(12));
+        let pod = PodCgroup::new(&uid, &random_hex(64));
+        let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&pod.dir).expect("cgroup dir"));
+        let out = pod.command(&hip_probe).output().expect("hip_probe");
+        assert!(out.status.success(), "{out:?}");
+        id
+    };
+    std::thread::scope(|s| {
+        let halves: Vec<_> =
+            (0..2).map(|h| s.spawn(move || (h..count).step_by(2).map(run_one).collect::<Vec<_>>())).collect();
+        halves.into_iter().flat_map(|h| h.join().expect("churn thread")).collect()
+    })
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
+    assert_root();
+    let daemon = Daemon::start(&["--no-kubernetes", "--series-grace", "5s"]);
+    let pid = daemon.pid();
+    // Series of churned pods are recognised by their pod uid prefix.
+    let count_series =
+        |tag: &str| daemon.metrics().lines().filter(|l| l.contains(&format!("pod=\"{tag}"))).count();
+    let in_maps = |ids: &[u64]| -> usize {
+        ["GPU_STATS", "RUNQ_LATENCY"]
+            .iter()
+            .map(|m| map_cgroup_ids(m).iter().filter(|c| ids.contains(c)).count())
+            .sum()
+    };
+    let settle = |tag: &str, ids: &[u64]| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count_series(tag) > 0 || in_maps(ids) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} series and {} kernel entries of removed cgroups remain",
+                count_series(tag),
+                in_maps(ids)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+
+    // Warm-up: allocator arenas, label caches and the like reach their
+    // working size; the baseline is taken after they are purged again.
+    let warm = churn(100, "c0f1");
+    settle("c0f1", &warm);
+    let (rss_before, fds_before) = (rss_kib(pid), open_fds(pid));
+
+    let started = Instant::now();
+    let ids = churn(1000, "c0f2");
+    eprintln!("1,000 pods in {:.1?}", started.elapsed());
+    // While they are fresh, their series and kernel entries exist: the
+    // clean-up below has something to remove.
+    let seen = count_series("c0f2");
+    let entries = in_maps(&ids);
+    eprintln!("right after the churn: {seen} series, {entries} kernel entries, RSS {} KiB", rss_kib(pid));
+    assert!(seen > 0 && entries > 0, "{seen} series, {entries} entries");
+    settle("c0f2", &ids);
+    std::thread::sleep(Duration::from_secs(2));
+    let (rss_after, fds_after) = (rss_kib(pid), open_fds(pid));
+    eprintln!("RSS {rss_before} -> {rss_after} KiB; open fds {fds_before} -> {fds_after}");
+    assert!(rss_after <= rss_before + 8 * 1024, "RSS grew from {rss_before} to {rss_after} KiB");
+    assert!(fds_after <= fds_before + 2, "file descriptors leaked: {fds_before} -> {fds_after}");
+    assert!(daemon.stop().success());
 }

@@ -3,6 +3,10 @@
 # kprobes, amdgpu and /dev/kfd, pure cgroup v2). Arguments: the test
 # executables to run with --ignored; the host root is the guest's root, so
 # the same paths work inside.
+#
+# The test binaries and the canaryscope binary they start are copied to
+# target/vm/run-<pid>/ first: a build on the host during the (long) VM run
+# would otherwise replace them under the guest's feet.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -10,8 +14,17 @@ if [ $# -eq 0 ]; then
     echo "usage: tests/vm/test.sh TEST_BINARY... (cargo xtask test passes them)" >&2
     exit 2
 fi
+snap="$repo/target/vm/run-$$"
+mkdir -p "$snap"
+trap 'rm -rf "$snap"' EXIT
+bin="${CANARYSCOPE_BIN:-$repo/target/release/canaryscope}"
+[ -x "$bin" ] || { echo "tests/vm/test.sh: $bin missing; run cargo xtask build first" >&2; exit 2; }
+cp "$bin" "$snap/canaryscope"
 tests=""
-for t in "$@"; do tests="$tests '$t'"; done
-exec "$here/run.sh" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-2400}" -- \
-    env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" \
+for t in "$@"; do
+    cp "$t" "$snap/"
+    tests="$tests '$snap/$(basename "$t")'"
+done
+"$here/run.sh" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-2400}" -- \
+    env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
     sh -c "set -e; cd '$repo'; for t in $tests; do echo \"==> [vm] \$(basename \$t)\"; \"\$t\" --ignored --test-threads=1; done"

@@ -113,6 +113,16 @@ impl CgroupResolver {
     }
 
     /// Drop a cgroup that was removed so a reused id cannot resolve to it.
+    /// Whether the cgroup still exists: its last known directory is there
+    /// and is still the same cgroup (ids are inode numbers and not reused
+    /// while the kernel runs, but a path can be).
+    pub fn exists(&self, id: u64) -> bool {
+        let (Some(root), Some(path)) = (self.root.as_ref(), self.by_id.get(&id)) else {
+            return false;
+        };
+        fs::metadata(root.join(path.trim_start_matches('/'))).is_ok_and(|m| m.ino() == id)
+    }
+
     pub fn forget(&mut self, id: u64) {
         self.by_id.remove(&id);
     }

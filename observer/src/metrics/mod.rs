@@ -196,6 +196,11 @@ impl Metrics {
         purged
     }
 
+    /// Whether the cgroup has series (admitted under the cap).
+    pub fn is_tracked(&self, cgroup: u64) -> bool {
+        self.attribution.contains_key(&cgroup)
+    }
+
     #[cfg(test)]
     pub fn tracked_cgroups(&self) -> usize {
         self.attribution.len()

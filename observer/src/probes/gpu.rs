@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
         UProbe,
     },
     Ebpf,
@@ -225,20 +225,32 @@ pub fn host_libraries() -> Vec<PathBuf> {
     out
 }
 
-/// GPU libraries mapped by one process, as (path through its root, path it sees).
+/// GPU libraries mapped by one process, as (path to open, path it sees).
+///
+/// The file is reached through /proc/PID/root, so a container's own copy is
+/// found with the path the container uses. When that path no longer leads
+/// to the mapped file (unlinked or replaced since it was mapped), the
+/// mapping itself is opened through /proc/PID/map_files, which needs
+/// CAP_SYS_ADMIN; without it such a library is skipped.
 pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
     let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // The process exited between the event and this scan.
         return Vec::new();
     };
     let mut out: Vec<(PathBuf, String)> = Vec::new();
-    for path in crate::probes::maps::mapped_files(&maps) {
+    for mapping in crate::probes::maps::file_mappings(&maps) {
+        let path = mapping.file_path();
         let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
             continue;
         }
-        // The path is the one inside the process's mount namespace; reach it
-        // through /proc/PID/root so containers' own copies are found.
-        out.push((PathBuf::from(format!("/proc/{pid}/root{path}")), path.to_string()));
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let open_path = if !mapping.deleted() && via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
+        };
+        out.push((open_path, path.to_string()));
     }
     out
 }
@@ -300,6 +312,7 @@ impl GpuProbes {
         }
         let api = library.flavor.api();
         let library_index = self.table.len() as u32;
+        let mut links = Vec::new();
         let mut count = 0;
         let mut first_error = None;
         for (index, name) in api.functions().iter().enumerate() {
@@ -309,30 +322,26 @@ impl GpuProbes {
             let point_cookie = cookie(library_index, api, index as u32);
             let mut ok = true;
             for program_name in [ENTER_PROGRAM, EXIT_PROGRAM] {
-                let result = ebpf
-                    .program_mut(program_name)
-                    .ok_or_else(|| format!("program {program_name} missing from the eBPF object"))
-                    .and_then(|p| <&mut UProbe>::try_from(p).map_err(|e| e.to_string()))
-                    .and_then(|p| {
-                        p.attach(
-                            UProbeAttachPoint {
-                                location: UProbeAttachLocation::AbsoluteOffset(offset),
-                                cookie: Some(point_cookie),
-                            },
-                            &library.path,
-                            UProbeScope::AllProcesses,
-                        )
-                        .map_err(|e| format!("{name}: {e}"))
-                    });
-                if let Err(e) = result {
-                    debug!("attach {} {name}: {e}", library.display_path);
-                    first_error.get_or_insert(e);
-                    ok = false;
+                match attach_point(ebpf, program_name, &library, offset, point_cookie) {
+                    Ok(link) => links.push((program_name, link)),
+                    Err(e) => {
+                        debug!("attach {} {name}: {e}", library.display_path);
+                        first_error.get_or_insert(e);
+                        ok = false;
+                    }
                 }
             }
             if ok {
                 count += 1;
             }
+        }
+        // The path went away while attaching (usually through
+        // /proc/PID/root of a process that just exited): undo, and do not
+        // remember the file as failed, so the next process that maps it
+        // gets every probe.
+        if first_error.is_some() && !library.path.exists() {
+            detach_links(ebpf, links);
+            return Err(format!("{}: gone while attaching (the process exited)", library.display_path));
         }
         if count == 0 {
             let reason = first_error.unwrap_or_else(|| "no probed function found".into());
@@ -343,6 +352,39 @@ impl GpuProbes {
         self.table.push(library.display_path.clone());
         self.attached.insert(library.id, AttachedLibrary { library, functions: count });
         Ok(count)
+    }
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, program_name: &str) -> Result<&'a mut UProbe, String> {
+    ebpf.program_mut(program_name)
+        .ok_or_else(|| format!("program {program_name} missing from the eBPF object"))
+        .and_then(|p| <&mut UProbe>::try_from(p).map_err(|e| e.to_string()))
+}
+
+fn attach_point(
+    ebpf: &mut Ebpf,
+    program_name: &str,
+    library: &GpuLibrary,
+    offset: u64,
+    point_cookie: u64,
+) -> Result<UProbeLinkId, String> {
+    uprobe(ebpf, program_name)?
+        .attach(
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(point_cookie),
+            },
+            &library.path,
+            UProbeScope::AllProcesses,
+        )
+        .map_err(|e| e.to_string())
+}
+
+fn detach_links(ebpf: &mut Ebpf, links: Vec<(&str, UProbeLinkId)>) {
+    for (program_name, link) in links {
+        if let Err(e) = uprobe(ebpf, program_name).and_then(|p| p.detach(link).map_err(|e| e.to_string())) {
+            debug!("detach {program_name}: {e}");
+        }
     }
 }
 

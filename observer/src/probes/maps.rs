@@ -36,16 +36,32 @@ pub fn parse_line(line: &str) -> Option<Mapping<'_>> {
     })
 }
 
-/// Distinct file paths with at least one mapping (anonymous and special
-/// mappings such as `[heap]` are skipped).
-pub fn mapped_files(maps: &str) -> Vec<&str> {
-    let mut out: Vec<&str> = Vec::new();
+/// The first mapping of each distinct file (anonymous and special mappings
+/// such as `[heap]` are skipped).
+pub fn file_mappings(maps: &str) -> Vec<Mapping<'_>> {
+    let mut out: Vec<Mapping<'_>> = Vec::new();
     for m in maps.lines().filter_map(parse_line) {
-        if m.inode != 0 && m.path.starts_with('/') && !out.contains(&m.path) {
-            out.push(m.path);
+        if m.inode != 0 && m.path.starts_with('/') && !out.iter().any(|o| o.path == m.path) {
+            out.push(m);
         }
     }
     out
+}
+
+impl Mapping<'_> {
+    /// The kernel appends this to the path of a file unlinked (or replaced
+    /// by a rename) after it was mapped.
+    const DELETED: &'static str = " (deleted)";
+
+    /// Whether the mapped file no longer has this path.
+    pub fn deleted(&self) -> bool {
+        self.path.ends_with(Self::DELETED)
+    }
+
+    /// The path without the kernel's " (deleted)" note.
+    pub fn file_path(&self) -> &str {
+        self.path.strip_suffix(Self::DELETED).unwrap_or(self.path)
+    }
 }
 
 #[cfg(test)]
@@ -73,7 +89,7 @@ mod tests {
 
     #[test]
     fn lists_each_file_once() {
-        let files = mapped_files(SAMPLE);
+        let files: Vec<&str> = file_mappings(SAMPLE).iter().map(|m| m.path).collect();
         assert_eq!(
             files,
             vec![
@@ -82,6 +98,17 @@ mod tests {
                 "/tmp/lib with space.so (deleted)"
             ]
         );
+    }
+
+    #[test]
+    fn deleted_files_are_told_apart() {
+        let files = file_mappings(SAMPLE);
+        let deleted = files.last().expect("three files");
+        assert!(deleted.deleted());
+        assert_eq!(deleted.file_path(), "/tmp/lib with space.so");
+        assert_eq!((deleted.start, deleted.end), (0x7f1a2f000000, 0x7f1a2f001000));
+        assert!(!files[1].deleted());
+        assert_eq!(files[1].file_path(), files[1].path);
     }
 
     #[test]

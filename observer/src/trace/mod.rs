@@ -155,9 +155,15 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
                 let mut guard = guard.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
                 guard.get_inner_mut().drain(|e| batch.push(e));
                 guard.clear_ready();
+                // The kernel wakes a reader only when it has caught up, so
+                // a record that arrived between the drain and clear_ready
+                // would sit unseen, and hold back every wakeup after it.
+                guard.get_inner_mut().drain(|e| batch.push(e));
             }
             _ = tick.tick() => {
                 let session = fd.get_mut();
+                // A missed wakeup costs at most one tick, never the stream.
+                session.drain(|e| batch.push(e));
                 session.run_pending_scans();
                 batch.extend(session.scan_stalls());
                 if cpu_tick.elapsed() >= Duration::from_secs(1) {

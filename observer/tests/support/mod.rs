@@ -15,8 +15,23 @@ use std::{
 
 use serde_json::Value;
 
+/// The binary under test; CANARYSCOPE_BIN points at a copy (the VM runs
+/// one so that a rebuild on the host cannot change it mid-run).
 pub fn canaryscope() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_canaryscope"))
+    std::env::var_os("CANARYSCOPE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_canaryscope")))
+}
+
+/// Whether the tests run inside the software-emulated VM, where everything
+/// takes several times longer.
+pub fn in_vm() -> bool {
+    std::env::var_os("CANARYSCOPE_IN_VM").is_some()
+}
+
+/// How long a tracer or daemon may take to load and attach its probes.
+fn startup_timeout() -> Duration {
+    Duration::from_secs(if in_vm() { 120 } else { 30 })
 }
 
 pub fn fixtures_dir() -> PathBuf {
@@ -87,7 +102,7 @@ impl Tracer {
             }
         });
         let tracer = Self { child, lines, stderr };
-        tracer.wait_stderr("tracing;", Duration::from_secs(30));
+        tracer.wait_stderr("tracing;", startup_timeout());
         tracer
     }
 
@@ -321,7 +336,7 @@ impl Daemon {
             }
         });
         let d = Self { child, port, stderr };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + startup_timeout();
         while Instant::now() < deadline {
             if d.get("/readyz").is_some_and(|(code, _)| code == 200) {
                 return d;

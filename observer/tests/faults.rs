@@ -1,0 +1,210 @@
+//! Environment faults a node agent meets in production, each survived and
+//! visible: a full ring buffer, a GPU library replaced or deleted while
+//! probed, processes that exit while they are being probed.
+mod support;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn out_pid(stdout: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"))
+}
+
+/// A private copy of the CUDA fixture app and its ZLUDA-shaped library
+/// (`DIR/cuda_app` finds `DIR/zluda/libcuda.so.1` through its RUNPATH).
+struct AppCopy {
+    dir: PathBuf,
+}
+
+impl AppCopy {
+    fn new(tag: &str) -> Self {
+        let app = fixture("cuda_app");
+        let dir = fixtures_dir().join(format!("copy-{tag}-{}", random_hex(8)));
+        fs::create_dir_all(dir.join("zluda")).expect("mkdir");
+        fs::copy(&app, dir.join("cuda_app")).expect("copy app");
+        fs::copy(fixtures_dir().join("zluda/libcuda.so.1"), dir.join("zluda/libcuda.so.1"))
+            .expect("copy lib");
+        Self { dir }
+    }
+
+    fn app(&self) -> PathBuf {
+        self.dir.join("cuda_app")
+    }
+
+    fn lib(&self) -> PathBuf {
+        self.dir.join("zluda/libcuda.so.1")
+    }
+
+    /// Replaces the library the way package managers and image layers do:
+    /// a new file renamed over the old path (a new inode).
+    fn replace_lib(&self) {
+        let fresh = self.dir.join("zluda/.libcuda.so.1.new");
+        fs::copy(fixtures_dir().join("zluda/libcuda.so.1"), &fresh).expect("copy");
+        fs::rename(&fresh, self.lib()).expect("rename over");
+    }
+}
+
+impl Drop for AppCopy {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ino(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&fs::metadata(path).expect("stat"))
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_library_replaced_or_deleted_while_probed_is_still_traced() {
+    assert_root();
+    let copy = AppCopy::new("replace");
+    let tracer = Tracer::start(&[]);
+    let lib_path = copy.lib().display().to_string();
+    let cu_init_from = |pid: u64| {
+        let lib_path = lib_path.clone();
+        move |e: &serde_json::Value| e["function"] == "cuInit" && e["pid"] == pid && e["library"] == lib_path
+    };
+
+    // 1. The original file, found through the process's mappings.
+    let out = Command::new(copy.app()).args(["--sleep-before", "1000"]).output().expect("run");
+    tracer.wait_for("cuInit from the original library", WAIT, cu_init_from(out_pid(&out.stdout)));
+
+    // 2. Replaced by a rename: a new inode at the same path is probed anew.
+    let before = ino(&copy.lib());
+    copy.replace_lib();
+    assert_ne!(before, ino(&copy.lib()), "the replacement must be a new file");
+    let out = Command::new(copy.app()).args(["--sleep-before", "1000"]).output().expect("run");
+    tracer.wait_for("cuInit from the replacement", WAIT, cu_init_from(out_pid(&out.stdout)));
+
+    // 3. Deleted while a process has it mapped: the probes live on the
+    // inode, so the running process is still traced.
+    let child = Command::new(copy.app())
+        .args(["--sleep-before", "2500"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(800));
+    fs::remove_file(copy.lib()).expect("delete the library");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    tracer.wait_for("cuInit from the deleted library", WAIT, cu_init_from(out_pid(&out.stdout)));
+
+    let (status, _) = tracer.stop();
+    assert!(status.success(), "the tracer survived all three: {status:?}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_library_deleted_before_discovery_is_probed_through_the_mapping() {
+    assert_root();
+    let copy = AppCopy::new("deleted");
+    // The process maps the library, then the file is unlinked, then the
+    // tracer starts: the path in /proc/PID/maps leads nowhere ("(deleted)"),
+    // only the mapping itself does.
+    let child = Command::new(copy.app())
+        .args(["--sleep-before", "8000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as u64;
+    std::thread::sleep(Duration::from_millis(500));
+    fs::remove_file(copy.lib()).expect("delete the library");
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    assert!(maps.contains("libcuda.so.1 (deleted)"), "{maps}");
+    let tracer = Tracer::start(&[]);
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    let cu = tracer
+        .wait_for("cuInit from the deleted library", WAIT, |e| e["function"] == "cuInit" && e["pid"] == pid);
+    assert_eq!(cu["library"], copy.lib().display().to_string(), "reported under the path it had: {cu}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn processes_exiting_while_being_probed_do_not_spoil_later_ones() {
+    assert_root();
+    // One library file reached only through short-lived processes' own
+    // mount namespaces (/proc/PID/root/...), like a crash-looping pod: most
+    // of them exit while the tracer is still scanning or attaching.
+    let copy = AppCopy::new("exiting");
+    let tracer = Tracer::start(&[]);
+    let script = |args: &str| {
+        format!(
+            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/app; mount --bind {dir} /mnt/app; \
+             exec /mnt/app/cuda_app {args}",
+            dir = copy.dir.display()
+        )
+    };
+    for _ in 0..40 {
+        // Exits right after loading: an unknown argument.
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script("--exit-now")])
+            .output()
+            .expect("unshare");
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+    }
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script("--sleep-before 2000")])
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{out:?}");
+    let pid = out_pid(&out.stdout);
+    let cu = tracer.wait_for("cuInit after 40 exits during discovery", WAIT, |e| {
+        e["function"] == "cuInit" && e["pid"] == pid
+    });
+    assert_eq!(cu["library"], "/mnt/app/zluda/libcuda.so.1");
+    let (status, _) = tracer.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_full_ring_buffer_is_counted_as_lost_and_aggregates_stay_exact() {
+    assert_root();
+    let hip_loop = fixture("hip_loop");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let lost_before = metric_value(
+        &daemon.wait_metric("lost counter", WAIT, |l| l.starts_with("canaryscope_events_lost_total")),
+    );
+    // A stopped reader cannot drain the ring buffer: 40,000 failures (every
+    // one is an event) overflow its 1 MiB, while the kernel keeps counting.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGSTOP) };
+    let calls = 40_000;
+    let out = pod.command(&hip_loop).args(["--fail", &calls.to_string()]).output().expect("hip_loop");
+    // SAFETY: as above.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGCONT) };
+    assert!(out.status.success(), "{out:?}");
+    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default();
+    let line = daemon.wait_metric("exact count after the overflow", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("container=\"{short}\""))
+            && l.contains("function=\"hipGetDeviceCount\"")
+            && metric_value(l) >= calls as f64
+    });
+    assert_eq!(metric_value(&line), calls as f64, "{line}");
+    let lost = metric_value(&daemon.wait_metric("lost events", WAIT, |l| {
+        l.starts_with("canaryscope_events_lost_total") && metric_value(l) > lost_before
+    }));
+    // The reader drains what the ring held when it stopped.
+    let received = metric_value(&daemon.wait_metric("records drained after the stop", WAIT, |l| {
+        l.starts_with("canaryscope_ring_events_total{kind=\"gpu_call\"}") && metric_value(l) > 0.0
+    }));
+    eprintln!("received {received}, lost {}", lost - lost_before);
+    assert!(received + lost - lost_before >= calls as f64, "nothing vanished uncounted");
+    assert!(daemon.get("/metrics").is_some_and(|(c, _)| c == 200));
+    assert!(daemon.stop().success());
+}
