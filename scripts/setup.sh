@@ -52,6 +52,18 @@ else
     command -v bpf-linker >/dev/null || { echo "setup.sh: bpf-linker build failed" >&2; exit 1; }
 fi
 
+# fuzz/run.sh (a bounded run is part of `cargo xtask test`): libFuzzer
+# targets built by cargo-fuzz with the stable toolchain (RUSTC_BOOTSTRAP).
+CARGO_FUZZ_VERSION=0.13.2
+if [[ "$(cargo fuzz --version 2>/dev/null || true)" == *"$CARGO_FUZZ_VERSION"* ]]; then
+    step "cargo-fuzz $CARGO_FUZZ_VERSION: present"
+else
+    step "building cargo-fuzz $CARGO_FUZZ_VERSION (about 1.5 minutes, once)"
+    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked 2>&1 \
+        | grep -E '^\s*(Installing|Installed|error)' || true
+    cargo fuzz --version >/dev/null 2>&1 || { echo "setup.sh: cargo-fuzz build failed" >&2; exit 1; }
+fi
+
 # deploy/check.sh validates manifests with PyYAML, jsonschema and the
 # offline Kubernetes schemas of kubernetes-validate (PyPI only).
 if ! python3 -c 'import yaml, jsonschema, kubernetes_validate' 2>/dev/null; then

@@ -3,9 +3,9 @@
 //! byte after the inode is attacker-controlled.
 #![no_main]
 
-use canaryscope_fuzz::maps::{mapped_files, parse_line};
+use canaryscope_fuzz::maps::{file_mappings, parse_line, Mapping};
 use libfuzzer_sys::fuzz_target;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// True when `part` is a slice of `whole`'s memory, i.e. borrowed from the
 /// input rather than built or truncated elsewhere.
@@ -14,11 +14,25 @@ fn is_within(whole: &str, part: &str) -> bool {
     p >= w && p + part.len() <= w + whole.len()
 }
 
+/// The " (deleted)" helpers only ever strip the kernel's note.
+fn check_deleted(m: &Mapping<'_>) {
+    let file = m.file_path();
+    assert!(m.path.starts_with(file), "file_path {file:?} is not a prefix of {:?}", m.path);
+    if m.deleted() {
+        assert_eq!(format!("{file} (deleted)"), m.path);
+    } else {
+        assert_eq!(file, m.path);
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     // The observer reads the file with read_to_string: non-UTF-8 never
     // reaches the parser.
     let Ok(maps) = std::str::from_utf8(data) else { return };
 
+    // The first file mapping of each path, computed independently of
+    // file_mappings (and linearly: inputs reach thousands of lines).
+    let mut first: HashMap<&str, usize> = HashMap::new();
     for line in maps.lines() {
         let Some(m) = parse_line(line) else { continue };
         assert!(m.end >= m.start, "end {:#x} < start {:#x} in {line:?}", m.end, m.start);
@@ -29,26 +43,27 @@ fuzz_target!(|data: &[u8]| {
         let perms = line.split(' ').nth(1).expect("a parsed line has permissions");
         assert_eq!(perms.len(), 4, "perms {perms:?} in {line:?}");
         assert_eq!(m.executable, perms.as_bytes()[2] == b'x', "executable bit of {line:?}");
+        check_deleted(&m);
+        if m.inode != 0 && m.path.starts_with('/') {
+            first.entry(m.path).or_insert(m.path.as_ptr() as usize);
+        }
     }
 
-    let files = mapped_files(maps);
-    // Sets keep the checks linear: inputs reach thousands of lines.
-    let file_mappings: HashSet<(usize, usize)> = maps
-        .lines()
-        .filter_map(parse_line)
-        .filter(|m| m.inode != 0)
-        .map(|m| (m.path.as_ptr() as usize, m.path.len()))
-        .collect();
+    let files = file_mappings(maps);
+    assert_eq!(files.len(), first.len(), "files listed vs distinct file paths in the input");
     let mut seen = HashSet::new();
-    for path in &files {
-        assert!(path.starts_with('/'), "{path:?} is not absolute");
-        assert!(is_within(maps, path), "{path:?} is not part of the input");
-        assert!(!path.contains('\n'), "{path:?} spans lines");
-        assert!(seen.insert(*path), "{path:?} listed twice");
-        // Each listed file is the path of a line that parses with an inode.
-        assert!(
-            file_mappings.contains(&(path.as_ptr() as usize, path.len())),
-            "{path:?} does not come from a file mapping"
+    for m in &files {
+        assert!(m.path.starts_with('/') && m.inode != 0, "{:?} is not a file mapping", m.path);
+        assert!(is_within(maps, m.path), "{:?} is not part of the input", m.path);
+        assert!(!m.path.contains('\n'), "{:?} spans lines", m.path);
+        // Each file once (with the equal counts: every file), from its first line.
+        assert!(seen.insert(m.path), "{:?} listed twice", m.path);
+        assert_eq!(
+            first.get(m.path),
+            Some(&(m.path.as_ptr() as usize)),
+            "{:?} is not its first line",
+            m.path
         );
+        check_deleted(m);
     }
 });

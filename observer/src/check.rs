@@ -152,7 +152,7 @@ fn trial_load(extra_libs: &[std::path::PathBuf]) -> (Vec<crate::probes::ProbeSta
         settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: u64::MAX, kfd_device: None },
         explicit_libs: extra_libs.to_vec(),
         stall_threshold_ns: u64::MAX,
-        families: Families { exits: true, sched: true, discovery: true, kfd: true },
+        families: Families::ALL,
         oversubscribed_after: std::time::Duration::from_secs(2),
     };
     match Session::start(options) {

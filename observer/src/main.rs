@@ -72,6 +72,9 @@ pub struct RunArgs {
     /// Do not talk to the Kubernetes API even when a config is found.
     #[arg(long)]
     pub no_kubernetes: bool,
+    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits [default: all].
+    #[arg(long, value_name = "LIST")]
+    pub probes: Option<String>,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -100,6 +103,9 @@ pub struct TraceArgs {
     /// Stop after this long (for scripts); runs until Ctrl-C / SIGTERM by default.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
+    #[arg(long, value_name = "LIST", value_parser = crate::probes::Families::parse, default_value = "all")]
+    pub probes: crate::probes::Families,
     /// Character device whose ioctls count as KFD ioctls when the kernel has
     /// no kprobes (default /dev/kfd; tests point it at another device).
     #[arg(long, value_name = "PATH", hide = true)]

@@ -40,6 +40,7 @@ pub struct ConfigFile {
     pub stall_threshold: Option<String>,
     pub libs: Vec<PathBuf>,
     pub kubernetes: Option<bool>,
+    pub probes: Option<String>,
 }
 
 /// Everything the daemon runs with, after flags, environment and file.
@@ -51,6 +52,7 @@ pub struct Settings {
     pub max_cgroups: usize,
     pub stall_threshold: Duration,
     pub libs: Vec<PathBuf>,
+    pub probes: Families,
 }
 
 pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
@@ -103,7 +105,15 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
             return Err(CliError::usage(format!("--lib {}: {e}", lib.display())));
         }
     }
+    let probes = match args.probes.clone().or(file.probes) {
+        Some(list) => Families::parse(&list).map_err(|e| CliError::usage(format!("--probes: {e}")))?,
+        None => Families::ALL,
+    };
+    if !libs.is_empty() && !probes.gpu {
+        return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
+    }
     Ok(Settings {
+        probes,
         listen,
         kube,
         series_grace,
@@ -138,7 +148,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: stall_ns.max(1), kfd_device: None },
         explicit_libs: settings.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
-        families: Families { exits: true, sched: true, discovery: true, kfd: true },
+        families: settings.probes,
         oversubscribed_after: Duration::from_secs(2),
     })
     .map_err(|e| match e {

@@ -105,6 +105,9 @@ impl Session {
             });
             session.cpu = Some(monitor);
         }
+        if !options.families.gpu {
+            return Ok(session);
+        }
         for path in &options.explicit_libs {
             let display = path.display().to_string();
             let library = gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;

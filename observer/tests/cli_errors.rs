@@ -51,3 +51,16 @@ fn running_without_root_says_so() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("needs root"), "{err}");
 }
+
+#[test]
+fn unknown_probe_families_are_usage_errors() {
+    for cmd in ["trace", "run"] {
+        let (code, err) = run(&[cmd, "--probes", "gpu,kprobes"]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{cmd}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let (code, err) = run(&["trace", "--probes", "cpu", "--lib", "/bin/true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--lib needs the gpu probes"), "{err}");
+}

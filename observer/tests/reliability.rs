@@ -150,6 +150,8 @@ fn churn(count: usize, tag: &str) -> Vec<u64> {
         assert!(out.status.success(), "{out:?}");
         id
     };
+    // The shared parent slices are made once, outside the two threads.
+    let _parents = PodCgroup::new(&format!("{tag}ffff-0000-4000-8000-{}", random_hex(12)), &random_hex(64));
     std::thread::scope(|s| {
         let halves: Vec<_> =
             (0..2).map(|h| s.spawn(move || (h..count).step_by(2).map(run_one).collect::<Vec<_>>())).collect();

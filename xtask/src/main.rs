@@ -45,6 +45,13 @@ enum Task {
     },
     /// Build the container image (OCI archive) the DaemonSet runs.
     Image,
+    /// Fuzz the parsers of outside input (cargo-fuzz/libFuzzer) for SECONDS per target.
+    Fuzz {
+        #[arg(default_value_t = 300)]
+        seconds: u32,
+        /// Only these targets (cgroup_path, proc_maps, tracefs_format, label_values).
+        targets: Vec<String>,
+    },
 }
 
 pub fn root() -> PathBuf {
@@ -107,6 +114,9 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),
         Task::Image => image::run(),
+        Task::Fuzz { seconds, targets } => {
+            run(Command::new(root().join("fuzz/run.sh")).arg(seconds.to_string()).args(targets))
+        }
         Task::Vm { cmd } => run(Command::new(root().join("tests/vm/run.sh")).arg("--").args(cmd)),
     };
     match result {

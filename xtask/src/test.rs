@@ -20,6 +20,9 @@ pub struct TestArgs {
     /// Skip the benchmark smoke run.
     #[arg(long)]
     pub no_bench: bool,
+    /// Skip the bounded fuzzing run of the parsers.
+    #[arg(long)]
+    pub no_fuzz: bool,
     /// Only run integration tests whose name contains this.
     #[arg(long)]
     pub filter: Option<String>,
@@ -57,6 +60,12 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         integration.arg(filter);
     }
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
+    if !args.no_fuzz {
+        step(
+            "fuzzing the parsers of outside input: 4 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)",
+        );
+        run(Command::new(root().join("fuzz/run.sh")).arg("15"))?;
+    }
     let deploy_check = root().join("deploy/check.sh");
     if deploy_check.exists() {
         step("deploy/: promtool rules, alert unit tests, manifest validation");

@@ -180,7 +180,12 @@ mod tests {
         let id = fs::metadata(&leaf).expect("leaf").ino();
         assert_eq!(r.path(id).as_deref(), Some("/kubepods.slice/pod.slice"));
         assert_eq!(r.id_of("/kubepods.slice/pod.slice"), Some(id));
+        assert!(r.exists(id));
         fs::remove_dir_all(&dir).expect("cleanup");
+        // Still known by path (events of its last moments keep their
+        // attribution), but no longer there.
+        assert_eq!(r.path(id).as_deref(), Some("/kubepods.slice/pod.slice"));
+        assert!(!r.exists(id));
         r.forget(id);
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(r.path(id), None);

@@ -233,10 +233,13 @@ pub fn host_libraries() -> Vec<PathBuf> {
 /// mapping itself is opened through /proc/PID/map_files, which needs
 /// CAP_SYS_ADMIN; without it such a library is skipped.
 pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
-    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
         // The process exited between the event and this scan.
         return Vec::new();
     };
+    // Any file name may be mapped, UTF-8 or not; the libraries we look for
+    // have ASCII names, so a lossy view loses none of them.
+    let maps = String::from_utf8_lossy(&maps);
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for mapping in crate::probes::maps::file_mappings(&maps) {
         let path = mapping.file_path();

@@ -39,13 +39,13 @@ pub fn parse_line(line: &str) -> Option<Mapping<'_>> {
 /// The first mapping of each distinct file (anonymous and special mappings
 /// such as `[heap]` are skipped).
 pub fn file_mappings(maps: &str) -> Vec<Mapping<'_>> {
-    let mut out: Vec<Mapping<'_>> = Vec::new();
-    for m in maps.lines().filter_map(parse_line) {
-        if m.inode != 0 && m.path.starts_with('/') && !out.iter().any(|o| o.path == m.path) {
-            out.push(m);
-        }
-    }
-    out
+    // A process may map tens of thousands of files (vm.max_map_count is
+    // 65530): a set keeps the scan linear.
+    let mut seen = std::collections::HashSet::new();
+    maps.lines()
+        .filter_map(parse_line)
+        .filter(|m| m.inode != 0 && m.path.starts_with('/') && seen.insert(m.path))
+        .collect()
 }
 
 impl Mapping<'_> {

@@ -130,13 +130,71 @@ pub(crate) fn attach_tp(ebpf: &mut Ebpf, program: &str, category: &str, name: &s
     Ok(())
 }
 
-/// Probe families other than the GPU libraries; each one is optional.
-#[derive(Clone, Copy, Debug)]
+/// Probe families, each one optional (`--probes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Families {
-    pub exits: bool,
-    pub sched: bool,
-    pub discovery: bool,
+    /// GPU runtime libraries: their uprobes and their discovery.
+    pub gpu: bool,
     pub kfd: bool,
+    pub sched: bool,
+    pub exits: bool,
+}
+
+/// The names `--probes` takes, with what each covers.
+pub const FAMILY_NAMES: &[(&str, &str)] = &[
+    ("gpu", "HIP and CUDA driver API calls (uprobes) and the discovery of their libraries"),
+    ("kfd", "AMD KFD driver ioctls and GPU fault, reset and eviction hooks"),
+    ("cpu", "run-queue latency per cgroup, CFS throttling and oversubscription"),
+    ("exits", "crashes, OOM kills and abnormal exits"),
+];
+
+/// Everything, as a node agent runs by default.
+impl Default for Families {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl Families {
+    pub const ALL: Self = Self { gpu: true, kfd: true, sched: true, exits: true };
+
+    /// Parses a comma-separated list such as `gpu,exits`, or `all`.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut families = Self { gpu: false, kfd: false, sched: false, exits: false };
+        for name in list.split(',').map(str::trim) {
+            match name {
+                "all" => families = Self::ALL,
+                "gpu" => families.gpu = true,
+                "kfd" => families.kfd = true,
+                "cpu" => families.sched = true,
+                "exits" => families.exits = true,
+                _ => {
+                    let known: Vec<&str> = FAMILY_NAMES.iter().map(|(n, _)| *n).collect();
+                    return Err(format!(
+                        "unknown probe family `{name}` (known: {}, or all)",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(families)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_lists_parse_and_unknown_names_are_refused() {
+        assert_eq!(Families::parse("all"), Ok(Families::ALL));
+        let only = Families::parse("gpu, exits").expect("valid");
+        assert!(only.gpu && only.exits && !only.kfd && !only.sched);
+        assert_eq!(Families::parse("cpu").map(|f| f.sched), Ok(true));
+        let err = Families::parse("gpu,kprobes").expect_err("unknown");
+        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{err}");
+        assert!(Families::parse("").is_err(), "an empty list selects nothing: refused");
+    }
 }
 
 /// Attaches the tracepoint families; failures are reported, never fatal.
@@ -184,7 +242,7 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
         };
         record("oom", "oom:mark_victim", oom, oom_detail);
     }
-    if families.discovery {
+    if families.gpu {
         let r = match &env.tracefs {
             Err(e) => Err(e.clone()),
             Ok(_) => attach_tp(ebpf, "mmap_exec", "syscalls", "sys_enter_mmap"),

@@ -71,6 +71,9 @@ fn validate(args: &TraceArgs) -> Result<(), CliError> {
             return Err(CliError::usage(format!("--lib {}: {e}", lib.display())));
         }
     }
+    if !args.libs.is_empty() && !args.probes.gpu {
+        return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
+    }
     Ok(())
 }
 
@@ -94,7 +97,7 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
         },
         explicit_libs: args.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
-        families: crate::probes::Families { exits: true, sched: true, discovery: true, kfd: true },
+        families: args.probes,
         oversubscribed_after: Duration::from_secs(2),
     })
     .map_err(|e| match e {

@@ -191,9 +191,11 @@ impl PodCgroup {
         let mut created = Vec::new();
         for p in &parts {
             dir.push(p);
-            if !dir.exists() {
-                fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-                created.push(dir.clone());
+            match fs::create_dir(&dir) {
+                Ok(()) => created.push(dir.clone()),
+                // A parent another test pod made (concurrently) stays theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("mkdir {}: {e}", dir.display()),
             }
         }
         Self {
