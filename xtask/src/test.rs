@@ -45,6 +45,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     if !args.no_lint {
         step("rustfmt --check");
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;
         step("clippy (warnings are errors)");
         run(cargo().args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]))?;
     }

@@ -181,22 +181,6 @@ impl Families {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn probe_lists_parse_and_unknown_names_are_refused() {
-        assert_eq!(Families::parse("all"), Ok(Families::ALL));
-        let only = Families::parse("gpu, exits").expect("valid");
-        assert!(only.gpu && only.exits && !only.kfd && !only.sched);
-        assert_eq!(Families::parse("cpu").map(|f| f.sched), Ok(true));
-        let err = Families::parse("gpu,kprobes").expect_err("unknown");
-        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{err}");
-        assert!(Families::parse("").is_err(), "an empty list selects nothing: refused");
-    }
-}
-
 /// Attaches the tracepoint families; failures are reported, never fatal.
 pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -> Vec<ProbeStatus> {
     let mut status = Vec::new();
@@ -286,4 +270,20 @@ pub fn events_lost(ebpf: &Ebpf) -> u64 {
         return 0;
     };
     array.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_lists_parse_and_unknown_names_are_refused() {
+        assert_eq!(Families::parse("all"), Ok(Families::ALL));
+        let only = Families::parse("gpu, exits").expect("valid");
+        assert!(only.gpu && only.exits && !only.kfd && !only.sched);
+        assert_eq!(Families::parse("cpu").map(|f| f.sched), Ok(true));
+        let err = Families::parse("gpu,kprobes").expect_err("unknown");
+        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{err}");
+        assert!(Families::parse("").is_err(), "an empty list selects nothing: refused");
+    }
 }
