@@ -208,3 +208,29 @@ fn a_full_ring_buffer_is_counted_as_lost_and_aggregates_stay_exact() {
     assert!(daemon.get("/metrics").is_some_and(|(c, _)| c == 200));
     assert!(daemon.stop().success());
 }
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn an_event_of_a_cgroup_removed_before_it_is_resolved_is_kept_without_a_path() {
+    assert_root();
+    let probe = fixture("hip_probe");
+    let tracer = Tracer::start(&[]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    // The reader is stopped while the pod runs and its cgroup is removed:
+    // by the time the record is read, the id leads nowhere.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) };
+    let out = pod.command(&probe).output().expect("run hip_probe");
+    let cgroup_id = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&pod.dir).expect("cgroup"));
+    drop(pod);
+    // SAFETY: as above.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGCONT) };
+    let pid = out_pid(&out.stdout);
+    let ev = tracer.wait_for("the failure of the vanished pod", WAIT, |e| {
+        e["function"] == "hipGetDeviceCount" && e["pid"] == pid
+    });
+    assert!(ev["cgroup"].is_null(), "no path to report: {ev}");
+    assert_eq!(ev["cgroup_id"], cgroup_id, "the id still says which cgroup it was: {ev}");
+    let (status, _) = tracer.stop();
+    assert!(status.success(), "{status:?}");
+}

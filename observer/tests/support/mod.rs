@@ -117,6 +117,10 @@ impl Tracer {
         panic!("canaryscope did not print {needle:?}; stderr:\n{}", self.stderr.lock().expect("lock"));
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn events(&self) -> Vec<Value> {
         self.lines.lock().expect("lock").clone()
     }
