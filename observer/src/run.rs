@@ -171,15 +171,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 
     let mut metrics = Metrics::new(settings.max_cgroups);
-    metrics.probes = session.probe_status.clone();
-    for lib in session.gpu.libraries() {
-        metrics.probes.push(crate::probes::ProbeStatus {
-            probe: "gpu",
-            target: lib.library.display_path.clone(),
-            attached: true,
-            detail: format!("{} functions", lib.functions),
-        });
-    }
+    metrics.probes = probe_status(&session);
 
     // SAFETY: the ring buffer fd is owned by the session and outlives this AsyncFd.
     let mut fd = unsafe { AsyncFd::register_with_interest(session, tokio::io::Interest::READABLE) }
@@ -235,8 +227,17 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Tracepoint families, then every GPU library found so far.
+fn probe_status(session: &Session) -> Vec<crate::probes::ProbeStatus> {
+    let mut all = session.probe_status.clone();
+    all.extend(session.gpu.status());
+    all
+}
+
 /// Kernel aggregates, stalls, CPU limits and labels: refreshed twice a second.
 fn slow_refresh(session: &mut Session, metrics: &mut Metrics, pods: Option<&PodCache>, grace: Duration) {
+    // Libraries found since the start (a pod's own copy) show up too.
+    metrics.probes = probe_status(session);
     let _ = session.scan_stalls();
     metrics.set_stalled(session.stalled_now.clone());
     let (gpu, runq, kfd) = (session.gpu_stats(), session.runq_stats(), session.kfd_stats());

@@ -107,6 +107,20 @@ fn a_library_replaced_or_deleted_while_probed_is_still_traced() {
 
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
+fn the_exporter_lists_libraries_found_after_start() {
+    assert_root();
+    let copy = AppCopy::new("exported");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let series = format!("canaryscope_probe_attached{{probe=\"gpu\",target=\"{}\"}}", copy.lib().display());
+    assert!(!daemon.metrics().contains(&series), "not mapped by anyone yet");
+    let out = Command::new(copy.app()).args(["--sleep-before", "500"]).output().expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let line = daemon.wait_metric("the library found by discovery", WAIT, |l| l.starts_with(&series));
+    assert_eq!(metric_value(&line), 1.0, "{line}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
 fn a_library_deleted_before_discovery_is_probed_through_the_mapping() {
     assert_root();
     let copy = AppCopy::new("deleted");

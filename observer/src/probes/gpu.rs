@@ -271,8 +271,9 @@ pub fn all_pids() -> Vec<u32> {
 #[derive(Default)]
 pub struct GpuProbes {
     attached: HashMap<FileId, AttachedLibrary>,
-    /// Files that failed to attach, so they are not retried on every event.
-    failed: HashMap<FileId, String>,
+    /// Files that failed to attach (display path, reason), so they are not
+    /// retried on every event.
+    failed: HashMap<FileId, (String, String)>,
     /// Library paths by the index carried in attach cookies.
     table: Vec<String>,
 }
@@ -297,6 +298,25 @@ impl GpuProbes {
 
     pub fn is_attached(&self, id: &FileId) -> bool {
         self.attached.contains_key(id) || self.failed.contains_key(id)
+    }
+
+    /// One line per library file: probed, or why not.
+    pub fn status(&self) -> Vec<crate::probes::ProbeStatus> {
+        let attached = self.attached.values().map(|l| crate::probes::ProbeStatus {
+            probe: "gpu",
+            target: l.library.display_path.clone(),
+            attached: true,
+            detail: format!("{} functions", l.functions),
+        });
+        let failed = self.failed.values().map(|(path, reason)| crate::probes::ProbeStatus {
+            probe: "gpu",
+            target: path.clone(),
+            attached: false,
+            detail: reason.clone(),
+        });
+        let mut all: Vec<_> = attached.chain(failed).collect();
+        all.sort_by(|a, b| a.target.cmp(&b.target));
+        all
     }
 
     /// The library path for the index found in an event's cookie.
@@ -348,7 +368,7 @@ impl GpuProbes {
         }
         if count == 0 {
             let reason = first_error.unwrap_or_else(|| "no probed function found".into());
-            self.failed.insert(library.id, reason.clone());
+            self.failed.insert(library.id, (library.display_path.clone(), reason.clone()));
             return Err(format!("{}: {reason}", library.display_path));
         }
         info!("probing {} ({:?}): {count} functions", library.display_path, library.flavor);
