@@ -145,8 +145,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Parses the command line; a mistake is one line naming it and the way to
+/// the fix, exit status 2 (help and version print in full, status 0).
+fn parse_cli() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    Cli::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        _ => cli_error::CliError::usage(cli_error::one_line_clap(&e.to_string())).report(),
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     env_logger::Builder::new().parse_filters(&cli.log_level).format_target(false).init();
     let result = match cli.command.unwrap_or(Command::Trace(TraceArgs {
         stall_threshold: Duration::from_secs(10),

@@ -24,8 +24,17 @@ fn malformed_flags_are_usage_errors() {
     let (code, err) = run(&["trace", "--stall-threshold", "ten"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("ten"), "{err}");
-    let (code, _) = run(&["trace", "--no-such-flag"]);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let (code, err) = run(&["trace", "--no-such-flag"]);
     assert_eq!(code, 2);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("--no-such-flag") && err.contains("--help"), "names it and the way out: {err}");
+    let (code, err) = run(&["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("frobnicate"), "{err}");
+    // Help is no error.
+    let (code, _) = run(&["--help"]);
+    assert_eq!(code, 0);
 }
 
 #[test]
@@ -58,6 +67,7 @@ fn unknown_probe_families_are_usage_errors() {
         let (code, err) = run(&[cmd, "--probes", "gpu,kprobes"]);
         assert_eq!(code, 2, "{cmd}: {err}");
         assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{cmd}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
     let (code, err) = run(&["trace", "--probes", "cpu", "--lib", "/bin/true"]);
