@@ -248,3 +248,37 @@ fn an_event_of_a_cgroup_removed_before_it_is_resolved_is_kept_without_a_path() {
     let (status, _) = tracer.stop();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn without_tracefs_canaryscope_mounts_it_and_attaches() {
+    assert_root();
+    // In a private mount namespace every tracefs mount is taken away first;
+    // the host's mounts stay as they are.
+    let script = format!(
+        "for m in $(awk '$3 == \"tracefs\" {{print $2}}' /proc/self/mounts | sort -r); do \
+             umount -l \"$m\" || exit 3; done; \
+         if grep -q ' tracefs ' /proc/self/mounts; then exit 4; fi; \
+         exec {} check --json",
+        canaryscope().display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    assert!(![3, 4].contains(&out.status.code().unwrap_or(0)), "could not unmount tracefs: {out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let facility = report["facilities"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "tracefs"))
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(facility["ok"], true, "{facility}");
+    let attached = |probe: &str| {
+        report["probes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["probe"] == probe && p["attached"] == true))
+    };
+    // Both need tracefs: the OOM tracepoint's format and the mmap syscall tracepoint.
+    assert!(attached("oom") && attached("discovery"), "{report:#}");
+}

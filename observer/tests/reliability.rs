@@ -210,3 +210,39 @@ fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
     assert!(fds_after <= fds_before + 2, "file descriptors leaked: {fds_before} -> {fds_after}");
     assert!(daemon.stop().success());
 }
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn the_exporter_shows_no_command_line_environment_or_process_name() {
+    assert_root();
+    use std::os::unix::process::CommandExt;
+    let hip_loop = fixture("hip_loop");
+    // The process name (comm) comes from the file name exec'd: a link
+    // with a name of its own.
+    let comm = format!("tok{}", random_hex(10));
+    let link = fixtures_dir().join(&comm);
+    std::os::unix::fs::symlink(&hip_loop, &link).expect("symlink");
+    let (secret_env, secret_arg) =
+        (format!("envsecret{}", random_hex(16)), format!("argsecret{}", random_hex(16)));
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let out = pod
+        .command(&link)
+        .arg0(&secret_arg)
+        .args(["--fail", "5"])
+        .env("API_TOKEN", &secret_env)
+        .output()
+        .expect("run");
+    let _ = std::fs::remove_file(&link);
+    assert!(out.status.success(), "{out:?}");
+    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default();
+    // The workload's failures are there...
+    daemon.wait_metric("the workload's failures", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{") && l.contains(&short) && metric_value(l) >= 5.0
+    });
+    // ...and nothing of what the process carried.
+    let text = daemon.metrics();
+    for leaked in [&secret_env, &secret_arg, &comm] {
+        assert!(!text.contains(leaked.as_str()), "{leaked} leaked into /metrics");
+    }
+}

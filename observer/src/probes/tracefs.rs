@@ -21,6 +21,7 @@ pub fn ensure_mounted() -> Result<PathBuf, String> {
             std::io::Error::last_os_error()
         ));
     }
+    log::info!("tracefs was not mounted: mounted it at {TRACEFS}");
     Ok(PathBuf::from(TRACEFS))
 }
 
