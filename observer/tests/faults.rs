@@ -14,13 +14,6 @@ use support::*;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn out_pid(stdout: &[u8]) -> u64 {
-    let text = String::from_utf8_lossy(stdout);
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {text}"))
-}
-
 /// A private copy of the CUDA fixture app and its ZLUDA-shaped library
 /// (`DIR/cuda_app` finds `DIR/zluda/libcuda.so.1` through its RUNPATH).
 struct AppCopy {

@@ -27,13 +27,6 @@ fn expected_cu_init() -> (i64, &'static str) {
 /// Event waits are generous: the VM runs under software emulation.
 const WAIT: Duration = Duration::from_secs(20);
 
-fn out_pid(stdout: &[u8]) -> u64 {
-    let text = String::from_utf8_lossy(stdout);
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {text}"))
-}
-
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn cu_init_failure_is_reported_with_the_hip_call_beneath() {

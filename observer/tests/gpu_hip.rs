@@ -71,10 +71,3 @@ fn filters_keep_only_the_asked_for_process() {
     let (_, events) = tracer.stop();
     assert!(events.iter().all(|e| e["pid"] != outside_pid), "filtered-out pid leaked: {events:#?}");
 }
-
-fn out_pid(stdout: &[u8]) -> u64 {
-    let text = String::from_utf8_lossy(stdout);
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {text}"))
-}

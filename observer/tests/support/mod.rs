@@ -417,3 +417,11 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 pub fn metric_value(line: &str) -> f64 {
     line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
 }
+
+/// The `pid=N` a fixture program prints about itself.
+pub fn out_pid(stdout: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"))
+}
