@@ -32,6 +32,9 @@ use crate::{
     probes::{self, gpu, Families, KernelSettings, LoadError, ProbeStatus},
 };
 
+/// How often probed library files are checked for deletion.
+const RETIRE_CHECK_EVERY: Duration = Duration::from_secs(5);
+
 pub struct SessionOptions {
     pub settings: KernelSettings,
     /// Libraries named by the user; failing to probe one of them is an error.
@@ -55,6 +58,8 @@ pub struct Session {
     /// Tracepoint families and whether each attached.
     pub probe_status: Vec<ProbeStatus>,
     pending_scans: Vec<(Instant, u32)>,
+    /// When probed library files were last checked for deletion.
+    last_retire_check: Instant,
     oom_scopes: HashMap<u32, &'static str>,
     pub cpu: Option<CpuMonitor>,
     /// Calls past the stall threshold at the last scan: (cgroup, api, function).
@@ -88,6 +93,7 @@ impl Session {
             decode_errors: 0,
             probe_status,
             pending_scans: Vec::new(),
+            last_retire_check: Instant::now(),
             oom_scopes: HashMap::new(),
             cpu: None,
             stalled_now: Vec::new(),
@@ -304,6 +310,12 @@ impl Session {
         self.pending_scans.retain(|(t, _)| *t > now);
         for pid in due {
             self.scan_process(pid);
+        }
+        // One fstat per probed library every few seconds; the processes'
+        // maps are read only when one of those files was deleted.
+        if self.last_retire_check.elapsed() >= RETIRE_CHECK_EVERY {
+            self.last_retire_check = Instant::now();
+            self.gpu.retire_deleted(&mut self.ebpf);
         }
         // Victims that never exited through us (e.g. we started mid-kill).
         if self.oom_scopes.len() > 1024 {

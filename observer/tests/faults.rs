@@ -275,3 +275,32 @@ fn without_tracefs_canaryscope_mounts_it_and_attaches() {
     // Both need tracefs: the OOM tracepoint's format and the mmap syscall tracepoint.
     assert!(attached("oom") && attached("discovery"), "{report:#}");
 }
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn probes_of_a_deleted_library_go_once_no_process_maps_it() {
+    assert_root();
+    let copy = AppCopy::new("retired");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let series = format!("canaryscope_probe_attached{{probe=\"gpu\",target=\"{}\"}}", copy.lib().display());
+    // A process that keeps the library mapped while its file is deleted.
+    let child = Command::new(copy.app())
+        .args(["--sleep-before", "12000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    daemon.wait_metric("the library probed", WAIT, |l| l.starts_with(&series));
+    fs::remove_file(copy.lib()).expect("delete the library");
+    // Deleted but still mapped: the probes stay (longer than the 5 s
+    // between checks).
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(daemon.metrics().contains(&series), "probes removed while the library was still mapped");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    let deadline = std::time::Instant::now() + WAIT;
+    while daemon.metrics().contains(&series) {
+        assert!(std::time::Instant::now() < deadline, "probes of the deleted, unmapped library remain");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(daemon.get("/metrics").is_some_and(|(c, _)| c == 200));
+}

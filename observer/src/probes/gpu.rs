@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fs,
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -281,6 +281,17 @@ pub struct GpuProbes {
 pub struct AttachedLibrary {
     pub library: GpuLibrary,
     pub functions: usize,
+    links: Vec<(&'static str, UProbeLinkId)>,
+    /// An O_PATH handle on the probed file. It tells whether the file was
+    /// deleted (no links left) whatever mount namespace its path was in,
+    /// even after the process whose /proc/PID/root led to it is gone.
+    handle: Option<fs::File>,
+}
+
+impl AttachedLibrary {
+    fn deleted(&self) -> bool {
+        self.handle.as_ref().and_then(|h| h.metadata().ok()).is_some_and(|m| m.nlink() == 0)
+    }
 }
 
 impl GpuProbes {
@@ -335,7 +346,7 @@ impl GpuProbes {
         }
         let api = library.flavor.api();
         let library_index = self.table.len() as u32;
-        let mut links = Vec::new();
+        let mut links: Vec<(&'static str, UProbeLinkId)> = Vec::new();
         let mut count = 0;
         let mut first_error = None;
         for (index, name) in api.functions().iter().enumerate() {
@@ -373,9 +384,62 @@ impl GpuProbes {
         }
         info!("probing {} ({:?}): {count} functions", library.display_path, library.flavor);
         self.table.push(library.display_path.clone());
-        self.attached.insert(library.id, AttachedLibrary { library, functions: count });
+        let handle = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+            .open(&library.path)
+            .ok();
+        self.attached.insert(library.id, AttachedLibrary { library, functions: count, links, handle });
         Ok(count)
     }
+
+    /// Removes the probes of library files that were deleted (or replaced
+    /// by a rename) and that no process maps any more: each new image
+    /// version of a runtime brings a new file, and without this their
+    /// probes would pile up for as long as the observer runs. Returns the
+    /// paths of the libraries let go.
+    pub fn retire_deleted(&mut self, ebpf: &mut Ebpf) -> Vec<String> {
+        let deleted: Vec<FileId> =
+            self.attached.iter().filter(|(_, l)| l.deleted()).map(|(id, _)| *id).collect();
+        if deleted.is_empty() {
+            return Vec::new();
+        }
+        // Only now is every process's map list read. Matched by path: the
+        // inode in /proc/PID/maps is the underlying file's, which differs
+        // from the one stat(2) gives on overlayfs.
+        let still_mapped = deleted_files_mapped();
+        let mut retired = Vec::new();
+        for id in deleted {
+            let Some(path) = self.attached.get(&id).map(|l| l.library.display_path.clone()) else {
+                continue;
+            };
+            if still_mapped.contains(&path) {
+                continue;
+            }
+            if let Some(library) = self.attached.remove(&id) {
+                detach_links(ebpf, library.links);
+                info!("no longer probing {path}: deleted, and no process maps it any more");
+                retired.push(path);
+            }
+        }
+        retired
+    }
+}
+
+/// Paths of deleted files that some process still maps (as the kernel
+/// names them in /proc/PID/maps, without the " (deleted)" note).
+fn deleted_files_mapped() -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    for pid in all_pids() {
+        let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else { continue };
+        let maps = String::from_utf8_lossy(&maps);
+        for mapping in crate::probes::maps::file_mappings(&maps) {
+            if mapping.deleted() {
+                out.insert(mapping.file_path().to_string());
+            }
+        }
+    }
+    out
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, program_name: &str) -> Result<&'a mut UProbe, String> {
