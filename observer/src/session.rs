@@ -368,8 +368,9 @@ impl Session {
         }
     }
 
-    /// Calls in flight for longer than the threshold, each reported once;
-    /// entries of threads that died mid-call are removed.
+    /// Calls in flight for longer than the threshold, each reported once.
+    /// The kernel keeps a thread's entry between calls (depth 0); entries
+    /// of threads that exited are removed here.
     pub fn scan_stalls(&mut self) -> Vec<Event> {
         let now = BootClock::boot_now_ns();
         let Some(map) = self.ebpf.map_mut(INFLIGHT_MAP) else {
