@@ -456,31 +456,14 @@ impl Session {
         if cgroups.is_empty() {
             return;
         }
-        if let Some(map) = self.ebpf.map_mut(observer_common::gpu::STATS_MAP) {
-            if let Ok(mut stats) = PerCpuHashMap::<_, GpuStatsKey, GpuStats>::try_from(map) {
-                let doomed: Vec<GpuStatsKey> =
-                    stats.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
-                for k in doomed {
-                    let _ = stats.remove(&k);
-                }
-            }
-        }
-        if let Some(map) = self.ebpf.map_mut(observer_common::kfd::KFD_STATS_MAP) {
-            if let Ok(mut stats) = PerCpuHashMap::<_, KfdStatsKey, KfdStats>::try_from(map) {
-                let doomed: Vec<KfdStatsKey> =
-                    stats.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
-                for k in doomed {
-                    let _ = stats.remove(&k);
-                }
-            }
-        }
-        if let Some(map) = self.ebpf.map_mut(observer_common::sched::RUNQ_MAP) {
-            if let Ok(mut stats) = PerCpuHashMap::<_, u64, RunqHistogram>::try_from(map) {
-                for c in cgroups {
-                    let _ = stats.remove(c);
-                }
-            }
-        }
+        let doomed = |cgroup: u64| cgroups.contains(&cgroup);
+        remove_keys::<GpuStatsKey, GpuStats>(&mut self.ebpf, observer_common::gpu::STATS_MAP, |k| {
+            doomed(k.cgroup_id)
+        });
+        remove_keys::<KfdStatsKey, KfdStats>(&mut self.ebpf, observer_common::kfd::KFD_STATS_MAP, |k| {
+            doomed(k.cgroup_id)
+        });
+        remove_keys::<u64, RunqHistogram>(&mut self.ebpf, observer_common::sched::RUNQ_MAP, |k| doomed(*k));
         for c in cgroups {
             self.cgroups.forget(*c);
         }
@@ -488,6 +471,16 @@ impl Session {
 
     pub fn events_lost(&self) -> u64 {
         probes::events_lost(&self.ebpf)
+    }
+}
+
+/// Removes the entries of a per-CPU aggregate map whose key matches.
+fn remove_keys<K: aya::Pod, V: aya::Pod>(ebpf: &mut Ebpf, name: &str, matches: impl Fn(&K) -> bool) {
+    let Some(map) = ebpf.map_mut(name) else { return };
+    let Ok(mut map) = PerCpuHashMap::<_, K, V>::try_from(map) else { return };
+    let doomed: Vec<K> = map.keys().flatten().filter(|k| matches(k)).collect();
+    for key in doomed {
+        let _ = map.remove(&key);
     }
 }
 

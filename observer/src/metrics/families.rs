@@ -64,7 +64,34 @@ impl Family {
         self.inner.mut_metric().push(m);
     }
 
+    /// A histogram in the kernel's log2 latency buckets, with the total of
+    /// the observed durations in nanoseconds.
+    pub fn latency(&mut self, names: &[&str], values: &[&str], buckets: &[u64], total_ns: u64) {
+        let bounded: Vec<(f64, u64)> =
+            buckets.iter().enumerate().map(|(i, c)| (observer_common::bucket_upper_seconds(i), *c)).collect();
+        self.histogram(names, values, &bounded, total_ns as f64 * 1e-9);
+    }
+
     pub fn finish(self) -> MetricFamily {
         self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_latency_buckets_become_a_cumulative_histogram() {
+        let mut f = Family::new("x_seconds", "x", MetricType::HISTOGRAM);
+        f.latency(&["pod"], &["p"], &[1, 0, 2], 3_000_000_000);
+        let family = f.finish();
+        let h = family.get_metric()[0].get_histogram();
+        let cumulative: Vec<u64> = h.get_bucket().iter().map(|b| b.cumulative_count()).collect();
+        assert_eq!(cumulative, vec![1, 1, 3]);
+        let bounds: Vec<f64> = h.get_bucket().iter().map(|b| b.upper_bound()).collect();
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds rise: {bounds:?}");
+        assert_eq!(h.get_sample_count(), 3);
+        assert!((h.get_sample_sum() - 3.0).abs() < 1e-9);
     }
 }

@@ -10,7 +10,6 @@ use std::{
 };
 
 use observer_common::{
-    bucket_upper_seconds,
     gpu::{Api, GpuStats, GpuStatsKey},
     kfd::{HwKind, KfdStats, KfdStatsKey},
     sched::RunqHistogram,
@@ -33,6 +32,27 @@ pub struct CpuSnapshot {
     pub throttled_ns: u64,
     pub runnable: u32,
     pub quota_cores: f64,
+}
+
+/// Kernel histograms kept per result, merged into one per function or ioctl.
+struct MergedLatency {
+    buckets: [u64; LATENCY_BUCKETS],
+    total_ns: u64,
+}
+
+impl Default for MergedLatency {
+    fn default() -> Self {
+        Self { buckets: [0; LATENCY_BUCKETS], total_ns: 0 }
+    }
+}
+
+impl MergedLatency {
+    fn add(&mut self, buckets: &[u64], total_ns: u64) {
+        for (into, from) in self.buckets.iter_mut().zip(buckets) {
+            *into += from;
+        }
+        self.total_ns += total_ns;
+    }
 }
 
 struct Attribution {
@@ -248,7 +268,7 @@ impl Metrics {
             "Duration of GPU runtime API calls, measured in the kernel.",
             MetricType::HISTOGRAM,
         );
-        let mut by_function: BTreeMap<(u64, u32, u32), (Vec<u64>, u64)> = BTreeMap::new();
+        let mut by_function: BTreeMap<(u64, u32, u32), MergedLatency> = BTreeMap::new();
         for (k, s) in &self.gpu {
             let Some(api) = Api::from_u32(k.api) else { continue };
             let function = crate::events::function_name(api, k.function);
@@ -256,26 +276,14 @@ impl Metrics {
                 result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
             let v = vals(k.cgroup_id, &[api.as_str(), &function, &result]);
             calls.counter(&calls_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
-            let e = by_function
-                .entry((k.cgroup_id, k.api, k.function))
-                .or_insert_with(|| (vec![0; LATENCY_BUCKETS], 0));
-            for (i, b) in s.buckets.iter().enumerate() {
-                e.0[i] += b;
-            }
-            e.1 += s.total_ns;
+            by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(&s.buckets, s.total_ns);
         }
-        for ((cgroup, api, function), (buckets, total_ns)) in &by_function {
+        for ((cgroup, api, function), merged) in &by_function {
             let Some(api) = Api::from_u32(*api) else { continue };
             let function = crate::events::function_name(api, *function);
             let v = vals(*cgroup, &[api.as_str(), &function]);
-            let b: Vec<(f64, u64)> =
-                buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            durations.histogram(
-                &dur_names,
-                &v.iter().map(String::as_str).collect::<Vec<_>>(),
-                &b,
-                *total_ns as f64 * 1e-9,
-            );
+            let v: Vec<&str> = v.iter().map(String::as_str).collect();
+            durations.latency(&dur_names, &v, &merged.buckets, merged.total_ns);
         }
         fams.push(calls.finish());
         fams.push(durations.finish());
@@ -346,7 +354,7 @@ impl Metrics {
         );
         let kfd_names = with(&["ioctl", "result"]);
         let kfd_dur_names = with(&["ioctl"]);
-        let mut kfd_by_ioctl: BTreeMap<(u64, u32), (Vec<u64>, u64)> = BTreeMap::new();
+        let mut kfd_by_ioctl: BTreeMap<(u64, u32), MergedLatency> = BTreeMap::new();
         for (k, s) in &self.kfd {
             let ioctl = crate::events::kfd_ioctl_label(k.nr);
             let result = match k.result {
@@ -357,22 +365,12 @@ impl Metrics {
             };
             let v = vals(k.cgroup_id, &[&ioctl, &result]);
             kfd_calls.counter(&kfd_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
-            let e = kfd_by_ioctl.entry((k.cgroup_id, k.nr)).or_insert_with(|| (vec![0; LATENCY_BUCKETS], 0));
-            for (i, b) in s.buckets.iter().enumerate() {
-                e.0[i] += b;
-            }
-            e.1 += s.total_ns;
+            kfd_by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(&s.buckets, s.total_ns);
         }
-        for ((cgroup, nr), (buckets, total_ns)) in &kfd_by_ioctl {
+        for ((cgroup, nr), merged) in &kfd_by_ioctl {
             let v = vals(*cgroup, &[&crate::events::kfd_ioctl_label(*nr)]);
-            let b: Vec<(f64, u64)> =
-                buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            kfd_dur.histogram(
-                &kfd_dur_names,
-                &v.iter().map(String::as_str).collect::<Vec<_>>(),
-                &b,
-                *total_ns as f64 * 1e-9,
-            );
+            let v: Vec<&str> = v.iter().map(String::as_str).collect();
+            kfd_dur.latency(&kfd_dur_names, &v, &merged.buckets, merged.total_ns);
         }
         fams.push(kfd_calls.finish());
         fams.push(kfd_dur.finish());
@@ -397,14 +395,8 @@ impl Metrics {
         );
         for (cgroup, h) in &self.runq {
             let v = vals(*cgroup, &[]);
-            let b: Vec<(f64, u64)> =
-                h.buckets.iter().enumerate().map(|(i, c)| (bucket_upper_seconds(i), *c)).collect();
-            runq.histogram(
-                w,
-                &v.iter().map(String::as_str).collect::<Vec<_>>(),
-                &b,
-                h.total_ns as f64 * 1e-9,
-            );
+            let v: Vec<&str> = v.iter().map(String::as_str).collect();
+            runq.latency(w, &v, &h.buckets, h.total_ns);
         }
         fams.push(runq.finish());
 
