@@ -165,19 +165,8 @@ pub struct GpuStatsKey {
     pub _pad: u32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct GpuStats {
-    pub calls: u64,
-    pub total_ns: u64,
-    pub buckets: [u64; crate::LATENCY_BUCKETS],
-}
-
-impl Default for GpuStats {
-    fn default() -> Self {
-        Self { calls: 0, total_ns: 0, buckets: [0; crate::LATENCY_BUCKETS] }
-    }
-}
+/// Per key: count, total and log2 histogram of durations.
+pub type GpuStats = crate::LatencyHistogram;
 
 /// A GPU call that returned with an error, slowly, or (with emit-all) at all.
 #[repr(C)]

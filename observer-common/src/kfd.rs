@@ -19,19 +19,8 @@ pub struct KfdStatsKey {
     pub result: i32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct KfdStats {
-    pub calls: u64,
-    pub total_ns: u64,
-    pub buckets: [u64; crate::LATENCY_BUCKETS],
-}
-
-impl Default for KfdStats {
-    fn default() -> Self {
-        Self { calls: 0, total_ns: 0, buckets: [0; crate::LATENCY_BUCKETS] }
-    }
-}
+/// Per key: count, total and log2 histogram of durations.
+pub type KfdStats = crate::LatencyHistogram;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

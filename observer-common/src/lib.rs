@@ -91,6 +91,45 @@ pub fn latency_bucket(duration_ns: u64) -> usize {
     }
 }
 
+/// What the kernel keeps per key for GPU calls, KFD ioctls and run-queue
+/// waits: how many, their total duration and a log2 histogram of them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    pub count: u64,
+    pub total_ns: u64,
+    pub buckets: [u64; LATENCY_BUCKETS],
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self { count: 0, total_ns: 0, buckets: [0; LATENCY_BUCKETS] }
+    }
+}
+
+impl LatencyHistogram {
+    /// Counts one duration.
+    #[inline(always)]
+    pub fn record(&mut self, duration_ns: u64) {
+        self.count += 1;
+        self.total_ns += duration_ns;
+        let bucket = latency_bucket(duration_ns);
+        // Always true; the check is what lets the verifier accept the index.
+        if bucket < self.buckets.len() {
+            self.buckets[bucket] += 1;
+        }
+    }
+
+    /// Adds another histogram (another CPU's share of the same key).
+    pub fn add(&mut self, other: &Self) {
+        self.count += other.count;
+        self.total_ns += other.total_ns;
+        for (into, from) in self.buckets.iter_mut().zip(&other.buckets) {
+            *into += from;
+        }
+    }
+}
+
 /// Copy a NUL-padded kernel `comm` into a `&str` (lossy on invalid UTF-8).
 pub fn comm_str(comm: &[u8]) -> &str {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
@@ -108,15 +147,13 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::gpu::InflightKey {}
     unsafe impl aya::Pod for crate::gpu::InflightStack {}
     unsafe impl aya::Pod for crate::gpu::GpuStatsKey {}
-    unsafe impl aya::Pod for crate::gpu::GpuStats {}
+    unsafe impl aya::Pod for crate::LatencyHistogram {}
     unsafe impl aya::Pod for crate::task::KernelOffsets {}
     unsafe impl aya::Pod for crate::task::ExitEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimInfo {}
     unsafe impl aya::Pod for crate::task::CrashInfo {}
-    unsafe impl aya::Pod for crate::sched::RunqHistogram {}
     unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
-    unsafe impl aya::Pod for crate::kfd::KfdStats {}
     unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}
     unsafe impl aya::Pod for crate::kfd::HwEvent {}
 }
@@ -124,6 +161,21 @@ mod pod_impls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_counts_sums_and_adds_up() {
+        let mut h = LatencyHistogram::default();
+        h.record(500); // below 1 µs: bucket 0
+        h.record(3_000); // 2.9 units of 1.024 µs: bucket 1
+        h.record(1 << 50); // 13 days: clamped into the last bucket
+        assert_eq!(h.count, 3);
+        assert_eq!(h.total_ns, 500 + 3_000 + (1 << 50));
+        assert_eq!((h.buckets[0], h.buckets[1], h.buckets[LATENCY_BUCKETS - 1]), (1, 1, 1));
+        let mut sum = h;
+        sum.add(&h);
+        assert_eq!(sum.count, 6);
+        assert_eq!(sum.buckets[1], 2);
+    }
 
     #[test]
     fn buckets_are_log2_microseconds() {

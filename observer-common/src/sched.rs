@@ -8,16 +8,5 @@ pub const RUNQ_MAP: &str = "RUNQ_LATENCY";
 pub const MAX_WAKEUPS: u32 = 65536;
 pub const MAX_RUNQ_CGROUPS: u32 = 8192;
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct RunqHistogram {
-    pub count: u64,
-    pub total_ns: u64,
-    pub buckets: [u64; crate::LATENCY_BUCKETS],
-}
-
-impl Default for RunqHistogram {
-    fn default() -> Self {
-        Self { count: 0, total_ns: 0, buckets: [0; crate::LATENCY_BUCKETS] }
-    }
-}
+/// Per key: count, total and log2 histogram of durations.
+pub type RunqHistogram = crate::LatencyHistogram;

@@ -5,9 +5,9 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
     },
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use observer_common::{EventHeader, EVENTS_RING_BYTES};
+use observer_common::{EventHeader, LatencyHistogram, EVENTS_RING_BYTES};
 
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
@@ -49,5 +49,21 @@ pub fn emit<T: Copy + 'static>(event: &T) {
             slot.submit(0);
         }
         None => count_lost(),
+    }
+}
+
+/// Counts one duration under `key` in a per-CPU histogram map (GPU calls,
+/// KFD ioctls, run-queue waits), creating the entry on first use.
+#[inline(always)]
+pub fn record_latency<K>(map: &PerCpuHashMap<K, LatencyHistogram>, key: &K, duration_ns: u64) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: per-CPU value; no other writer on this CPU.
+        Some(histogram) => unsafe { (*histogram).record(duration_ns) },
+        None => {
+            let mut histogram = LatencyHistogram::default();
+            histogram.record(duration_ns);
+            // A full map loses the duration, never the program: nothing to do.
+            let _ = map.insert(key, &histogram, 0);
+        }
     }
 }

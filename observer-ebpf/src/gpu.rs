@@ -19,10 +19,10 @@ use observer_common::{
         cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
         InflightKey, InflightStack, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
     },
-    latency_bucket, EventKind,
+    EventKind,
 };
 
-use crate::common::{current_header, emit};
+use crate::common::{current_header, emit, record_latency};
 
 #[map(name = "GPU_INFLIGHT")]
 pub static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
@@ -149,27 +149,7 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: plain helper without pointer arguments.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let stats_key = GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
-    let bucket = latency_bucket(duration_ns);
-    match GPU_STATS.get_ptr_mut(&stats_key) {
-        Some(stats) => {
-            // SAFETY: per-CPU value, no concurrent writer on this CPU.
-            let stats = unsafe { &mut *stats };
-            stats.calls += 1;
-            stats.total_ns += duration_ns;
-            if bucket < stats.buckets.len() {
-                stats.buckets[bucket] += 1;
-            }
-        }
-        None => {
-            let mut stats = GpuStats::default();
-            stats.calls = 1;
-            stats.total_ns = duration_ns;
-            if bucket < stats.buckets.len() {
-                stats.buckets[bucket] = 1;
-            }
-            let _ = GPU_STATS.insert(&stats_key, &stats, 0);
-        }
-    }
+    record_latency(&GPU_STATS, &stats_key, duration_ns);
 
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
         let event = GpuCallEvent {

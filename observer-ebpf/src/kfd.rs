@@ -11,13 +11,12 @@ use aya_ebpf::{
 };
 use observer_common::{
     kfd::{HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdStats, KfdStatsKey, MAX_KFD_STATS},
-    latency_bucket,
     names::KFD_IOCTL_TYPE,
     EventKind,
 };
 
 use crate::{
-    common::{current_header, emit},
+    common::{current_header, emit, record_latency},
     gpu::{read_global, GPU_EMIT_ALL},
     kernel::{offsets, read},
 };
@@ -58,27 +57,7 @@ fn exit(result: i64, source: u32) -> Result<(), i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let result = result as i32;
     let key = KfdStatsKey { cgroup_id, nr: inflight.cmd & 0xff, result };
-    let bucket = latency_bucket(duration_ns);
-    match KFD_STATS.get_ptr_mut(&key) {
-        Some(s) => {
-            // SAFETY: per-CPU value, no other writer on this CPU.
-            let s = unsafe { &mut *s };
-            s.calls += 1;
-            s.total_ns += duration_ns;
-            if bucket < s.buckets.len() {
-                s.buckets[bucket] += 1;
-            }
-        }
-        None => {
-            let mut s = KfdStats::default();
-            s.calls = 1;
-            s.total_ns = duration_ns;
-            if bucket < s.buckets.len() {
-                s.buckets[bucket] = 1;
-            }
-            let _ = KFD_STATS.insert(&key, &s, 0);
-        }
-    }
+    record_latency(&KFD_STATS, &key, duration_ns);
     // `trace --all` shows successes too (GET_VERSION succeeding is how a
     // person tells a working driver from a missing one).
     if result < 0 || read_global(&GPU_EMIT_ALL) != 0 {

@@ -7,12 +7,12 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuHashMap},
     programs::RawTracePointContext,
 };
-use observer_common::{
-    latency_bucket,
-    sched::{RunqHistogram, MAX_RUNQ_CGROUPS, MAX_WAKEUPS},
-};
+use observer_common::sched::{RunqHistogram, MAX_RUNQ_CGROUPS, MAX_WAKEUPS};
 
-use crate::kernel::{offsets, read, task_cgroup_id};
+use crate::{
+    common::record_latency,
+    kernel::{offsets, read, task_cgroup_id},
+};
 
 #[map(name = "RUNQ_WAKEUPS")]
 static RUNQ_WAKEUPS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_WAKEUPS, 0);
@@ -74,26 +74,6 @@ fn try_sched_switch(ctx: &RawTracePointContext) -> Result<i32, i64> {
     // SAFETY: helper without arguments.
     let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(since);
     let cgroup = task_cgroup_id(next, &o)?;
-    let bucket = latency_bucket(waited);
-    match RUNQ_LATENCY.get_ptr_mut(&cgroup) {
-        Some(h) => {
-            // SAFETY: per-CPU value; no other writer on this CPU.
-            let h = unsafe { &mut *h };
-            h.count += 1;
-            h.total_ns += waited;
-            if bucket < h.buckets.len() {
-                h.buckets[bucket] += 1;
-            }
-        }
-        None => {
-            let mut h = RunqHistogram::default();
-            h.count = 1;
-            h.total_ns = waited;
-            if bucket < h.buckets.len() {
-                h.buckets[bucket] = 1;
-            }
-            let _ = RUNQ_LATENCY.insert(&cgroup, &h, 0);
-        }
-    }
+    record_latency(&RUNQ_LATENCY, &cgroup, waited);
     Ok(0)
 }

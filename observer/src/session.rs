@@ -489,33 +489,9 @@ pub trait PerCpuSum: aya::Pod + Default {
     fn add(&mut self, other: &Self);
 }
 
-fn add_buckets(into: &mut [u64], from: &[u64]) {
-    for (t, b) in into.iter_mut().zip(from) {
-        *t += b;
-    }
-}
-
-impl PerCpuSum for GpuStats {
-    fn add(&mut self, o: &Self) {
-        self.calls += o.calls;
-        self.total_ns += o.total_ns;
-        add_buckets(&mut self.buckets, &o.buckets);
-    }
-}
-
-impl PerCpuSum for KfdStats {
-    fn add(&mut self, o: &Self) {
-        self.calls += o.calls;
-        self.total_ns += o.total_ns;
-        add_buckets(&mut self.buckets, &o.buckets);
-    }
-}
-
-impl PerCpuSum for RunqHistogram {
-    fn add(&mut self, o: &Self) {
-        self.count += o.count;
-        self.total_ns += o.total_ns;
-        add_buckets(&mut self.buckets, &o.buckets);
+impl PerCpuSum for observer_common::LatencyHistogram {
+    fn add(&mut self, other: &Self) {
+        observer_common::LatencyHistogram::add(self, other);
     }
 }
 

@@ -275,7 +275,7 @@ impl Metrics {
             let result =
                 result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
             let v = vals(k.cgroup_id, &[api.as_str(), &function, &result]);
-            calls.counter(&calls_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
+            calls.counter(&calls_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.count as f64);
             by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(&s.buckets, s.total_ns);
         }
         for ((cgroup, api, function), merged) in &by_function {
@@ -364,7 +364,7 @@ impl Metrics {
                     .unwrap_or_else(|| r.to_string()),
             };
             let v = vals(k.cgroup_id, &[&ioctl, &result]);
-            kfd_calls.counter(&kfd_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.calls as f64);
+            kfd_calls.counter(&kfd_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.count as f64);
             kfd_by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(&s.buckets, s.total_ns);
         }
         for ((cgroup, nr), merged) in &kfd_by_ioctl {
