@@ -22,10 +22,6 @@ fn mean_runq(metrics: &str, container: &str) -> Option<(f64, f64)> {
     (count > 0.0).then_some((sum / count, count))
 }
 
-fn short(pod: &PodCgroup) -> String {
-    pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default()
-}
-
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn threads_beyond_a_small_quota_are_throttled_oversubscribed_and_wait() {
@@ -60,12 +56,13 @@ fn threads_beyond_a_small_quota_are_throttled_oversubscribed_and_wait() {
     assert!(out.status.success());
     std::thread::sleep(Duration::from_millis(800));
     let metrics = daemon.metrics();
-    let (limited_mean, limited_n) = mean_runq(&metrics, &short(&limited)).expect("limited histogram");
-    let (free_mean, free_n) = mean_runq(&metrics, &short(&free)).expect("free histogram");
+    let (limited_mean, limited_n) =
+        mean_runq(&metrics, &limited.short_container_id()).expect("limited histogram");
+    let (free_mean, free_n) = mean_runq(&metrics, &free.short_container_id()).expect("free histogram");
     eprintln!("run-queue mean: limited {limited_mean:.6}s over {limited_n} waits, free {free_mean:.6}s over {free_n}");
     assert!(limited_mean > 10.0 * free_mean, "limited {limited_mean} vs free {free_mean}");
     let throttled = daemon.wait_metric("throttled periods", Duration::from_secs(2), |l| {
-        l.starts_with("canaryscope_cpu_throttled_periods_total{") && l.contains(&short(&limited))
+        l.starts_with("canaryscope_cpu_throttled_periods_total{") && l.contains(&limited.short_container_id())
     });
     assert!(metric_value(&throttled) >= 2.0, "{throttled}");
 }

@@ -195,7 +195,7 @@ fn a_full_ring_buffer_is_counted_as_lost_and_aggregates_stay_exact() {
     // SAFETY: as above.
     unsafe { libc::kill(daemon.pid() as i32, libc::SIGCONT) };
     assert!(out.status.success(), "{out:?}");
-    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default();
+    let short = pod.short_container_id();
     let line = daemon.wait_metric("exact count after the overflow", WAIT, |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("container=\"{short}\""))

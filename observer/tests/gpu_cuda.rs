@@ -155,7 +155,7 @@ fn successful_calls_are_aggregated_in_the_kernel_exactly() {
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let out = pod.command(&app).args(["--version-loop", "100000"]).output().expect("run");
     assert!(out.status.success(), "{out:?}");
-    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| &s[..12]).unwrap_or_default().to_string();
+    let short = pod.short_container_id();
     let line = daemon.wait_metric("100000 successful calls", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("container=\"{short}\""))

@@ -94,7 +94,7 @@ fn a_flood_of_failing_calls_keeps_counts_exact_and_metrics_up() {
         std::thread::sleep(Duration::from_millis(50));
     }
     eprintln!("slowest /metrics during the flood: {slowest:?}");
-    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default();
+    let short = pod.short_container_id();
     // hip_loop's own hipGetDeviceCount calls, plus none other in that cgroup.
     let line = daemon.wait_metric("exact failing-call count", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
@@ -113,9 +113,8 @@ fn a_flood_of_failing_calls_keeps_counts_exact_and_metrics_up() {
     assert!(metric_value(&received) + metric_value(&lost) >= calls as f64, "{received} / {lost}");
 }
 
-/// Cgroup ids (cgroup2 inode numbers) present as keys of a canaryscope
-/// map, as bpftool dumps them (the first 8 key bytes are the cgroup id).
-fn map_cgroup_ids(map_name: &str) -> Vec<u64> {
+/// The entries of a canaryscope map as bpftool dumps them.
+fn map_entries(map_name: &str) -> Vec<serde_json::Value> {
     let out = Command::new("bpftool").args(["-j", "map", "show"]).output().expect("bpftool");
     let maps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
     let Some(id) =
@@ -126,9 +125,13 @@ fn map_cgroup_ids(map_name: &str) -> Vec<u64> {
     let out =
         Command::new("bpftool").args(["-j", "map", "dump", "id", &id.to_string()]).output().expect("dump");
     let entries: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool map dump JSON");
-    entries
-        .as_array()
-        .expect("entries")
+    entries.as_array().expect("entries").clone()
+}
+
+/// Cgroup ids present as keys of a canaryscope map (the first 8 key bytes
+/// are the cgroup id).
+fn map_cgroup_ids(map_name: &str) -> Vec<u64> {
+    map_entries(map_name)
         .iter()
         .filter_map(|e| {
             let key = e["key"].as_array()?;
@@ -140,23 +143,6 @@ fn map_cgroup_ids(map_name: &str) -> Vec<u64> {
             Some(u64::from_le_bytes(bytes.try_into().ok()?))
         })
         .collect()
-}
-
-/// Entries of a canaryscope map, whatever their key.
-fn map_len(map_name: &str) -> usize {
-    let out = Command::new("bpftool").args(["-j", "map", "show"]).output().expect("bpftool");
-    let maps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    let id = maps
-        .as_array()
-        .and_then(|a| a.iter().find(|m| m["name"] == map_name))
-        .and_then(|m| m["id"].as_u64())
-        .unwrap_or_else(|| panic!("map {map_name} not loaded"));
-    let out =
-        Command::new("bpftool").args(["-j", "map", "dump", "id", &id.to_string()]).output().expect("dump");
-    serde_json::from_slice::<serde_json::Value>(&out.stdout)
-        .ok()
-        .and_then(|v| v.as_array().map(Vec::len))
-        .unwrap_or(0)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -227,7 +213,7 @@ fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
     let (rss_before, fds_before) = (rss_kib(pid), open_fds(pid));
     // Per-thread in-flight entries stay while a thread lives; those of
     // exited threads must go.
-    let inflight_before = map_len("GPU_INFLIGHT");
+    let inflight_before = map_entries("GPU_INFLIGHT").len();
 
     let started = Instant::now();
     let ids = churn(1000, "c0f2");
@@ -241,7 +227,7 @@ fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
     settle("c0f2", &ids);
     std::thread::sleep(Duration::from_secs(2));
     let (rss_after, fds_after) = (rss_kib(pid), open_fds(pid));
-    let inflight_after = map_len("GPU_INFLIGHT");
+    let inflight_after = map_entries("GPU_INFLIGHT").len();
     assert!(
         inflight_after <= inflight_before,
         "in-flight entries of exited threads remain: {inflight_before} -> {inflight_after}"
@@ -276,7 +262,7 @@ fn the_exporter_shows_no_command_line_environment_or_process_name() {
         .expect("run");
     let _ = std::fs::remove_file(&link);
     assert!(out.status.success(), "{out:?}");
-    let short = pod.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default();
+    let short = pod.short_container_id();
     // The workload's failures are there...
     daemon.wait_metric("the workload's failures", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{") && l.contains(&short) && metric_value(l) >= 5.0

@@ -211,6 +211,11 @@ impl PodCgroup {
         }
     }
 
+    /// The 12-character container id the exporter labels series with.
+    pub fn short_container_id(&self) -> String {
+        self.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default()
+    }
+
     /// A command whose process joins this cgroup (and its v1 limit
     /// cgroups on hybrid hosts) before it execs.
     pub fn command(&self, program: &Path) -> Command {
