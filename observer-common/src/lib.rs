@@ -5,6 +5,7 @@
 //! live here once and are never spelled as string literals on either side.
 #![no_std]
 
+pub mod discovery;
 pub mod gpu;
 pub mod kfd;
 pub mod names;
@@ -30,6 +31,8 @@ pub enum EventKind {
     Exit = 5,
     LibraryMap = 6,
     GpuHardware = 7,
+    Exec = 8,
+    GpuMap = 9,
 }
 
 impl EventKind {
@@ -41,6 +44,8 @@ impl EventKind {
             5 => Self::Exit,
             6 => Self::LibraryMap,
             7 => Self::GpuHardware,
+            8 => Self::Exec,
+            9 => Self::GpuMap,
             _ => return None,
         })
     }
@@ -156,6 +161,8 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
     unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}
     unsafe impl aya::Pod for crate::kfd::HwEvent {}
+    unsafe impl aya::Pod for crate::discovery::ExecEvent {}
+    unsafe impl aya::Pod for crate::discovery::GpuMapEvent {}
 }
 
 #[cfg(test)]

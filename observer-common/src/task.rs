@@ -45,6 +45,11 @@ pub struct KernelOffsets {
     pub fdtable_max_fds: u32,
     pub inode_i_rdev: u32,
     pub have_fd_lookup: u32,
+    /// For the hold: `task->signal->tty` (a process with a controlling
+    /// terminal is never stopped, so job control never sees a hold).
+    pub task_signal: u32,
+    pub signal_tty: u32,
+    pub have_tty: u32,
 }
 
 impl KernelOffsets {
@@ -74,6 +79,9 @@ impl KernelOffsets {
         fdtable_max_fds: 0,
         inode_i_rdev: 0,
         have_fd_lookup: 0,
+        task_signal: 0,
+        signal_tty: 0,
+        have_tty: 0,
     };
 }
 

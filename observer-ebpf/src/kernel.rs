@@ -1,5 +1,5 @@
 //! Reading kernel structs at offsets userspace found in BTF.
-use aya_ebpf::helpers::bpf_probe_read_kernel;
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use observer_common::task::KernelOffsets;
 
 #[unsafe(no_mangle)]
@@ -36,4 +36,32 @@ pub fn task_cgroup_id(task: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
     let cgroup: *const u8 = read(css_set, o.css_set_dfl_cgrp)?;
     let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
     read(kn, o.kernfs_node_id)
+}
+
+/// The `struct file` behind `fd` of the current task, via
+/// task->files->fdt->fd[fd].
+///
+/// match-proto: struct files_struct *task_struct::files; struct fdtable
+/// __rcu *files_struct::fdt; struct file __rcu **fdtable::fd; unsigned int
+/// fdtable::max_fds.
+#[inline(always)]
+pub fn current_fd_file(fd: u64) -> Result<*const u8, i64> {
+    let o = offsets();
+    if o.have_fd_lookup == 0 {
+        return Err(-1);
+    }
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let files: *const u8 = read(task, o.task_files)?;
+    let fdt: *const u8 = read(files, o.files_fdt)?;
+    let max_fds: u32 = read(fdt, o.fdtable_max_fds)?;
+    if fd >= u64::from(max_fds) {
+        return Err(-1);
+    }
+    let fd_array: *const u8 = read(fdt, o.fdtable_fd)?;
+    let file: *const u8 = read(fd_array, (fd * 8) as u32)?;
+    if file.is_null() {
+        return Err(-1);
+    }
+    Ok(file)
 }

@@ -18,7 +18,7 @@ use observer_common::{
 use crate::{
     common::{current_header, emit, record_latency},
     gpu::{read_global, GPU_EMIT_ALL},
-    kernel::{offsets, read},
+    kernel::{current_fd_file, offsets, read},
 };
 
 #[map(name = "KFD_INFLIGHT")]
@@ -90,29 +90,14 @@ pub fn kfd_ioctl_exit(ctx: RetProbeContext) -> u32 {
     exit(ret, SOURCE_KPROBE).map(|_| 0).unwrap_or(1)
 }
 
-/// The file behind `fd` of the current task, via task->files->fdt->fd[fd].
+/// The device number behind `fd` of the current task.
 ///
-/// match-proto: struct files_struct *task_struct::files; struct fdtable
-/// __rcu *files_struct::fdt; struct file __rcu **fdtable::fd; unsigned int
-/// fdtable::max_fds; dev_t inode::i_rdev.
+/// match-proto: dev_t inode::i_rdev.
 #[inline(always)]
 fn fd_rdev(fd: u64) -> Result<u32, i64> {
-    let o = offsets();
-    if o.have_fd_lookup == 0 {
-        return Err(-1);
-    }
-    // SAFETY: helper without arguments.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let files: *const u8 = read(task, o.task_files)?;
-    let fdt: *const u8 = read(files, o.files_fdt)?;
-    let max_fds: u32 = read(fdt, o.fdtable_max_fds)?;
-    if fd >= u64::from(max_fds) {
-        return Err(-1);
-    }
-    let fd_array: *const u8 = read(fdt, o.fdtable_fd)?;
-    let file: *const u8 = read(fd_array, (fd * 8) as u32)?;
-    let inode: *const u8 = read(file, o.file_f_inode)?;
-    read(inode, o.inode_i_rdev)
+    let file = current_fd_file(fd)?;
+    let inode: *const u8 = read(file, offsets().file_f_inode)?;
+    read(inode, offsets().inode_i_rdev)
 }
 
 /// Fallback without kprobes: syscalls:sys_enter_ioctl (fd at 16, cmd at 24;

@@ -6,6 +6,7 @@
 #![no_main]
 
 mod common;
+mod discovery;
 mod gpu;
 mod kernel;
 mod kfd;

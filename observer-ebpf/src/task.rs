@@ -1,20 +1,19 @@
-//! Process deaths: abnormal exits, OOM kills, native crashes; and the
-//! executable mappings that tell userspace a GPU library may have appeared.
+//! Process deaths: abnormal exits, OOM kills, native crashes.
 use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{
         bpf_find_vma, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes, bpf_task_pt_regs,
+        bpf_probe_read_kernel_str_bytes, bpf_task_pt_regs,
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::{RawTracePointContext, TracePointContext},
 };
 use observer_common::{
     gpu::{Api, InflightKey},
     task::{
-        is_abnormal_exit, CrashInfo, ExitEvent, LibraryMapEvent, OomVictimEvent, OomVictimInfo,
+        is_abnormal_exit, CrashInfo, ExitEvent, OomVictimEvent, OomVictimInfo,
         EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
     },
     EventKind,
@@ -37,10 +36,6 @@ static CRASHES: HashMap<u32, CrashInfo> = HashMap::with_max_entries(4096, 0);
 #[map(name = "CRASH_SCRATCH")]
 static CRASH_SCRATCH: PerCpuArray<CrashInfo> = PerCpuArray::with_max_entries(1, 0);
 
-/// Last executable-mapping event per process, to coalesce library loads.
-#[map(name = "MMAP_LAST")]
-static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
-
 const SIGILL: i32 = 4;
 const SIGABRT: i32 = 6;
 const SIGBUS: i32 = 7;
@@ -52,7 +47,6 @@ const PT_REGS_IP: u32 = 16 * 8;
 /// member for faults is `si_addr` (8-byte aligned).
 const SIGINFO_CODE: u32 = 8;
 const SIGINFO_ADDR: u32 = 16;
-const PROT_EXEC: u64 = 4;
 
 /// match-proto: TP_PROTO(int sig, struct kernel_siginfo *info,
 /// struct task_struct *task, int group, int result), 6.1 .. 6.18.
@@ -282,30 +276,4 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
         let _ = CRASHES.remove(&tgid);
     }
     Ok(0)
-}
-
-/// syscalls:sys_enter_mmap; the syscall tracepoint layout is fixed by the
-/// ABI: nr at 8, then six 8-byte arguments from 16 (prot at 32, fd at 48).
-#[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
-pub fn mmap_exec(ctx: TracePointContext) -> u32 {
-    // SAFETY: fixed syscall tracepoint layout.
-    let prot: u64 = unsafe { ctx.read_at(32) }.unwrap_or(0);
-    let fd: i64 = unsafe { ctx.read_at(48) }.unwrap_or(-1);
-    if prot & PROT_EXEC == 0 || fd < 0 {
-        return 0;
-    }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_boot_ns() };
-    // SAFETY: read-only map lookup.
-    if let Some(last) = unsafe { MMAP_LAST.get(&tgid) } {
-        // One event per 50 ms per process; userspace scans the maps after
-        // a delay that covers the rest of a dlopen burst.
-        if now.saturating_sub(*last) < 50_000_000 {
-            return 0;
-        }
-    }
-    let _ = MMAP_LAST.insert(&tgid, &now, 0);
-    emit(&LibraryMapEvent { header: current_header(EventKind::LibraryMap as u32) });
-    0
 }

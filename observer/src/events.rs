@@ -2,6 +2,7 @@
 //! and count. Field names here are the `trace --json` contract.
 use observer_common::{
     comm_str,
+    discovery::{ExecEvent, GpuMapEvent},
     gpu::{Api, GpuCallEvent},
     kfd::{eviction_trigger_name, HwKind, HW_HOOKS},
     kfd::{HwEvent, KfdIoctlEvent},
@@ -88,6 +89,16 @@ pub enum Detail {
         runnable_threads: u32,
         quota_cores: f64,
     },
+    /// canaryscope started probing a GPU runtime library file, and why it
+    /// chose that file (the origin is the process that led to it, if any).
+    LibraryProbed {
+        library: String,
+        flavor: &'static str,
+        functions: usize,
+        reason: String,
+        /// How long the process that mapped it was held, when it was.
+        held_ns: Option<u64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -141,6 +152,8 @@ pub enum Raw {
     GpuHardware(HwEvent),
     OomVictim(OomVictimEvent),
     LibraryMap(LibraryMapEvent),
+    Exec(ExecEvent),
+    GpuMap(GpuMapEvent),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -177,6 +190,8 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
         EventKind::LibraryMap => Ok(Raw::LibraryMap(read(data, kind)?)),
         EventKind::KfdIoctl => Ok(Raw::KfdIoctl(read(data, kind)?)),
         EventKind::GpuHardware => Ok(Raw::GpuHardware(read(data, kind)?)),
+        EventKind::Exec => Ok(Raw::Exec(read(data, kind)?)),
+        EventKind::GpuMap => Ok(Raw::GpuMap(read(data, kind)?)),
     }
 }
 
@@ -205,6 +220,7 @@ impl Event {
             Detail::GpuHardware { kind: HwKind::QueueEviction, .. } => "gpu_queue_eviction",
             Detail::CpuThrottle { .. } => "cpu_throttle",
             Detail::CpuOversubscribed { .. } => "cpu_oversubscribed",
+            Detail::LibraryProbed { .. } => "library_probed",
         }
     }
 
@@ -213,6 +229,7 @@ impl Event {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
             Detail::KfdIoctl { result, .. } => *result < 0,
+            Detail::LibraryProbed { .. } => false,
             _ => true,
         }
     }
@@ -285,6 +302,13 @@ impl Event {
             Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
                 m.insert("runnable_threads".into(), json!(runnable_threads));
                 m.insert("quota_cores".into(), json!(quota_cores));
+            }
+            Detail::LibraryProbed { library, flavor, functions, reason, held_ns } => {
+                m.insert("library".into(), json!(library));
+                m.insert("flavor".into(), json!(flavor));
+                m.insert("functions".into(), json!(functions));
+                m.insert("reason".into(), json!(reason));
+                m.insert("held_ns".into(), json!(held_ns));
             }
         }
         Value::Object(m)

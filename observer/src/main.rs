@@ -10,6 +10,7 @@ mod check;
 mod cli_error;
 mod clock;
 mod cpu;
+mod discovery;
 mod events;
 mod metrics;
 mod oom;
@@ -38,6 +39,15 @@ enum Command {
     Run(RunArgs),
     /// Report what this node supports and what the observer would attach.
     Check(CheckArgs),
+    /// Resumes processes held by `--hold` if the daemon that held them is
+    /// stuck or gone (started by the daemon itself).
+    #[command(hide = true)]
+    HoldWatchdog {
+        #[arg(long)]
+        map: PathBuf,
+        #[arg(long)]
+        daemon_pid: u32,
+    },
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -75,6 +85,10 @@ pub struct RunArgs {
     /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits [default: all].
     #[arg(long, value_name = "LIST")]
     pub probes: Option<String>,
+    /// Stop a process that maps a GPU runtime file never seen before until
+    /// its probes are attached, so its first call is seen (see README: the hold).
+    #[arg(long)]
+    pub hold: bool,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -106,6 +120,10 @@ pub struct TraceArgs {
     /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
     #[arg(long, value_name = "LIST", value_parser = crate::probes::Families::parse, default_value = "all")]
     pub probes: crate::probes::Families,
+    /// Stop a process that maps a GPU runtime file never seen before until
+    /// its probes are attached, so its first call is seen (see README: the hold).
+    #[arg(long)]
+    pub hold: bool,
     /// Character device whose ioctls count as KFD ioctls when the kernel has
     /// no kprobes (default /dev/kfd; tests point it at another device).
     #[arg(long, value_name = "PATH", hide = true)]
@@ -173,6 +191,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::run(args),
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
+        Command::HoldWatchdog { map, daemon_pid } => return discovery::hold::run_watchdog(&map, daemon_pid),
     };
     match result {
         Ok(code) => code,

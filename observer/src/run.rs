@@ -41,6 +41,8 @@ pub struct ConfigFile {
     pub libs: Vec<PathBuf>,
     pub kubernetes: Option<bool>,
     pub probes: Option<String>,
+    /// Hold a process that maps an unknown GPU runtime file until it is probed.
+    pub hold: Option<bool>,
 }
 
 /// Everything the daemon runs with, after flags, environment and file.
@@ -53,6 +55,7 @@ pub struct Settings {
     pub stall_threshold: Duration,
     pub libs: Vec<PathBuf>,
     pub probes: Families,
+    pub hold: bool,
 }
 
 pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
@@ -113,6 +116,7 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
         return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
     }
     Ok(Settings {
+        hold: args.hold || file.hold.unwrap_or(false),
         probes,
         listen,
         kube,
@@ -145,16 +149,19 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         .map_err(|e| CliError::usage(format!("--listen {}: {e}", settings.listen)))?;
     let stall_ns = settings.stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
     let session = Session::start(SessionOptions {
-        settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: stall_ns.max(1), kfd_device: None },
+        settings: KernelSettings {
+            gpu_emit_all: false,
+            gpu_slow_ns: stall_ns.max(1),
+            kfd_device: None,
+            hold: settings.hold,
+        },
         explicit_libs: settings.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
         families: settings.probes,
         oversubscribed_after: Duration::from_secs(2),
+        hold: settings.hold,
     })
-    .map_err(|e| match e {
-        SessionError::Library(msg) => CliError::usage(msg),
-        SessionError::Load(e) => CliError::runtime(e.to_string()),
-    })?;
+    .map_err(SessionError::into_cli)?;
 
     let pods: Option<PodCache> = match &settings.kube {
         Some(options) => {
@@ -191,18 +198,18 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
             _ = sigterm.recv() => break,
             guard = fd.readable_mut() => {
                 let mut guard = guard.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
-                guard.get_inner_mut().drain(|e| metrics.record(&e));
+                guard.get_inner_mut().drain(|e| record(&mut metrics, &e));
                 guard.clear_ready();
                 // The kernel wakes a reader only when it has caught up, so
                 // a record that arrived between the drain and clear_ready
                 // would sit unseen, and hold back every wakeup after it.
-                guard.get_inner_mut().drain(|e| metrics.record(&e));
+                guard.get_inner_mut().drain(|e| record(&mut metrics, &e));
                 dirty = true;
             }
             _ = tick.tick() => {
                 let session = fd.get_mut();
                 // A missed wakeup costs at most one tick, never the stream.
-                session.drain(|e| metrics.record(&e));
+                session.drain(|e| record(&mut metrics, &e));
                 session.run_pending_scans();
                 // A pod added, changed or deleted in the API: relabel now.
                 let generation = pods.as_ref().map(|p| p.generation()).unwrap_or(0);
@@ -225,6 +232,14 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     }
     eprintln!("canaryscope: stopping; detaching probes");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Counts an event; a newly probed library is also logged with its reason.
+fn record(metrics: &mut Metrics, event: &crate::events::Event) {
+    if let crate::events::Detail::LibraryProbed { .. } = &event.detail {
+        eprintln!("canaryscope: probing {}", crate::trace::render::detail(event));
+    }
+    metrics.record(event);
 }
 
 /// Tracepoint families, then every GPU library found so far.

@@ -14,9 +14,11 @@ use aya::{
 use log::{debug, warn};
 use observer_common::{
     comm_str,
+    discovery::{GpuMapEvent, MAP_SCAN_DELAY_MS},
     gpu::{Api, GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
     kfd::{KfdStats, KfdStatsKey},
     sched::RunqHistogram,
+    EventHeader,
     task::{
         core_dumped, exit_signal, exit_status, is_abnormal_exit, CrashInfo, ExitEvent, EXIT_FLAG_CRASH,
         EXIT_FLAG_OOM_VICTIM,
@@ -25,6 +27,7 @@ use observer_common::{
 
 use crate::{
     attribution::CgroupResolver,
+    discovery::{self, ahead::AheadOfTime, hold::Hold},
     clock::BootClock,
     cpu::{CpuFinding, CpuMonitor},
     events::{self, Detail, Event, Raw},
@@ -43,6 +46,9 @@ pub struct SessionOptions {
     pub families: Families,
     /// How long a cgroup must stay oversubscribed before it is reported.
     pub oversubscribed_after: Duration,
+    /// Stop a process that maps an unknown GPU runtime file until its
+    /// probes exist (`--hold`).
+    pub hold: bool,
 }
 
 pub struct Session {
@@ -66,6 +72,14 @@ pub struct Session {
     pub stalled_now: Vec<(u64, Api, String)>,
     /// Ring-buffer records received, by kind.
     pub records: std::collections::BTreeMap<&'static str, u64>,
+    /// What each exec's loader could find, resolved before it runs.
+    ahead: AheadOfTime,
+    /// Files inspected and found not to be GPU runtimes.
+    rejected: HashSet<gpu::FileId>,
+    /// Libraries newly probed, announced with the reason they were chosen.
+    announcements: Vec<Event>,
+    /// Declared after `ebpf`, so it is dropped after the programs detach.
+    hold: Option<Hold>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +88,21 @@ pub enum SessionError {
     Load(#[from] LoadError),
     #[error("--lib {0}")]
     Library(String),
+    #[error("--hold: {0}")]
+    Hold(#[from] discovery::hold::HoldError),
+}
+
+impl SessionError {
+    /// A library the user named is their mistake to fix (exit 2); the
+    /// kernel or the machine refusing is not (exit 1).
+    pub fn into_cli(self) -> crate::cli_error::CliError {
+        use crate::cli_error::CliError;
+        match self {
+            Self::Library(msg) => CliError::usage(msg),
+            Self::Load(e) => CliError::runtime(e.to_string()),
+            Self::Hold(e) => CliError::runtime(format!("--hold: {e}")),
+        }
+    }
 }
 
 impl Session {
@@ -81,6 +110,8 @@ impl Session {
         let env = probes::environment();
         let mut ebpf = probes::load(&options.settings, &env)?;
         let events = probes::take_events(&mut ebpf)?;
+        // The watchdog exists before any program that could hold a process.
+        let hold = if options.hold && options.families.gpu { Some(Hold::start(&mut ebpf)?) } else { None };
         let probe_status = probes::attach_families(&mut ebpf, &env, options.families);
         let mut session = Self {
             ebpf,
@@ -98,6 +129,10 @@ impl Session {
             cpu: None,
             stalled_now: Vec::new(),
             records: Default::default(),
+            ahead: AheadOfTime::default(),
+            rejected: HashSet::new(),
+            announcements: Vec::new(),
+            hold,
         };
         if options.families.sched {
             let monitor = CpuMonitor::new(session.cgroups.root(), options.oversubscribed_after);
@@ -117,26 +152,36 @@ impl Session {
         for path in &options.explicit_libs {
             let display = path.display().to_string();
             let library = gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;
+            let ino = library.id.ino;
             session.gpu.attach(&mut session.ebpf, library).map_err(SessionError::Library)?;
+            discovery::mark_known(&mut session.ebpf, ino);
         }
-        for path in gpu::host_libraries() {
-            session.consider(path.clone(), path.display().to_string());
+        // What this host's own loader could find, then what running
+        // processes (and their containers) already map.
+        for c in session.ahead.for_process(std::process::id(), "the host") {
+            session.consider(c.open_path, c.display, &c.reason, None);
         }
         for pid in gpu::all_pids() {
-            session.scan_process(pid);
+            session.scan_process(pid, None);
         }
         Ok(session)
     }
 
     /// Probe the GPU libraries a process maps (containers' own copies included).
-    pub fn scan_process(&mut self, pid: u32) {
+    pub fn scan_process(&mut self, pid: u32, origin: Option<&EventHeader>) {
         debug!("scanning the mappings of pid {pid}");
+        let reason = match origin {
+            Some(h) => format!("mapped by {}[{pid}]", comm_str(&h.comm)),
+            None => "mapped by a running process".to_string(),
+        };
         for (path, display) in gpu::process_libraries(pid) {
-            self.consider(path, display);
+            self.consider(path, display, &reason, origin);
         }
     }
 
-    fn consider(&mut self, path: PathBuf, display: String) {
+    /// Probes one file unless it is probed already or known not to be a
+    /// GPU runtime; a newly probed file is announced with `reason`.
+    fn consider(&mut self, path: PathBuf, display: String, reason: &str, origin: Option<&EventHeader>) {
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
             Err(e) => {
@@ -145,16 +190,91 @@ impl Session {
             }
         };
         use std::os::unix::fs::MetadataExt;
-        if self.gpu.is_attached(&gpu::FileId { dev: meta.dev(), ino: meta.ino() }) {
+        let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
+        if self.gpu.is_attached(&id) || self.rejected.contains(&id) {
             return;
         }
         match gpu::inspect(&path, &display) {
             Ok(library) => {
-                if let Err(e) = self.gpu.attach(&mut self.ebpf, library) {
-                    warn!("cannot probe {e}");
+                let flavor = library.flavor;
+                match self.gpu.attach(&mut self.ebpf, library) {
+                    Ok(functions) => self.announce(display, flavor, functions, reason, origin),
+                    Err(e) => warn!("cannot probe {e}"),
                 }
             }
-            Err(e) => debug!("skipping {display}: {e}"),
+            Err(e) => {
+                debug!("skipping {display}: {e}");
+                if self.rejected.len() > 65536 {
+                    self.rejected.clear();
+                }
+                self.rejected.insert(id);
+            }
+        }
+        // Probed, failed or not a runtime: mapping it again is no news.
+        discovery::mark_known(&mut self.ebpf, id.ino);
+    }
+
+    fn announce(
+        &mut self,
+        library: String,
+        flavor: gpu::Flavor,
+        functions: usize,
+        reason: &str,
+        origin: Option<&EventHeader>,
+    ) {
+        log::info!("probing {library} ({flavor:?}, {functions} functions): {reason}");
+        let mut event_origin = match origin {
+            Some(h) => events::origin_of(h, self.clock),
+            None => events::Origin {
+                ts_ns: self.clock.to_unix_ns(BootClock::boot_now_ns()),
+                ..Default::default()
+            },
+        };
+        if origin.is_some() {
+            event_origin.cgroup = self.cgroups.path(event_origin.cgroup_id);
+        }
+        self.announcements.push(Event {
+            origin: event_origin,
+            detail: Detail::LibraryProbed {
+                library,
+                flavor: flavor.as_str(),
+                functions,
+                reason: reason.to_string(),
+                held_ns: None,
+            },
+        });
+    }
+
+    /// A process mapped a GPU runtime file not yet known: probe what it
+    /// maps now, then resume it if it was held.
+    fn gpu_file_mapped(&mut self, ev: &GpuMapEvent) {
+        let pid = ev.header.pid;
+        let first_new = self.announcements.len();
+        self.scan_process(pid, Some(&ev.header));
+        // Its maps may not name the file by a usable path (a deleted or
+        // renamed file): the descriptor it was mapped from is still open
+        // while the process is held.
+        if self.announcements.len() == first_new && ev.fd >= 0 {
+            let via_fd = PathBuf::from(format!("/proc/{pid}/fd/{}", ev.fd));
+            let name = comm_str(&ev.name).to_string();
+            let display = std::fs::read_link(&via_fd).map(|p| p.display().to_string()).unwrap_or(name);
+            if observer_common::discovery::is_gpu_library_name(
+                display.rsplit('/').next().unwrap_or_default().as_bytes(),
+            ) {
+                let reason = format!("mapped by {}[{pid}]", comm_str(&ev.header.comm));
+                self.consider(via_fd, display, &reason, Some(&ev.header));
+            }
+        }
+        discovery::mark_known(&mut self.ebpf, ev.ino);
+        if ev.held == 0 {
+            return;
+        }
+        let held_ns = self.hold.as_mut().and_then(|h| h.resume(pid));
+        for event in &mut self.announcements[first_new..] {
+            if let Detail::LibraryProbed { held_ns: slot, reason, .. } = &mut event.detail {
+                *slot = held_ns;
+                reason.push_str(", held until probed");
+            }
         }
     }
 
@@ -175,6 +295,8 @@ impl Session {
             Raw::Exit(_) => "exit",
             Raw::KfdIoctl(_) => "kfd_ioctl",
             Raw::GpuHardware(_) => "gpu_hardware",
+            Raw::Exec(_) => "exec",
+            Raw::GpuMap(_) => "gpu_map",
         };
         *self.records.entry(kind).or_default() += 1;
         match raw {
@@ -196,11 +318,23 @@ impl Session {
             Raw::LibraryMap(ev) => {
                 // Scan a little later: the loader is usually mid-way through
                 // mapping a burst of libraries when the first one is seen.
-                let due = Instant::now() + Duration::from_millis(100);
+                let due = Instant::now() + Duration::from_millis(MAP_SCAN_DELAY_MS);
                 if !self.pending_scans.iter().any(|(_, pid)| *pid == ev.header.pid) {
                     self.pending_scans.push((due, ev.header.pid));
                 }
                 Vec::new()
+            }
+            Raw::Exec(ev) => {
+                let pid = ev.header.pid;
+                let who = format!("{}[{pid}]", comm_str(&ev.header.comm));
+                for c in self.ahead.for_process(pid, &who) {
+                    self.consider(c.open_path, c.display, &c.reason, Some(&ev.header));
+                }
+                self.announcements.drain(..).collect()
+            }
+            Raw::GpuMap(ev) => {
+                self.gpu_file_mapped(&ev);
+                self.announcements.drain(..).collect()
             }
             Raw::OomVictim(ev) => {
                 // The victim is still alive here: note where its memory is
@@ -309,13 +443,21 @@ impl Session {
         let due: Vec<u32> = self.pending_scans.iter().filter(|(t, _)| *t <= now).map(|(_, p)| *p).collect();
         self.pending_scans.retain(|(t, _)| *t > now);
         for pid in due {
-            self.scan_process(pid);
+            self.scan_process(pid, None);
+        }
+        if let Some(hold) = self.hold.as_mut() {
+            for pid in hold.resume_expired() {
+                warn!("resumed pid {pid}: held past {:?} without its library being probed", discovery::hold::HOLD_DEADLINE);
+            }
         }
         // One fstat per probed library every few seconds; the processes'
         // maps are read only when one of those files was deleted.
         if self.last_retire_check.elapsed() >= RETIRE_CHECK_EVERY {
             self.last_retire_check = Instant::now();
-            self.gpu.retire_deleted(&mut self.ebpf);
+            for (_, id) in self.gpu.retire_deleted(&mut self.ebpf) {
+                discovery::forget_known(&mut self.ebpf, id.ino);
+            }
+            self.ahead.trim();
         }
         // Victims that never exited through us (e.g. we started mid-kill).
         if self.oom_scopes.len() > 1024 {
@@ -360,6 +502,9 @@ impl Session {
         let mut records = Vec::new();
         while let Some(item) = self.events.next() {
             records.push(item.to_vec());
+        }
+        for event in self.announcements.drain(..).collect::<Vec<_>>() {
+            sink(event);
         }
         for record in records {
             for event in self.resolve(&record) {
@@ -467,6 +612,11 @@ impl Session {
         for c in cgroups {
             self.cgroups.forget(*c);
         }
+    }
+
+    /// The hold watchdog's pid, when `--hold` is on.
+    pub fn hold_watchdog(&self) -> Option<u32> {
+        self.hold.as_ref().map(Hold::watchdog_pid)
     }
 
     pub fn events_lost(&self) -> u64 {

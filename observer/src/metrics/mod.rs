@@ -143,7 +143,8 @@ impl Metrics {
             Detail::GpuStall { .. }
             | Detail::KfdIoctl { .. }
             | Detail::CpuThrottle { .. }
-            | Detail::CpuOversubscribed { .. } => {}
+            | Detail::CpuOversubscribed { .. }
+            | Detail::LibraryProbed { .. } => {}
         }
     }
 

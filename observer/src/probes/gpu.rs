@@ -48,6 +48,14 @@ pub enum Flavor {
 }
 
 impl Flavor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hip => "hip",
+            Self::Zluda => "zluda",
+            Self::Nvidia => "nvidia",
+        }
+    }
+
     pub fn api(self) -> Api {
         match self {
             Self::Hip => Api::Hip,
@@ -397,8 +405,8 @@ impl GpuProbes {
     /// by a rename) and that no process maps any more: each new image
     /// version of a runtime brings a new file, and without this their
     /// probes would pile up for as long as the observer runs. Returns the
-    /// paths of the libraries let go.
-    pub fn retire_deleted(&mut self, ebpf: &mut Ebpf) -> Vec<String> {
+    /// paths and identities of the libraries let go.
+    pub fn retire_deleted(&mut self, ebpf: &mut Ebpf) -> Vec<(String, FileId)> {
         let deleted: Vec<FileId> =
             self.attached.iter().filter(|(_, l)| l.deleted()).map(|(id, _)| *id).collect();
         if deleted.is_empty() {
@@ -419,7 +427,7 @@ impl GpuProbes {
             if let Some(library) = self.attached.remove(&id) {
                 detach_links(ebpf, library.links);
                 info!("no longer probing {path}: deleted, and no process maps it any more");
-                retired.push(path);
+                retired.push((path, id));
             }
         }
         retired

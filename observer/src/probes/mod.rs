@@ -33,6 +33,9 @@ pub struct KernelSettings {
     /// Device whose ioctls the syscall fallback counts as KFD ioctls
     /// (normally /dev/kfd).
     pub kfd_device: Option<std::path::PathBuf>,
+    /// Stop a process that maps an unknown GPU runtime file until userspace
+    /// resumes it (`--hold`).
+    pub hold: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,11 +97,13 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Ebpf, LoadEr
     let emit_all: u32 = settings.gpu_emit_all.into();
     let kfd_device = settings.kfd_device.clone().unwrap_or_else(|| "/dev/kfd".into());
     let kfd_rdev: u32 = kfd::device_rdev(&kfd_device).unwrap_or(0);
+    let hold: u32 = settings.hold.into();
     let mut ebpf = EbpfLoader::new()
         .override_global(gpu_common::GLOBAL_EMIT_ALL, &emit_all, true)
         .override_global(gpu_common::GLOBAL_SLOW_NS, &settings.gpu_slow_ns, true)
         .override_global(GLOBAL_OFFSETS, &env.offsets, true)
         .override_global(observer_common::kfd::GLOBAL_KFD_RDEV, &kfd_rdev, true)
+        .override_global(observer_common::discovery::GLOBAL_HOLD, &hold, true)
         .load(EBPF_OBJECT)?;
     // A kernel whose verifier refuses the GPU programs still gets every
     // other family; the failure shows up in `check` and the probe metric.
@@ -231,7 +236,19 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
             Err(e) => Err(e.clone()),
             Ok(_) => attach_tp(ebpf, "mmap_exec", "syscalls", "sys_enter_mmap"),
         };
-        record("discovery", "syscalls:sys_enter_mmap", r, "new GPU libraries found when a process maps them");
+        let mapped_detail = if o.have_vma != 0 && o.have_fd_lookup != 0 {
+            "GPU runtime files told by name as they are mapped"
+        } else {
+            "new GPU libraries found by scanning the maps of a process that maps code (no fd offsets in BTF)"
+        };
+        record("discovery", "syscalls:sys_enter_mmap", r, mapped_detail);
+        let r = match &env.tracefs {
+            Err(e) => Err(e.clone()),
+            Ok(_) => attach_tp(ebpf, "mmap_exec_exit", "syscalls", "sys_exit_mmap"),
+        };
+        record("discovery", "syscalls:sys_exit_mmap", r, "reports (and holds) once the mapping exists");
+        let r = attach_raw(ebpf, "process_exec", "sched_process_exec");
+        record("discovery", "sched_process_exec", r, "what a new program's loader could find, probed before main");
     }
     if families.kfd {
         for st in kfd::attach(ebpf, env.tracefs.is_ok(), o.have_fd_lookup != 0) {

@@ -42,6 +42,10 @@ impl Filter {
 
     pub fn matches(&self, event: &Event) -> bool {
         let o = &event.origin;
+        // What the tracer itself starts probing is always shown.
+        if matches!(event.detail, crate::events::Detail::LibraryProbed { .. }) {
+            return true;
+        }
         let slow = matches!(event.detail, crate::events::Detail::GpuCall { duration_ns, .. } if duration_ns >= self.slow_ns);
         if !self.all && !event.is_failure() && !slow {
             return false;
@@ -94,16 +98,15 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
             gpu_emit_all: args.all,
             gpu_slow_ns: stall_ns.max(1),
             kfd_device: args.kfd_device.clone(),
+            hold: args.hold,
         },
         explicit_libs: args.libs.clone(),
         stall_threshold_ns: stall_ns.max(1),
         families: args.probes,
         oversubscribed_after: Duration::from_secs(2),
+        hold: args.hold,
     })
-    .map_err(|e| match e {
-        SessionError::Library(msg) => CliError::usage(msg),
-        SessionError::Load(e) => CliError::runtime(e.to_string()),
-    })?;
+    .map_err(SessionError::into_cli)?;
 
     let filter = Filter::from_args(&args);
     let libraries: Vec<String> = session
@@ -118,6 +121,11 @@ async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
     }
     for p in session.probe_status.iter().filter(|p| !p.attached) {
         eprintln!("canaryscope: not watching {} ({}): {}", p.probe, p.target, p.detail);
+    }
+    if let Some(watchdog) = session.hold_watchdog() {
+        eprintln!(
+            "canaryscope: --hold: a process mapping a GPU runtime file never seen before waits until it is probed (watchdog pid {watchdog})"
+        );
     }
     eprintln!("canaryscope: tracing; Ctrl-C to stop");
 

@@ -90,6 +90,10 @@ pub fn detail(event: &Event) -> String {
             let lib = library.rsplit('/').next().unwrap_or(library);
             format!("{function} still running after {} [{lib}]", duration(*elapsed_ns))
         }
+        Detail::LibraryProbed { library, flavor, functions, reason, held_ns } => {
+            let held = held_ns.map(|ns| format!(", process held {}", duration(ns))).unwrap_or_default();
+            format!("{library} ({flavor}, {functions} functions): {reason}{held}")
+        }
     }
 }
 

@@ -1,0 +1,91 @@
+//! Finding GPU runtime libraries before their first call: the records the
+//! kernel sends when a process execs or maps a GPU runtime file, and the
+//! hold that keeps a process stopped until its probes exist.
+
+use crate::{task::LIBRARY_NAME_LEN, EventHeader};
+
+/// File-name prefixes of the GPU runtime libraries canaryscope probes: HIP,
+/// and CUDA driver libraries (ZLUDA's or NVIDIA's). The kernel side compares
+/// them against the name of a file being mapped executable.
+pub const GPU_LIBRARY_PREFIXES: [&[u8]; 3] = [b"libamdhip64.so", b"libcuda.so", b"libnvcuda.so"];
+
+/// Whether a file name starts like a GPU runtime library.
+pub fn is_gpu_library_name(name: &[u8]) -> bool {
+    GPU_LIBRARY_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Inode numbers of GPU runtime files userspace has already handled (probed,
+/// or inspected and found not to be a runtime): hash ino -> 1. A mapping of
+/// any other GPU-named file is reported at once, and held when asked.
+pub const GPU_FILES_KNOWN_MAP: &str = "GPU_FILES_KNOWN";
+/// Processes stopped until their new library is probed: hash tgid -> boot
+/// time of the stop (ns). Pinned in bpffs so that a watchdog process, or the
+/// next daemon, can resume them if this one dies.
+pub const HELD_MAP: &str = "HELD_PIDS";
+/// Load-time global: non-zero when the hold is enabled (`--hold`).
+pub const GLOBAL_HOLD: &str = "HOLD_ENABLED";
+
+/// The kernel sends at most one generic executable-mapping event per process
+/// per window...
+pub const MMAP_COALESCE_NS: u64 = 50_000_000;
+/// ...and userspace reads that process's maps this long after the event, so
+/// every mapping made inside the window is still seen by the scan. A window
+/// longer than this delay would hide a later `dlopen` in the same process.
+pub const MAP_SCAN_DELAY_MS: u64 = 100;
+
+/// A process image was replaced (`sched_process_exec`): userspace resolves
+/// what that process's loader would find before `main` runs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecEvent {
+    pub header: EventHeader,
+}
+
+/// A file named like a GPU runtime and not yet known was mapped executable;
+/// sent once the mapping exists (at `mmap` return).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuMapEvent {
+    pub header: EventHeader,
+    /// `inode->i_ino` of the mapped file, as the kernel sees it.
+    pub ino: u64,
+    /// The descriptor it was mapped from (still open while the process is held).
+    pub fd: i32,
+    /// Non-zero when the process was stopped and waits for a resume.
+    pub held: u32,
+    /// Boot time of the stop (ns), 0 when not held.
+    pub held_at_ns: u64,
+    /// Base name of the file.
+    pub name: [u8; LIBRARY_NAME_LEN],
+}
+
+/// Per-thread note between `mmap` entry and return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PendingGpuMap {
+    pub ino: u64,
+    pub fd: i32,
+    pub _pad: u32,
+    pub name: [u8; LIBRARY_NAME_LEN],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_coalescing_window_never_outlasts_the_scan_delay() {
+        // A mapping inside the window raises no event of its own: the scan
+        // due for the window's first event must come after it.
+        assert!(MMAP_COALESCE_NS < MAP_SCAN_DELAY_MS * 1_000_000);
+    }
+
+    #[test]
+    fn runtime_names_are_recognised() {
+        assert!(is_gpu_library_name(b"libcuda.so.1"));
+        assert!(is_gpu_library_name(b"libnvcuda.so"));
+        assert!(is_gpu_library_name(b"libamdhip64.so.5.2.50203"));
+        assert!(!is_gpu_library_name(b"libcudart.so.12"));
+        assert!(!is_gpu_library_name(b"libc.so.6"));
+    }
+}

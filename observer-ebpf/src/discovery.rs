@@ -1,0 +1,192 @@
+//! Finding GPU runtime libraries before their first call.
+//!
+//! - `process_exec`: a new program image; userspace resolves, before `main`
+//!   runs, every GPU runtime file that process's loader could find.
+//! - `mmap_exec` / `mmap_exec_exit`: a file named like a GPU runtime that
+//!   userspace does not know yet is mapped executable. It is reported as
+//!   soon as the mapping exists, and with the hold enabled the process is
+//!   stopped (SIGSTOP) until userspace has attached its probes and resumes
+//!   it. Other executable mappings raise one coalesced event per process.
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes,
+        bpf_send_signal,
+    },
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{HashMap, LruHashMap},
+    programs::{RawTracePointContext, TracePointContext},
+};
+use observer_common::{
+    discovery::{ExecEvent, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MMAP_COALESCE_NS},
+    task::{LibraryMapEvent, LIBRARY_NAME_LEN},
+    EventKind,
+};
+
+use crate::{
+    common::{current_header, emit},
+    gpu::read_global,
+    kernel::{current_fd_file, offsets, read},
+};
+
+/// Load-time global: non-zero when `--hold` asked for processes to be held.
+#[unsafe(no_mangle)]
+static HOLD_ENABLED: u32 = 0;
+
+/// Last executable-mapping event per process, to coalesce library loads.
+#[map(name = "MMAP_LAST")]
+static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
+
+/// GPU runtime files userspace has handled, by inode number.
+#[map(name = "GPU_FILES_KNOWN")]
+static GPU_FILES_KNOWN: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+
+/// Processes stopped until their probes exist: tgid -> boot ns of the stop.
+#[map(name = "HELD_PIDS")]
+static HELD_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// An unknown GPU runtime file being mapped, from `mmap` entry to return.
+#[map(name = "PENDING_GPU_MAPS")]
+static PENDING_GPU_MAPS: HashMap<u32, PendingGpuMap> = HashMap::with_max_entries(1024, 0);
+
+const PROT_EXEC: u64 = 4;
+const SIGSTOP: u32 = 19;
+
+/// match-proto: sched_process_exec(struct task_struct *p, pid_t old_pid,
+/// struct linux_binprm *bprm); runs in the new image, before the dynamic
+/// loader has mapped anything.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    emit(&ExecEvent { header: current_header(EventKind::Exec as u32) });
+    0
+}
+
+/// syscalls:sys_enter_mmap; the syscall tracepoint layout is fixed by the
+/// ABI: nr at 8, then six 8-byte arguments from 16 (prot at 32, fd at 48).
+#[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
+pub fn mmap_exec(ctx: TracePointContext) -> u32 {
+    // SAFETY: fixed syscall tracepoint layout.
+    let prot: u64 = unsafe { ctx.read_at(32) }.unwrap_or(0);
+    let fd: i64 = unsafe { ctx.read_at(48) }.unwrap_or(-1);
+    if prot & PROT_EXEC == 0 || fd < 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // A GPU runtime file is told by its name here, so that its report is
+    // never held back by the coalescing below.
+    if let Ok(pending) = unknown_gpu_file(fd as u64) {
+        let _ = PENDING_GPU_MAPS.insert(&(pid_tgid as u32), &pending, 0);
+        return 0;
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // SAFETY: read-only map lookup.
+    if let Some(last) = unsafe { MMAP_LAST.get(&tgid) } {
+        // One event per window per process; userspace scans the maps after
+        // a delay longer than the window (observer_common::discovery).
+        if now.saturating_sub(*last) < MMAP_COALESCE_NS {
+            return 0;
+        }
+    }
+    let _ = MMAP_LAST.insert(&tgid, &now, 0);
+    emit(&LibraryMapEvent { header: current_header(EventKind::LibraryMap as u32) });
+    0
+}
+
+/// The file behind `fd` when its name is a GPU runtime's and userspace has
+/// not handled its inode yet.
+///
+/// match-proto: struct inode *file::f_inode; unsigned long inode::i_ino;
+/// struct dentry *file::f_path.dentry; const unsigned char *dentry::d_name.name.
+#[inline(always)]
+fn unknown_gpu_file(fd: u64) -> Result<PendingGpuMap, i64> {
+    let o = offsets();
+    if o.have_vma == 0 {
+        return Err(-1);
+    }
+    let file = current_fd_file(fd)?;
+    let inode: *const u8 = read(file, o.file_f_inode)?;
+    let ino: u64 = read(inode, o.inode_i_ino)?;
+    // SAFETY: read-only map lookup.
+    if unsafe { GPU_FILES_KNOWN.get(&ino) }.is_some() {
+        return Err(0);
+    }
+    let dentry: *const u8 = read(file, o.file_f_path_dentry)?;
+    let name_ptr: *const u8 = read(dentry, o.dentry_d_name_name)?;
+    let mut pending = PendingGpuMap { ino, fd: fd as i32, _pad: 0, name: [0; LIBRARY_NAME_LEN] };
+    // SAFETY: reads a NUL-terminated kernel string into our buffer.
+    unsafe { bpf_probe_read_kernel_str_bytes(name_ptr, &mut pending.name) }.map_err(|e| e as i64)?;
+    if !GPU_LIBRARY_PREFIXES.iter().any(|p| starts_with(&pending.name, p)) {
+        return Err(0);
+    }
+    Ok(pending)
+}
+
+#[inline(always)]
+fn starts_with(name: &[u8; LIBRARY_NAME_LEN], prefix: &[u8]) -> bool {
+    if prefix.len() > name.len() {
+        return false;
+    }
+    for i in 0..prefix.len() {
+        if name[i] != prefix[i] {
+            return false;
+        }
+    }
+    true
+}
+
+/// syscalls:sys_exit_mmap (ret at 16): the mapping now exists, so userspace
+/// finds it in /proc/PID/maps. With the hold enabled the process is stopped
+/// before it returns to user space, and recorded in HELD_PIDS first, so a
+/// watchdog that sees the entry can always resume it.
+#[tracepoint(category = "syscalls", name = "sys_exit_mmap")]
+pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: read-only map lookup; the value is copied out before removal.
+    let Some(pending) = (unsafe { PENDING_GPU_MAPS.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = PENDING_GPU_MAPS.remove(&tid);
+    // SAFETY: fixed syscall tracepoint layout.
+    let ret: i64 = unsafe { ctx.read_at(16) }.unwrap_or(-1);
+    if (-4095..0).contains(&ret) {
+        return 0; // the mapping failed: nothing to probe
+    }
+    let header = current_header(EventKind::GpuMap as u32);
+    let mut held = 0;
+    let mut held_at_ns = 0;
+    if read_global(&HOLD_ENABLED) != 0 && !has_controlling_tty() {
+        held_at_ns = header.ts_boot_ns;
+        if HELD_PIDS.insert(&header.pid, &held_at_ns, 0).is_ok() {
+            // SAFETY: signals the current process, which is a user task here.
+            if unsafe { bpf_send_signal(SIGSTOP) } == 0 {
+                held = 1;
+            } else {
+                let _ = HELD_PIDS.remove(&header.pid);
+                held_at_ns = 0;
+            }
+        } else {
+            held_at_ns = 0; // map full: report without holding
+        }
+    }
+    emit(&GpuMapEvent { header, ino: pending.ino, fd: pending.fd, held, held_at_ns, name: pending.name });
+    0
+}
+
+/// Whether the current process has a controlling terminal. Such a process
+/// is never held: a shell's job control would see the stop.
+///
+/// match-proto: struct signal_struct *task_struct::signal; struct
+/// tty_struct *signal_struct::tty.
+#[inline(always)]
+fn has_controlling_tty() -> bool {
+    let o = offsets();
+    if o.have_tty == 0 {
+        return true; // cannot tell: do not hold
+    }
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Ok(signal) = read::<*const u8>(task, o.task_signal) else { return true };
+    let tty: *const u8 = read(signal, o.signal_tty).unwrap_or(core::ptr::null());
+    !tty.is_null()
+}

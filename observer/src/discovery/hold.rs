@@ -1,0 +1,268 @@
+//! The hold (`--hold`): a process that maps a GPU runtime file canaryscope
+//! has never seen is stopped by the kernel side (SIGSTOP from the eBPF
+//! program at `mmap` return) and resumed here once the file's probes exist,
+//! so its first call is seen whatever the timing.
+//!
+//! No kernel-side deadline exists on the kernels this runs on (no kprobes
+//! or fentry), so the safety net is in userspace, in three layers:
+//! - the kernel records each held process in `HELD_PIDS` *before* stopping
+//!   it, and that map is pinned in bpffs;
+//! - a watchdog process, separate from the daemon and in its own session,
+//!   resumes any process held longer than the deadline, and every held
+//!   process as soon as the daemon is gone, however it died;
+//! - at start, the daemon resumes every process a previous daemon left
+//!   recorded as held.
+use std::{
+    io,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, Map, MapData},
+    Ebpf,
+};
+use log::{debug, info, warn};
+use observer_common::discovery::HELD_MAP;
+
+use crate::clock::BootClock;
+
+/// Where the held-process map is pinned.
+pub const PIN_DIR: &str = "/sys/fs/bpf/canaryscope";
+pub const PIN_NAME: &str = "held_pids";
+/// A process is never held longer than this, even if the daemon is stuck.
+pub const HOLD_DEADLINE: Duration = Duration::from_secs(2);
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+pub type HeldMap = BpfHashMap<MapData, u32, u64>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("bpffs at /sys/fs/bpf: {0}")]
+    BpfFs(String),
+    #[error("pinning the held-process map at {path}: {reason}")]
+    Pin { path: String, reason: String },
+    #[error("starting the hold watchdog: {0}")]
+    Watchdog(io::Error),
+    #[error("eBPF map {HELD_MAP} missing from the object")]
+    MissingMap,
+}
+
+/// The daemon's side of the hold.
+pub struct Hold {
+    map: HeldMap,
+    pin: PathBuf,
+    watchdog: Child,
+}
+
+impl Hold {
+    /// Resumes what an earlier daemon left held, pins this session's map
+    /// and starts the watchdog. Runs before the mapping programs attach, so
+    /// no process is ever held without a watchdog.
+    pub fn start(ebpf: &mut Ebpf) -> Result<Self, HoldError> {
+        ensure_bpffs()?;
+        let dir = Path::new(PIN_DIR);
+        std::fs::create_dir_all(dir).map_err(|e| HoldError::BpfFs(format!("creating {PIN_DIR}: {e}")))?;
+        let pin = dir.join(PIN_NAME);
+        if pin.exists() {
+            match open_pinned(&pin) {
+                Ok(mut old) => {
+                    let resumed = resume_all(&mut old);
+                    if resumed > 0 {
+                        warn!("resumed {resumed} processes an earlier canaryscope left held");
+                    }
+                }
+                Err(e) => warn!("cannot read the held-process map an earlier canaryscope pinned: {e}"),
+            }
+            let _ = std::fs::remove_file(&pin);
+        }
+        let map = ebpf.take_map(HELD_MAP).ok_or(HoldError::MissingMap)?;
+        map.pin(&pin).map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
+        let map = HeldMap::try_from(map)
+            .map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
+        let watchdog = spawn_watchdog(&pin).map_err(HoldError::Watchdog)?;
+        info!("hold enabled: watchdog pid {}, held processes recorded in {}", watchdog.id(), pin.display());
+        Ok(Self { map, pin, watchdog })
+    }
+
+    /// Resumes one held process; returns how long it was held.
+    pub fn resume(&mut self, pid: u32) -> Option<u64> {
+        let held_at = self.map.get(&pid, 0).ok()?;
+        let _ = self.map.remove(&pid);
+        resume_process(pid, held_at);
+        Some(BootClock::boot_now_ns().saturating_sub(held_at))
+    }
+
+    /// Resumes processes held past the deadline (a file that took too long
+    /// to probe, or an event lost to a full ring buffer).
+    pub fn resume_expired(&mut self) -> Vec<u32> {
+        resume_older_than(&mut self.map, HOLD_DEADLINE)
+    }
+
+    pub fn watchdog_pid(&self) -> u32 {
+        self.watchdog.id()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // The programs are detached by now (the Ebpf was dropped first), so
+        // nothing new can be held: resume what is left and unpin.
+        resume_all(&mut self.map);
+        let _ = std::fs::remove_file(&self.pin);
+        // The watchdog sees this process go and exits after a last sweep.
+    }
+}
+
+fn open_pinned(pin: &Path) -> Result<HeldMap, String> {
+    let data = MapData::from_pin(pin).map_err(|e| e.to_string())?;
+    HeldMap::try_from(Map::HashMap(data)).map_err(|e| e.to_string())
+}
+
+/// Resumes every recorded process; returns how many.
+pub fn resume_all(map: &mut HeldMap) -> usize {
+    resume_older_than(map, Duration::ZERO).len()
+}
+
+fn resume_older_than(map: &mut HeldMap, age: Duration) -> Vec<u32> {
+    let now = BootClock::boot_now_ns();
+    let due: Vec<(u32, u64)> = map
+        .iter()
+        .flatten()
+        .filter(|(_, held_at)| now.saturating_sub(*held_at) >= age.as_nanos() as u64)
+        .collect();
+    for (pid, held_at) in &due {
+        let _ = map.remove(pid);
+        resume_process(*pid, *held_at);
+    }
+    due.into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// SIGCONT, unless the pid now names a process that started after the
+/// hold (the held one exited and its pid was reused).
+fn resume_process(pid: u32, held_at_ns: u64) {
+    if started_after(pid, held_at_ns) {
+        debug!("pid {pid} was reused since it was held; not signalling it");
+        return;
+    }
+    // SAFETY: kill(2) with a plain pid and signal.
+    if unsafe { libc::kill(pid as i32, libc::SIGCONT) } != 0 {
+        debug!("resume pid {pid}: {}", io::Error::last_os_error());
+    }
+}
+
+/// Whether /proc/PID/stat's start time (clock ticks since boot) is later
+/// than a boot-clock time, with one tick of slack.
+fn started_after(pid: u32, boot_ns: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // comm may hold spaces and parentheses: fields start after the last ')'.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
+    // Field 22 (starttime) is the 20th after the comm.
+    let Some(start_ticks) = rest.split_whitespace().nth(19).and_then(|v| v.parse::<u64>().ok()) else {
+        return false;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let tick_ns = 1_000_000_000 / hz;
+    start_ticks.saturating_mul(tick_ns) > boot_ns.saturating_add(tick_ns)
+}
+
+fn ensure_bpffs() -> Result<(), HoldError> {
+    let target = c"/sys/fs/bpf";
+    // SAFETY: statfs into a zeroed struct with a valid path.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(target.as_ptr(), &mut fs) } == 0 && fs.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    // SAFETY: plain mount(2) of the bpf filesystem on its usual place.
+    let rc = unsafe { libc::mount(c"bpf".as_ptr(), target.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        return Err(HoldError::BpfFs(format!("not mounted, and mounting it failed: {}", io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
+fn spawn_watchdog(pin: &Path) -> io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("hold-watchdog")
+        .arg("--map")
+        .arg(pin)
+        .arg("--daemon-pid")
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // SAFETY: setsid is async-signal-safe. Its own session keeps Ctrl-C and
+    // a signal to the daemon's process group from ending the watchdog
+    // before the daemon.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// The watchdog (`canaryscope hold-watchdog`): resumes processes held past
+/// the deadline while the daemon lives, and every held process once it is
+/// gone; then sweeps a little longer for a stop the kernel side was making
+/// as the daemon died, and exits.
+pub fn run_watchdog(pin: &Path, daemon_pid: u32) -> ExitCode {
+    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM, libc::SIGPIPE] {
+        // SAFETY: ignoring signals; the watchdog ends when the daemon does.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let mut map = match open_pinned(pin) {
+        Ok(map) => map,
+        Err(e) => {
+            eprintln!("canaryscope hold-watchdog: {}: {e}", pin.display());
+            return ExitCode::from(1);
+        }
+    };
+    // SAFETY: pidfd_open(2) on a pid; the fd tells when that process is gone.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, daemon_pid as libc::c_int, 0) } as i32;
+    let daemon_gone = |timeout_ms: i32| -> bool {
+        if pidfd < 0 {
+            std::thread::sleep(Duration::from_millis(timeout_ms as u64));
+            return !Path::new(&format!("/proc/{daemon_pid}")).exists();
+        }
+        let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, timeout_ms) > 0 }
+    };
+    while !daemon_gone(50) {
+        for pid in resume_older_than(&mut map, HOLD_DEADLINE) {
+            eprintln!("canaryscope hold-watchdog: resumed pid {pid}, held past {HOLD_DEADLINE:?}");
+        }
+    }
+    // The daemon is gone: its programs detach as its descriptors close, and
+    // a program already running may still record one more stop.
+    let until = Instant::now() + Duration::from_millis(500);
+    loop {
+        resume_all(&mut map);
+        if Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_started_after_the_hold_is_not_the_held_one() {
+        let me = std::process::id();
+        // This process started well before now...
+        assert!(!started_after(me, BootClock::boot_now_ns()));
+        // ...and after boot time zero.
+        assert!(started_after(me, 0));
+        // A pid that does not exist is never treated as reused.
+        assert!(!started_after(u32::MAX - 1, 0));
+    }
+}
