@@ -47,8 +47,8 @@ pub struct ExecEvent {
 #[derive(Clone, Copy, Debug)]
 pub struct GpuMapEvent {
     pub header: EventHeader,
-    /// `inode->i_ino` of the mapped file, as the kernel sees it.
-    pub ino: u64,
+    /// The mapped file, as the kernel sees it.
+    pub key: GpuFileKey,
     /// The descriptor it was mapped from (still open while the process is held).
     pub fd: i32,
     /// Non-zero when the process was stopped and waits for a resume.
@@ -59,11 +59,31 @@ pub struct GpuMapEvent {
     pub name: [u8; LIBRARY_NAME_LEN],
 }
 
+/// A file's identity as the kernel sees it: the superblock's device
+/// (kernel encoding, major << 20 | minor) and the inode number. Inode
+/// numbers alone repeat across filesystems (every new tmpfs starts low).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GpuFileKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+
+impl GpuFileKey {
+    /// From a userspace `st_dev` (glibc encoding) and `st_ino`.
+    pub fn from_stat(st_dev: u64, st_ino: u64) -> Self {
+        let major = ((st_dev >> 32) & 0xffff_f000) | ((st_dev >> 8) & 0xfff);
+        let minor = ((st_dev >> 12) & 0xffff_ff00) | (st_dev & 0xff);
+        Self { dev: ((major << 20) | (minor & 0xf_ffff)) as u32, _pad: 0, ino: st_ino }
+    }
+}
+
 /// Per-thread note between `mmap` entry and return.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PendingGpuMap {
-    pub ino: u64,
+    pub key: GpuFileKey,
     pub fd: i32,
     pub _pad: u32,
     pub name: [u8; LIBRARY_NAME_LEN],
@@ -78,6 +98,16 @@ mod tests {
         // A mapping inside the window raises no event of its own: the scan
         // due for the window's first event must come after it.
         assert!(MMAP_COALESCE_NS < MAP_SCAN_DELAY_MS * 1_000_000);
+    }
+
+    #[test]
+    fn stat_devices_convert_to_the_kernel_encoding() {
+        // 8:1 (sda1) and 0:46 (a tmpfs), as glibc's makedev encodes them.
+        assert_eq!(GpuFileKey::from_stat(0x801, 7).dev, (8 << 20) | 1);
+        assert_eq!(GpuFileKey::from_stat(46, 7).dev, 46);
+        // 259:65536 needs the high minor bits.
+        let st_dev = (259u64 << 8) | ((65536u64 & !0xff) << 12);
+        assert_eq!(GpuFileKey::from_stat(st_dev, 1).dev, (259 << 20) | 65536);
     }
 
     #[test]

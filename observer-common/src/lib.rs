@@ -163,6 +163,7 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::kfd::HwEvent {}
     unsafe impl aya::Pod for crate::discovery::ExecEvent {}
     unsafe impl aya::Pod for crate::discovery::GpuMapEvent {}
+    unsafe impl aya::Pod for crate::discovery::GpuFileKey {}
 }
 
 #[cfg(test)]

@@ -50,6 +50,9 @@ pub struct KernelOffsets {
     pub task_signal: u32,
     pub signal_tty: u32,
     pub have_tty: u32,
+    /// `inode->i_sb->s_dev`: with `i_ino`, a file's identity across mounts.
+    pub inode_i_sb: u32,
+    pub super_block_s_dev: u32,
 }
 
 impl KernelOffsets {
@@ -82,6 +85,8 @@ impl KernelOffsets {
         task_signal: 0,
         signal_tty: 0,
         have_tty: 0,
+        inode_i_sb: 0,
+        super_block_s_dev: 0,
     };
 }
 

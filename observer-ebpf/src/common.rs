@@ -52,6 +52,22 @@ pub fn emit<T: Copy + 'static>(event: &T) {
     }
 }
 
+/// Send one event and wake the reader at once, whatever its position: for
+/// the records userspace must act on before the process gets further (an
+/// exec to resolve, a held process to resume).
+#[inline(always)]
+pub fn emit_urgent<T: Copy + 'static>(event: &T) {
+    /// `BPF_RB_FORCE_WAKEUP`
+    const FORCE_WAKEUP: u64 = 2;
+    match EVENTS.reserve::<T>(0) {
+        Some(mut slot) => {
+            slot.write(*event);
+            slot.submit(FORCE_WAKEUP);
+        }
+        None => count_lost(),
+    }
+}
+
 /// Counts one duration under `key` in a per-CPU histogram map (GPU calls,
 /// KFD ioctls, run-queue waits), creating the entry on first use.
 #[inline(always)]

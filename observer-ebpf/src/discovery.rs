@@ -17,13 +17,13 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use observer_common::{
-    discovery::{ExecEvent, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MMAP_COALESCE_NS},
+    discovery::{ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MMAP_COALESCE_NS},
     task::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
 };
 
 use crate::{
-    common::{current_header, emit},
+    common::{current_header, emit, emit_urgent},
     gpu::read_global,
     kernel::{current_fd_file, offsets, read},
 };
@@ -36,9 +36,9 @@ static HOLD_ENABLED: u32 = 0;
 #[map(name = "MMAP_LAST")]
 static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 
-/// GPU runtime files userspace has handled, by inode number.
+/// GPU runtime files userspace has handled, by device and inode.
 #[map(name = "GPU_FILES_KNOWN")]
-static GPU_FILES_KNOWN: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Processes stopped until their probes exist: tgid -> boot ns of the stop.
 #[map(name = "HELD_PIDS")]
@@ -56,7 +56,7 @@ const SIGSTOP: u32 = 19;
 /// loader has mapped anything.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-    emit(&ExecEvent { header: current_header(EventKind::Exec as u32) });
+    emit_urgent(&ExecEvent { header: current_header(EventKind::Exec as u32) });
     0
 }
 
@@ -97,23 +97,27 @@ pub fn mmap_exec(ctx: TracePointContext) -> u32 {
 /// not handled its inode yet.
 ///
 /// match-proto: struct inode *file::f_inode; unsigned long inode::i_ino;
-/// struct dentry *file::f_path.dentry; const unsigned char *dentry::d_name.name.
+/// struct super_block *inode::i_sb; dev_t super_block::s_dev; struct dentry
+/// *file::f_path.dentry; const unsigned char *dentry::d_name.name.
 #[inline(always)]
 fn unknown_gpu_file(fd: u64) -> Result<PendingGpuMap, i64> {
     let o = offsets();
-    if o.have_vma == 0 {
+    if o.have_vma == 0 || o.inode_i_sb == 0 {
         return Err(-1);
     }
     let file = current_fd_file(fd)?;
     let inode: *const u8 = read(file, o.file_f_inode)?;
     let ino: u64 = read(inode, o.inode_i_ino)?;
+    let sb: *const u8 = read(inode, o.inode_i_sb)?;
+    let dev: u32 = read(sb, o.super_block_s_dev)?;
+    let key = GpuFileKey { dev, _pad: 0, ino };
     // SAFETY: read-only map lookup.
-    if unsafe { GPU_FILES_KNOWN.get(&ino) }.is_some() {
+    if unsafe { GPU_FILES_KNOWN.get(&key) }.is_some() {
         return Err(0);
     }
     let dentry: *const u8 = read(file, o.file_f_path_dentry)?;
     let name_ptr: *const u8 = read(dentry, o.dentry_d_name_name)?;
-    let mut pending = PendingGpuMap { ino, fd: fd as i32, _pad: 0, name: [0; LIBRARY_NAME_LEN] };
+    let mut pending = PendingGpuMap { key, fd: fd as i32, _pad: 0, name: [0; LIBRARY_NAME_LEN] };
     // SAFETY: reads a NUL-terminated kernel string into our buffer.
     unsafe { bpf_probe_read_kernel_str_bytes(name_ptr, &mut pending.name) }.map_err(|e| e as i64)?;
     if !GPU_LIBRARY_PREFIXES.iter().any(|p| starts_with(&pending.name, p)) {
@@ -169,7 +173,7 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
             held_at_ns = 0; // map full: report without holding
         }
     }
-    emit(&GpuMapEvent { header, ino: pending.ino, fd: pending.fd, held, held_at_ns, name: pending.name });
+    emit_urgent(&GpuMapEvent { header, key: pending.key, fd: pending.fd, held, held_at_ns, name: pending.name });
     0
 }
 

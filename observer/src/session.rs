@@ -14,7 +14,7 @@ use aya::{
 use log::{debug, warn};
 use observer_common::{
     comm_str,
-    discovery::{GpuMapEvent, MAP_SCAN_DELAY_MS},
+    discovery::{GpuFileKey, GpuMapEvent, MAP_SCAN_DELAY_MS},
     gpu::{Api, GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
     kfd::{KfdStats, KfdStatsKey},
     sched::RunqHistogram,
@@ -152,9 +152,9 @@ impl Session {
         for path in &options.explicit_libs {
             let display = path.display().to_string();
             let library = gpu::inspect(path, &display).map_err(|e| SessionError::Library(e.to_string()))?;
-            let ino = library.id.ino;
+            let key = GpuFileKey::from_stat(library.id.dev, library.id.ino);
             session.gpu.attach(&mut session.ebpf, library).map_err(SessionError::Library)?;
-            discovery::mark_known(&mut session.ebpf, ino);
+            discovery::mark_known(&mut session.ebpf, key);
         }
         // What this host's own loader could find, then what running
         // processes (and their containers) already map.
@@ -182,6 +182,7 @@ impl Session {
     /// Probes one file unless it is probed already or known not to be a
     /// GPU runtime; a newly probed file is announced with `reason`.
     fn consider(&mut self, path: PathBuf, display: String, reason: &str, origin: Option<&EventHeader>) {
+        use std::os::{fd::AsRawFd, unix::fs::MetadataExt};
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
             Err(e) => {
@@ -189,13 +190,25 @@ impl Session {
                 return;
             }
         };
-        use std::os::unix::fs::MetadataExt;
         let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
         if self.gpu.is_attached(&id) || self.rejected.contains(&id) {
             return;
         }
-        match gpu::inspect(&path, &display) {
+        // A path through /proc/PID/root lasts only as long as that process,
+        // which may exit mid-attach. An open descriptor keeps the file
+        // reachable (as /proc/self/fd/N) until the probes are in place.
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) => {
+                debug!("{display} (via {}): {e}", path.display());
+                return;
+            }
+        };
+        let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let t0 = Instant::now();
+        match gpu::inspect(&held_open, &display) {
             Ok(library) => {
+                debug!("inspected {display} in {:?}", t0.elapsed());
                 let flavor = library.flavor;
                 match self.gpu.attach(&mut self.ebpf, library) {
                     Ok(functions) => self.announce(display, flavor, functions, reason, origin),
@@ -210,8 +223,9 @@ impl Session {
                 self.rejected.insert(id);
             }
         }
+        drop(file);
         // Probed, failed or not a runtime: mapping it again is no news.
-        discovery::mark_known(&mut self.ebpf, id.ino);
+        discovery::mark_known(&mut self.ebpf, GpuFileKey::from_stat(id.dev, id.ino));
     }
 
     fn announce(
@@ -265,7 +279,7 @@ impl Session {
                 self.consider(via_fd, display, &reason, Some(&ev.header));
             }
         }
-        discovery::mark_known(&mut self.ebpf, ev.ino);
+        discovery::mark_known(&mut self.ebpf, ev.key);
         if ev.held == 0 {
             return;
         }
@@ -326,10 +340,13 @@ impl Session {
             }
             Raw::Exec(ev) => {
                 let pid = ev.header.pid;
+                let started = Instant::now();
+                let waited_ns = BootClock::boot_now_ns().saturating_sub(ev.header.ts_boot_ns);
                 let who = format!("{}[{pid}]", comm_str(&ev.header.comm));
                 for c in self.ahead.for_process(pid, &who) {
                     self.consider(c.open_path, c.display, &c.reason, Some(&ev.header));
                 }
+                debug!("exec of pid {pid}: read {waited_ns} ns after it, resolved in {:?}", started.elapsed());
                 self.announcements.drain(..).collect()
             }
             Raw::GpuMap(ev) => {
@@ -455,7 +472,7 @@ impl Session {
         if self.last_retire_check.elapsed() >= RETIRE_CHECK_EVERY {
             self.last_retire_check = Instant::now();
             for (_, id) in self.gpu.retire_deleted(&mut self.ebpf) {
-                discovery::forget_known(&mut self.ebpf, id.ino);
+                discovery::forget_known(&mut self.ebpf, GpuFileKey::from_stat(id.dev, id.ino));
             }
             self.ahead.trim();
         }
@@ -621,6 +638,21 @@ impl Session {
 
     pub fn events_lost(&self) -> u64 {
         probes::events_lost(&self.ebpf)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Stop holding first and resume what is held: releasing every
+        // uprobe link afterwards takes the kernel a grace period each.
+        if let Some(hold) = self.hold.as_mut() {
+            if let Some(program) = self.ebpf.program_mut(probes::HOLDING_PROGRAM) {
+                if let Ok(program) = <&mut aya::programs::TracePoint>::try_from(program) {
+                    let _ = program.unload();
+                }
+            }
+            hold.resume_all();
+        }
     }
 }
 

@@ -15,6 +15,9 @@
 //!   from an OOM kill (waitpid return) to the counter moving on /metrics.
 //! - `footprint`: daemon RSS, CPU and BPF map memory, idle and with many
 //!   cgroups running the real HIP runtime.
+//! - `first_call`: how long `--hold` stops a process mapping a GPU runtime
+//!   file never seen before, p50/p99, and the default mode's share of first
+//!   calls seen where it races with the attach (bench_first_call.rs).
 //!
 //! Diagnostic rows (`*_bpf_prog_time`) come from `kernel.bpf_stats_enabled`
 //! (run_time_ns per program from /proc/PID/fdinfo) in a separate pass, so
@@ -42,6 +45,9 @@ use serde_json::{json, Map, Value};
 
 use crate::{root, step};
 
+#[path = "bench_first_call.rs"]
+mod first_call;
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// A small smoke run for the test suite (about a minute).
@@ -68,6 +74,9 @@ pub enum Case {
     Detection,
     /// Daemon RSS, CPU and BPF map memory, idle and with many cgroups.
     Footprint,
+    /// How long `--hold` stops a process that maps a new GPU runtime file,
+    /// and the default mode's share of first calls seen for racing shapes.
+    FirstCall,
 }
 
 /// A case pushes its rows as it goes, so an error keeps what was measured.
@@ -219,8 +228,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 3] = [
+    let cases: [(Case, &str, CaseFn); 4] = [
         (Case::Gpu, "gpu_call_overhead", gpu_case),
+        (Case::FirstCall, "first_call", first_call::first_call_case),
         (Case::Sched, "sched_overhead", sched_case),
         (Case::Detection, "detection_latency + footprint", detection_and_footprint_case),
     ];

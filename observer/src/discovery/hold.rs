@@ -100,6 +100,11 @@ impl Hold {
         resume_older_than(&mut self.map, HOLD_DEADLINE)
     }
 
+    /// Resumes every held process now.
+    pub fn resume_all(&mut self) -> usize {
+        resume_all(&mut self.map)
+    }
+
     pub fn watchdog_pid(&self) -> u32 {
         self.watchdog.id()
     }

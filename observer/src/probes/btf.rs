@@ -126,6 +126,9 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
         o.file_f_inode = inode;
         o.have_fd_lookup = 1;
     }
+    if let (Some(sb), Some(dev)) = (get("inode", "i_sb"), get("super_block", "s_dev")) {
+        (o.inode_i_sb, o.super_block_s_dev) = (sb, dev);
+    }
     if let (Some(signal), Some(tty)) = (get("task_struct", "signal"), get("signal_struct", "tty")) {
         (o.task_signal, o.signal_tty, o.have_tty) = (signal, tty, 1);
     }

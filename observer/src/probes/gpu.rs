@@ -357,6 +357,7 @@ impl GpuProbes {
         let mut links: Vec<(&'static str, UProbeLinkId)> = Vec::new();
         let mut count = 0;
         let mut first_error = None;
+        let started = std::time::Instant::now();
         for (index, name) in api.functions().iter().enumerate() {
             let Some(&offset) = library.functions.get(name) else {
                 continue;
@@ -376,6 +377,7 @@ impl GpuProbes {
             if ok {
                 count += 1;
             }
+            debug!("attached {name} of {} at {:?}", library.display_path, started.elapsed());
         }
         // The path went away while attaching (usually through
         // /proc/PID/root of a process that just exited): undo, and do not
@@ -475,13 +477,29 @@ fn attach_point(
         .map_err(|e| e.to_string())
 }
 
+/// Detaches links off the event loop: releasing a uprobe link waits for an
+/// RCU tasks-trace grace period in the kernel, under a global mutex (about
+/// 90 ms each here), so a library's 30-odd links would stall event handling,
+/// and any process held meanwhile, for seconds.
 fn detach_links(ebpf: &mut Ebpf, links: Vec<(&str, UProbeLinkId)>) {
+    let mut taken = Vec::with_capacity(links.len());
     for (program_name, link) in links {
-        if let Err(e) = uprobe(ebpf, program_name).and_then(|p| p.detach(link).map_err(|e| e.to_string())) {
-            debug!("detach {program_name}: {e}");
+        match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(|e| e.to_string())) {
+            Ok(link) => taken.push(link),
+            Err(e) => debug!("detach {program_name}: {e}"),
         }
     }
+    if taken.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("cs-detach".into()).spawn(move || drop(taken));
+    if let Err(e) = spawned {
+        // No thread to spare: the links were moved into the closure, which
+        // the failed spawn dropped here, detaching them inline.
+        debug!("detaching inline: {e}");
+    }
 }
+
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,10 @@ use observer_common::{
 /// The eBPF object built by `observer/build.rs` from `observer-ebpf/`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
 
+/// The program that stops a process at the mapping of an unknown GPU
+/// runtime file when the hold is on.
+pub const HOLDING_PROGRAM: &str = "mmap_exec_exit";
+
 /// Settings the kernel side reads as load-time globals.
 #[derive(Clone, Debug)]
 pub struct KernelSettings {
@@ -244,7 +248,7 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
         record("discovery", "syscalls:sys_enter_mmap", r, mapped_detail);
         let r = match &env.tracefs {
             Err(e) => Err(e.clone()),
-            Ok(_) => attach_tp(ebpf, "mmap_exec_exit", "syscalls", "sys_exit_mmap"),
+            Ok(_) => attach_tp(ebpf, HOLDING_PROGRAM, "syscalls", "sys_exit_mmap"),
         };
         record("discovery", "syscalls:sys_exit_mmap", r, "reports (and holds) once the mapping exists");
         let r = attach_raw(ebpf, "process_exec", "sched_process_exec");

@@ -121,6 +121,13 @@ impl Tracer {
         self.child.id()
     }
 
+    /// The first line of stderr containing `needle`.
+    pub fn stderr_line(&self, needle: &str) -> String {
+        self.wait_stderr(needle, Duration::from_secs(5));
+        let text = self.stderr.lock().expect("lock");
+        text.lines().find(|l| l.contains(needle)).unwrap_or_default().to_string()
+    }
+
     pub fn events(&self) -> Vec<Value> {
         self.lines.lock().expect("lock").clone()
     }
@@ -137,6 +144,20 @@ impl Tracer {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// SIGKILL, without waiting for the exit: a killed observer's probes are
+    /// released by the kernel as its descriptors close, which can take a
+    /// while after many libraries.
+    pub fn kill_without_waiting(self) {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        let _ = this.child.kill();
+        // SAFETY: `this` is never used or dropped again; the child is moved
+        // to a thread that reaps it.
+        let mut child = unsafe { std::ptr::read(&this.child) };
+        thread::spawn(move || {
+            let _ = child.wait();
+        });
     }
 
     /// SIGTERM, then the exit status and everything printed.

@@ -1,0 +1,401 @@
+//! No GPU call goes unseen: a runtime library file canaryscope has never
+//! seen (a fresh copy, so a new inode, every run) is probed before the first
+//! call of the first process that maps it. Nothing here names the library
+//! with `--lib` or waits before the call.
+//!
+//! Default mode: files the process's loader can find by name (its
+//! LD_LIBRARY_PATH, its run path, its root's ld.so.cache and standard
+//! directories) are probed at exec. With `--hold`: any path, any timing;
+//! the process is stopped at the mapping until its probes exist.
+mod support;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use support::*;
+
+const RUNS: usize = 10;
+/// Event waits are generous: the VM runs under software emulation.
+const WAIT: Duration = Duration::from_secs(20);
+const HIP_RUNTIME: &str = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
+
+/// A directory that exists for one run, removed on drop.
+struct Fresh(PathBuf);
+
+impl Fresh {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("canaryscope-first-call-{}", random_hex(12)));
+        fs::create_dir_all(&dir).expect("mkdir");
+        Self(dir)
+    }
+
+    /// A copy of `from` at `name` inside: a file no tracer has seen.
+    fn copy(&self, from: &Path, name: &str) -> PathBuf {
+        let to = self.0.join(name);
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent).expect("mkdir");
+        }
+        fs::copy(from, &to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        to
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn zluda() -> PathBuf {
+    fixture("cuda_app");
+    fixtures_dir().join("zluda/libcuda.so.1")
+}
+
+/// Runs a command in a new session (no controlling terminal: the hold never
+/// stops a process a shell's job control could see) and returns its output.
+fn run_detached(mut cmd: Command) -> Output {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run fixture");
+    assert!(out.status.success(), "{out:?}");
+    out
+}
+
+/// `sh -c SCRIPT` in a private mount namespace inside the pod's cgroup.
+fn in_private_mounts(pod: &PodCgroup, script: &str) -> Command {
+    let mut cmd = pod.command(Path::new("/usr/bin/unshare"));
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script]);
+    cmd
+}
+
+/// The first call of `pid`, through the library at `library`; and the
+/// announcement of that library's probes.
+fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str) -> (Value, Value) {
+    let call = tracer.wait_for(&format!("{function} of pid {pid} via {library}"), WAIT, |e| {
+        e["kind"] == "gpu_call" && e["function"] == function && e["pid"] == pid
+    });
+    assert_eq!(call["library"], library, "{call}");
+    let probed = tracer.wait_for(&format!("probes of {library}"), WAIT, |e| {
+        e["kind"] == "library_probed" && e["library"] == library && e["pid"] == pid
+    });
+    (call, probed)
+}
+
+fn reason(probed: &Value) -> &str {
+    probed["reason"].as_str().unwrap_or_default()
+}
+
+// ---- default mode: everything the loader can find by name ----
+//
+// At exec, before the loader runs, each file the loader could load by name
+// is probed. Attaching the first uprobe after a quiet spell costs the
+// daemon one RCU grace period in the kernel (uprobe_register enters the
+// dup_mmap_sem rcu_sync), measured at 7-95 ms here, so a first call made
+// within that time of the exec that revealed the file needs the hold; its
+// rate in the default mode is measured by `cargo xtask bench`.
+
+/// The file is probed at the exec, for the reason given: every run.
+fn probed_at_exec(tracer: &Tracer, pid: u64, library: &str, reason_prefix: &str) {
+    let probed = tracer.wait_for(&format!("probes of {library}"), WAIT, |e| {
+        e["kind"] == "library_probed" && e["library"] == library && e["pid"] == pid
+    });
+    assert!(reason(&probed).starts_with(reason_prefix), "{probed}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
+    assert_root();
+    let needed = fixture("cuda_needed");
+    let app = fixture("cuda_app");
+    let lib = zluda();
+    let tracer = Tracer::start(&[]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    for run in 0..RUNS {
+        let fresh = Fresh::new();
+        // LD_LIBRARY_PATH in the process's environment.
+        let copy = fresh.copy(&lib, "lib/libcuda.so.1");
+        let mut cmd = pod.command(&needed);
+        cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir")).args(["--linger", "200"]);
+        let pid = out_pid(&run_detached(cmd).stdout);
+        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "LD_LIBRARY_PATH of cuda_needed");
+        // The executable's run path ($ORIGIN/zluda).
+        let exe = fresh.copy(&app, "app/cuda_app");
+        let copy = fresh.copy(&lib, "app/zluda/libcuda.so.1");
+        let mut cmd = pod.command(&exe);
+        cmd.args(["--linger", "200"]);
+        let pid = out_pid(&run_detached(cmd).stdout);
+        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "run path of ");
+        // A container root whose own ld.so.cache names a directory only it has.
+        let script = format!(
+            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
+             echo /mnt/gpu > /mnt/ld.so.conf; ldconfig -C /mnt/ld.so.cache -f /mnt/ld.so.conf; \
+             mount --bind /mnt/ld.so.cache /etc/ld.so.cache; exec {needed} --linger 200",
+            lib = lib.display(),
+            needed = needed.display()
+        );
+        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+        probed_at_exec(&tracer, pid, "/mnt/gpu/libcuda.so.1", "ld.so.cache of cuda_needed");
+        eprintln!("run {run}: LD_LIBRARY_PATH, run path and ld.so.cache probed at exec");
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_call() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&[]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    for run in 0..RUNS {
+        // By name, through LD_LIBRARY_PATH.
+        let fresh = Fresh::new();
+        let copy = fresh.copy(&lib, "lib/libcuda.so.1");
+        let mut cmd = pod.command(&loader);
+        cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir")).args(["--after", "50", "libcuda.so.1"]);
+        let pid = out_pid(&run_detached(cmd).stdout);
+        let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+        assert!(reason(&probed).starts_with("LD_LIBRARY_PATH of gpu_dlopen"), "run {run}: {probed}");
+        // By name, through the container root's ld.so.cache.
+        let script = format!(
+            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
+             echo /mnt/gpu > /mnt/ld.so.conf; ldconfig -C /mnt/ld.so.cache -f /mnt/ld.so.conf; \
+             mount --bind /mnt/ld.so.cache /etc/ld.so.cache; exec {loader} --after 50 libcuda.so.1",
+            lib = lib.display(),
+            loader = loader.display()
+        );
+        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+        let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/gpu/libcuda.so.1");
+        assert!(reason(&probed).starts_with("ld.so.cache of gpu_dlopen"), "run {run}: {probed}");
+        // By path, from ZLUDA's usual directory in the container root.
+        let script = format!(
+            "set -e; mount -t tmpfs none /opt; mkdir /opt/zluda; cp {lib} /opt/zluda/libcuda.so.1; \
+             exec {loader} --after 50 /opt/zluda/libcuda.so.1",
+            lib = lib.display(),
+            loader = loader.display()
+        );
+        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+        let (_, probed) = first_call(&tracer, pid, "cuInit", "/opt/zluda/libcuda.so.1");
+        assert!(reason(&probed).starts_with("standard library directory of"), "run {run}: {probed}");
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let tracer = Tracer::start(&[]);
+    for run in 0..RUNS {
+        let fresh = Fresh::new();
+        // Any other library mapped just before opens the kernel's
+        // coalescing window for this process.
+        let other = fresh.copy(&fixtures_dir().join("zluda/libcuda.so.1"), "other/libzl_other.so");
+        let lib = fresh.copy(&zluda(), "rt/libcuda.so.1");
+        let mut cmd = Command::new(&loader);
+        cmd.arg("--preload").arg(&other).args(["--call-after", "300"]).arg(&lib);
+        let pid = out_pid(&run_detached(cmd).stdout);
+        let (_, probed) = first_call(&tracer, pid, "cuInit", lib.to_str().expect("utf8"));
+        assert!(reason(&probed).starts_with("mapped by gpu_dlopen"), "run {run}: {probed}");
+    }
+}
+
+// ---- --hold: any path, any timing ----
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn held_dt_needed_program_calling_cu_init_first_is_seen() {
+    assert_root();
+    let app = fixture("cuda_needed");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    for run in 0..RUNS {
+        let fresh = Fresh::new();
+        let copy = fresh.copy(&lib, "lib/libcuda.so.1");
+        let mut cmd = pod.command(&app);
+        cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir"));
+        let pid = out_pid(&run_detached(cmd).stdout);
+        first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+        // The same in a private mount namespace.
+        let script = format!(
+            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/lib; cp {lib} /mnt/lib/libcuda.so.1; cp {app} /mnt/; \
+             LD_LIBRARY_PATH=/mnt/lib exec /mnt/cuda_needed",
+            lib = lib.display(),
+            app = app.display()
+        );
+        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+        let (call, _) = first_call(&tracer, pid, "cuInit", "/mnt/lib/libcuda.so.1");
+        assert_eq!(call["cgroup"], pod.rel.as_str(), "run {run}");
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    for delay in ["0", "10", "50"] {
+        for run in 0..RUNS {
+            let fresh = Fresh::new();
+            let copy = fresh.copy(&lib, "anywhere/libcuda.so.1");
+            let mut cmd = pod.command(&loader);
+            cmd.args(["--after", delay]).arg(&copy);
+            let pid = out_pid(&run_detached(cmd).stdout);
+            let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+            assert!(reason(&probed).ends_with("held until probed"), "delay {delay} run {run}: {probed}");
+            assert!(probed["held_ns"].as_u64().is_some(), "{probed}");
+            // In a private mount namespace, reached only through /proc/PID/root.
+            let script = format!(
+                "set -e; mount -t tmpfs none /mnt; cp {lib} /mnt/libcuda.so.1; exec {loader} --after {delay} /mnt/libcuda.so.1",
+                lib = lib.display(),
+                loader = loader.display()
+            );
+            let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+            let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/libcuda.so.1");
+            assert!(reason(&probed).ends_with("held until probed"), "delay {delay} run {run}: {probed}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let tracer = Tracer::start(&["--hold"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let expected = if Path::new("/dev/kfd").exists() { 0 } else { 101 };
+    for run in 0..RUNS {
+        let fresh = Fresh::new();
+        let copy = fresh.copy(Path::new(HIP_RUNTIME), "hip/libamdhip64.so.5");
+        let mut cmd = pod.command(&loader);
+        cmd.arg(&copy);
+        let pid = out_pid(&run_detached(cmd).stdout);
+        let (call, _) = first_call(&tracer, pid, "hipInit", copy.to_str().expect("utf8"));
+        assert_eq!(call["result"], expected, "run {run}: {call}");
+        let script = format!(
+            "set -e; mount -t tmpfs none /mnt; cp {HIP_RUNTIME} /mnt/libamdhip64.so.5; exec {loader} /mnt/libamdhip64.so.5",
+            loader = loader.display()
+        );
+        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
+        first_call(&tracer, pid, "hipInit", "/mnt/libamdhip64.so.5");
+    }
+}
+
+// ---- the hold never leaves a process stopped ----
+
+/// A burst of processes, each loading a library never seen before.
+fn start_burst(loader: &Path, lib: &Path, fresh: &Fresh, count: usize) -> Vec<Child> {
+    use std::os::unix::process::CommandExt;
+    (0..count)
+        .map(|i| {
+            let copy = fresh.copy(lib, &format!("burst{i}/libcuda.so.1"));
+            let mut cmd = Command::new(loader);
+            cmd.arg(&copy).stdout(Stdio::null()).stderr(Stdio::null());
+            // SAFETY: setsid is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            cmd.spawn().expect("spawn")
+        })
+        .collect()
+}
+
+fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+}
+
+/// Waits for every child; fails naming any left stopped (and then frees it).
+fn assert_all_finish(children: Vec<Child>, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut left = children;
+    while !left.is_empty() && Instant::now() < deadline {
+        left.retain_mut(|c| c.try_wait().ok().flatten().is_none());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stuck: Vec<(u32, Option<char>)> = left.iter().map(|c| (c.id(), state(c.id()))).collect();
+    for c in &mut left {
+        // SAFETY: plain kill(2) of our own child, so the suite goes on.
+        unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(stuck.is_empty(), "processes left unfinished (pid, state): {stuck:?}");
+}
+
+fn watchdog_pid(tracer: &Tracer) -> u32 {
+    let line = tracer.stderr_line("watchdog pid");
+    line.rsplit("watchdog pid ")
+        .next()
+        .and_then(|s| s.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no watchdog pid in {line}"))
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn sigkilling_the_daemon_during_a_burst_leaves_no_process_stopped() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    for round in 0..5 {
+        let tracer = Tracer::start(&["--hold"]);
+        let fresh = Fresh::new();
+        let children = start_burst(&loader, &lib, &fresh, 8);
+        // A random moment in the burst: before, during or after the holds.
+        let delay = u64::from_str_radix(&random_hex(4), 16).unwrap_or(0) % 150;
+        std::thread::sleep(Duration::from_millis(delay));
+        tracer.kill_without_waiting();
+        assert_all_finish(children, Duration::from_secs(if in_vm() { 60 } else { 15 }));
+        eprintln!("round {round}: daemon killed {delay} ms into the burst; every process finished");
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_new_daemon_resumes_what_a_dead_one_left_held() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold"]);
+    let watchdog = watchdog_pid(&tracer);
+    // The worst case: the watchdog is gone and the daemon is frozen, so a
+    // held process is resumed by neither.
+    // SAFETY: kill(2) of processes this test started.
+    unsafe {
+        libc::kill(watchdog as i32, libc::SIGKILL);
+        libc::kill(tracer.pid() as i32, libc::SIGSTOP);
+    }
+    let fresh = Fresh::new();
+    let children = start_burst(&loader, &lib, &fresh, 3);
+    let deadline = Instant::now() + WAIT;
+    while children.iter().any(|c| state(c.id()) != Some('T')) {
+        assert!(Instant::now() < deadline, "the burst was never held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tracer.kill_without_waiting();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(children.iter().all(|c| state(c.id()) == Some('T')), "still held with no daemon");
+    let next = Tracer::start(&["--hold"]);
+    assert_all_finish(children, WAIT);
+    next.wait_stderr("resumed 3 processes an earlier canaryscope left held", WAIT);
+}
