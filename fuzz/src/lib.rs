@@ -13,3 +13,6 @@ pub mod tracefs;
 
 #[path = "../../observer/src/metrics/families.rs"]
 pub mod families;
+
+#[path = "../../observer/src/discovery/ldcache.rs"]
+pub mod ldcache;

@@ -9,8 +9,8 @@
 //!   it. Other executable mappings raise one coalesced event per process.
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes,
-        bpf_send_signal,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel_str_bytes, bpf_send_signal,
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, LruHashMap},
@@ -173,7 +173,14 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
             held_at_ns = 0; // map full: report without holding
         }
     }
-    emit_urgent(&GpuMapEvent { header, key: pending.key, fd: pending.fd, held, held_at_ns, name: pending.name });
+    emit_urgent(&GpuMapEvent {
+        header,
+        key: pending.key,
+        fd: pending.fd,
+        held,
+        held_at_ns,
+        name: pending.name,
+    });
     0
 }
 

@@ -13,8 +13,8 @@ use aya_ebpf::{
 use observer_common::{
     gpu::{Api, InflightKey},
     task::{
-        is_abnormal_exit, CrashInfo, ExitEvent, OomVictimEvent, OomVictimInfo,
-        EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
+        is_abnormal_exit, CrashInfo, ExitEvent, OomVictimEvent, OomVictimInfo, EXIT_FLAG_CRASH,
+        EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
     },
     EventKind,
 };

@@ -149,7 +149,12 @@ fn trial_load(extra_libs: &[std::path::PathBuf]) -> (Vec<crate::probes::ProbeSta
         session::{Session, SessionOptions},
     };
     let options = SessionOptions {
-        settings: KernelSettings { gpu_emit_all: false, gpu_slow_ns: u64::MAX, kfd_device: None, hold: false },
+        settings: KernelSettings {
+            gpu_emit_all: false,
+            gpu_slow_ns: u64::MAX,
+            kfd_device: None,
+            hold: false,
+        },
         explicit_libs: extra_libs.to_vec(),
         stall_threshold_ns: u64::MAX,
         families: Families::ALL,

@@ -115,8 +115,12 @@ pub fn settings(args: &RunArgs) -> Result<Settings, CliError> {
     if !libs.is_empty() && !probes.gpu {
         return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
     }
+    let hold = args.hold || file.hold.unwrap_or(false);
+    if hold && !probes.gpu {
+        return Err(CliError::usage("--hold needs the gpu probes: add gpu to --probes"));
+    }
     Ok(Settings {
-        hold: args.hold || file.hold.unwrap_or(false),
+        hold,
         probes,
         listen,
         kube,

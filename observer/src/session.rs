@@ -18,18 +18,18 @@ use observer_common::{
     gpu::{Api, GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, MAX_NESTING},
     kfd::{KfdStats, KfdStatsKey},
     sched::RunqHistogram,
-    EventHeader,
     task::{
         core_dumped, exit_signal, exit_status, is_abnormal_exit, CrashInfo, ExitEvent, EXIT_FLAG_CRASH,
         EXIT_FLAG_OOM_VICTIM,
     },
+    EventHeader,
 };
 
 use crate::{
     attribution::CgroupResolver,
-    discovery::{self, ahead::AheadOfTime, hold::Hold},
     clock::BootClock,
     cpu::{CpuFinding, CpuMonitor},
+    discovery::{self, ahead::AheadOfTime, hold::Hold},
     events::{self, Detail, Event, Raw},
     oom,
     probes::{self, gpu, Families, KernelSettings, LoadError, ProbeStatus},
@@ -346,7 +346,10 @@ impl Session {
                 for c in self.ahead.for_process(pid, &who) {
                     self.consider(c.open_path, c.display, &c.reason, Some(&ev.header));
                 }
-                debug!("exec of pid {pid}: read {waited_ns} ns after it, resolved in {:?}", started.elapsed());
+                debug!(
+                    "exec of pid {pid}: read {waited_ns} ns after it, resolved in {:?}",
+                    started.elapsed()
+                );
                 self.announcements.drain(..).collect()
             }
             Raw::GpuMap(ev) => {
@@ -464,7 +467,10 @@ impl Session {
         }
         if let Some(hold) = self.hold.as_mut() {
             for pid in hold.resume_expired() {
-                warn!("resumed pid {pid}: held past {:?} without its library being probed", discovery::hold::HOLD_DEADLINE);
+                warn!(
+                    "resumed pid {pid}: held past {:?} without its library being probed",
+                    discovery::hold::HOLD_DEADLINE
+                );
             }
         }
         // One fstat per probed library every few seconds; the processes'

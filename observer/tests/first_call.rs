@@ -51,9 +51,12 @@ impl Drop for Fresh {
     }
 }
 
+/// The minimal ZLUDA-shaped library (cuInit over the real HIP runtime):
+/// every run probes a fresh copy, and releasing a uprobe costs the kernel
+/// about 0.1 s, so one probed function keeps the suite's teardown short.
 fn zluda() -> PathBuf {
-    fixture("cuda_app");
-    fixtures_dir().join("zluda/libcuda.so.1")
+    fixture("cuda_first");
+    fixtures_dir().join("zluda-min/libcuda.so.1")
 }
 
 /// Runs a command in a new session (no controlling terminal: the hold never
@@ -117,8 +120,8 @@ fn probed_at_exec(tracer: &Tracer, pid: u64, library: &str, reason_prefix: &str)
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
     assert_root();
-    let needed = fixture("cuda_needed");
-    let app = fixture("cuda_app");
+    let needed = fixture("cuda_first");
+    let app = fixture("cuda_first_rpath");
     let lib = zluda();
     let tracer = Tracer::start(&[]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
@@ -129,9 +132,9 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
         let mut cmd = pod.command(&needed);
         cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir")).args(["--linger", "200"]);
         let pid = out_pid(&run_detached(cmd).stdout);
-        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "LD_LIBRARY_PATH of cuda_needed");
+        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "LD_LIBRARY_PATH of cuda_first");
         // The executable's run path ($ORIGIN/zluda).
-        let exe = fresh.copy(&app, "app/cuda_app");
+        let exe = fresh.copy(&app, "app/cuda_first_rpath");
         let copy = fresh.copy(&lib, "app/zluda/libcuda.so.1");
         let mut cmd = pod.command(&exe);
         cmd.args(["--linger", "200"]);
@@ -146,7 +149,7 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
             needed = needed.display()
         );
         let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        probed_at_exec(&tracer, pid, "/mnt/gpu/libcuda.so.1", "ld.so.cache of cuda_needed");
+        probed_at_exec(&tracer, pid, "/mnt/gpu/libcuda.so.1", "ld.so.cache of cuda_first");
         eprintln!("run {run}: LD_LIBRARY_PATH, run path and ld.so.cache probed at exec");
     }
 }
@@ -202,7 +205,7 @@ fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() 
         let fresh = Fresh::new();
         // Any other library mapped just before opens the kernel's
         // coalescing window for this process.
-        let other = fresh.copy(&fixtures_dir().join("zluda/libcuda.so.1"), "other/libzl_other.so");
+        let other = fresh.copy(&zluda(), "other/libzl_other.so");
         let lib = fresh.copy(&zluda(), "rt/libcuda.so.1");
         let mut cmd = Command::new(&loader);
         cmd.arg("--preload").arg(&other).args(["--call-after", "300"]).arg(&lib);
@@ -218,7 +221,7 @@ fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() 
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn held_dt_needed_program_calling_cu_init_first_is_seen() {
     assert_root();
-    let app = fixture("cuda_needed");
+    let app = fixture("cuda_first");
     let lib = zluda();
     let tracer = Tracer::start(&["--hold"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
@@ -232,7 +235,7 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
         // The same in a private mount namespace.
         let script = format!(
             "set -e; mount -t tmpfs none /mnt; mkdir /mnt/lib; cp {lib} /mnt/lib/libcuda.so.1; cp {app} /mnt/; \
-             LD_LIBRARY_PATH=/mnt/lib exec /mnt/cuda_needed",
+             LD_LIBRARY_PATH=/mnt/lib exec /mnt/cuda_first",
             lib = lib.display(),
             app = app.display()
         );
@@ -281,7 +284,10 @@ fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
     let tracer = Tracer::start(&["--hold"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let expected = if Path::new("/dev/kfd").exists() { 0 } else { 101 };
-    for run in 0..RUNS {
+    // Half the runs in the pod's own mount namespace, half in a private one:
+    // the real runtime has 16 probed functions, and each fresh copy's 32
+    // links take the kernel about 3 s to release at the end.
+    for run in 0..RUNS / 2 {
         let fresh = Fresh::new();
         let copy = fresh.copy(Path::new(HIP_RUNTIME), "hip/libamdhip64.so.5");
         let mut cmd = pod.command(&loader);

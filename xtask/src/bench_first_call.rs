@@ -17,7 +17,8 @@ struct FreshLib {
 
 impl FreshLib {
     fn new(lib: &Path, trial: usize) -> Result<FreshLib> {
-        let dir = std::env::temp_dir().join(format!("canaryscope-bench-first-call-{}-{trial}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("canaryscope-bench-first-call-{}-{trial}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir)?;
         fs::copy(lib, dir.join("libcuda.so.1")).with_context(|| format!("copy {}", lib.display()))?;
@@ -86,14 +87,17 @@ fn saw_first_call(events: &[Value], pid: u32) -> bool {
 pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     let trials = if plan.quick { 5 } else { 30 };
     let loader = env.fixture("gpu_dlopen");
-    let needed = env.fixture("cuda_needed");
-    for f in [&loader, &needed] {
+    let needed = env.fixture("cuda_first");
+    // The one-function ZLUDA-shaped library: each trial probes a new copy,
+    // and its two links are quick for the kernel to release again.
+    let cuda_lib = env.fixture("zluda-min/libcuda.so.1");
+    for f in [&loader, &needed, &cuda_lib] {
         if !f.exists() {
             bail!("{} is missing: run `cargo xtask fixtures` first", f.display());
         }
     }
     let dlopen_run = |trial: usize| -> Result<(f64, u32)> {
-        let fresh = FreshLib::new(&env.cuda_lib, trial)?;
+        let fresh = FreshLib::new(&cuda_lib, trial)?;
         timed_run(Command::new(&loader).arg(fresh.lib()))
     };
 
@@ -104,7 +108,7 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
     let mut tracer = start_tracer(env, "trace-hold", &["--hold"])?;
     let (mut bare, mut held_wall, mut held_pids) = (Vec::new(), Vec::new(), Vec::new());
     for trial in 0..trials {
-        let fresh = FreshLib::new(&env.cuda_lib, 1000 + trial)?;
+        let fresh = FreshLib::new(&cuda_lib, 1000 + trial)?;
         let unseen = fresh.dir.join("libzl_unprobed.so");
         fs::rename(fresh.lib(), &unseen)?;
         bare.push(timed_run(Command::new(&loader).arg(&unseen))?.0);
@@ -153,7 +157,7 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
     let tracer = start_tracer(env, "trace-default", &[])?;
     let (mut needed_pids, mut dlopen_pids) = (Vec::new(), Vec::new());
     for trial in 0..trials {
-        let fresh = FreshLib::new(&env.cuda_lib, 2000 + trial)?;
+        let fresh = FreshLib::new(&cuda_lib, 2000 + trial)?;
         let mut cmd = Command::new(&needed);
         cmd.env("LD_LIBRARY_PATH", &fresh.dir);
         needed_pids.push(timed_run(&mut cmd)?.1);
@@ -163,7 +167,9 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
     let mut tracer = tracer;
     tracer.stop();
     let seen = events(&tracer);
-    for (name, pids) in [("dt_needed_first_statement", &needed_pids), ("dlopen_any_path_at_exec", &dlopen_pids)] {
+    for (name, pids) in
+        [("dt_needed_first_statement", &needed_pids), ("dlopen_any_path_at_exec", &dlopen_pids)]
+    {
         let caught = pids.iter().filter(|pid| saw_first_call(&seen, **pid)).count();
         let mut row = Row::new(&format!("first_call_default_{name}_seen_pct"), "%");
         row.canaryscope = Some(100.0 * caught as f64 / pids.len().max(1) as f64);

@@ -49,7 +49,7 @@ enum Task {
     Fuzz {
         #[arg(default_value_t = 300)]
         seconds: u32,
-        /// Only these targets (cgroup_path, proc_maps, tracefs_format, label_values).
+        /// Only these targets (cgroup_path, proc_maps, tracefs_format, label_values, ld_so_cache).
         targets: Vec<String>,
     },
 }

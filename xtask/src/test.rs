@@ -63,7 +63,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
     if !args.no_fuzz {
         step(
-            "fuzzing the parsers of outside input: 4 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)",
+            "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)",
         );
         run(Command::new(root().join("fuzz/run.sh")).arg("15"))?;
     }
@@ -78,7 +78,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     }
     if !args.no_vm {
         step("VM tests: Debian 6.1 kernel with kprobes, amdgpu and /dev/kfd (QEMU, software emulation)");
-        let binaries = test_binaries(&["vm_kfd", "gpu_hip", "gpu_cuda", "cpu_oom_exit"])?;
+        let binaries = test_binaries(&["vm_kfd", "gpu_hip", "gpu_cuda", "cpu_oom_exit", "first_call"])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
     }
     if !args.no_bench {

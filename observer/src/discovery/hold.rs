@@ -78,7 +78,8 @@ impl Hold {
             let _ = std::fs::remove_file(&pin);
         }
         let map = ebpf.take_map(HELD_MAP).ok_or(HoldError::MissingMap)?;
-        map.pin(&pin).map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
+        map.pin(&pin)
+            .map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
         let map = HeldMap::try_from(map)
             .map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
         let watchdog = spawn_watchdog(&pin).map_err(HoldError::Watchdog)?;
@@ -183,7 +184,10 @@ fn ensure_bpffs() -> Result<(), HoldError> {
     // SAFETY: plain mount(2) of the bpf filesystem on its usual place.
     let rc = unsafe { libc::mount(c"bpf".as_ptr(), target.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        return Err(HoldError::BpfFs(format!("not mounted, and mounting it failed: {}", io::Error::last_os_error())));
+        return Err(HoldError::BpfFs(format!(
+            "not mounted, and mounting it failed: {}",
+            io::Error::last_os_error()
+        )));
     }
     Ok(())
 }

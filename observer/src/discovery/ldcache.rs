@@ -6,7 +6,7 @@
 //! absolute path in the file is taken, and those whose file name is a GPU
 //! runtime's are kept. A path that is not really a cache entry costs one
 //! failed stat later; nothing can be missed this way.
-use crate::probes::gpu::candidate_api;
+use observer_common::discovery::is_gpu_library_name;
 
 /// Size beyond which a file is not an ld.so.cache (real ones are well under
 /// a megabyte); such a file is not read.
@@ -21,7 +21,7 @@ pub fn gpu_paths(cache: &[u8]) -> Vec<String> {
         }
         let Ok(path) = std::str::from_utf8(entry) else { continue };
         let name = path.rsplit('/').next().unwrap_or_default();
-        if candidate_api(name).is_some() && !out.iter().any(|p| p == path) {
+        if is_gpu_library_name(name.as_bytes()) && !out.iter().any(|p| p == path) {
             out.push(path.to_string());
         }
     }

@@ -500,7 +500,6 @@ fn detach_links(ebpf: &mut Ebpf, links: Vec<(&str, UProbeLinkId)>) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

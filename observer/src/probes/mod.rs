@@ -252,7 +252,12 @@ pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -
         };
         record("discovery", "syscalls:sys_exit_mmap", r, "reports (and holds) once the mapping exists");
         let r = attach_raw(ebpf, "process_exec", "sched_process_exec");
-        record("discovery", "sched_process_exec", r, "what a new program's loader could find, probed before main");
+        record(
+            "discovery",
+            "sched_process_exec",
+            r,
+            "what a new program's loader could find, probed before main",
+        );
     }
     if families.kfd {
         for st in kfd::attach(ebpf, env.tracefs.is_ok(), o.have_fd_lookup != 0) {

@@ -78,6 +78,9 @@ fn validate(args: &TraceArgs) -> Result<(), CliError> {
     if !args.libs.is_empty() && !args.probes.gpu {
         return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
     }
+    if args.hold && !args.probes.gpu {
+        return Err(CliError::usage("--hold needs the gpu probes: add gpu to --probes"));
+    }
     Ok(())
 }
 
