@@ -82,17 +82,31 @@ fn in_private_mounts(pod: &PodCgroup, script: &str) -> Command {
     cmd
 }
 
+/// Now, as the tracer stamps events (Unix ns).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The announcement of `library`'s probes made since `since_ns`. Another
+/// process of the same container (the `cp` or `mount` that prepared it) may
+/// have led to the file first: the reason names whichever did.
+fn probed_since(tracer: &Tracer, library: &str, since_ns: u64) -> Value {
+    tracer.wait_for(&format!("probes of {library}"), WAIT, |e| {
+        e["kind"] == "library_probed" && e["library"] == library && e["ts_ns"].as_u64() >= Some(since_ns)
+    })
+}
+
 /// The first call of `pid`, through the library at `library`; and the
-/// announcement of that library's probes.
-fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str) -> (Value, Value) {
+/// announcement of that library's probes since `since_ns`.
+fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str, since_ns: u64) -> (Value, Value) {
     let call = tracer.wait_for(&format!("{function} of pid {pid} via {library}"), WAIT, |e| {
         e["kind"] == "gpu_call" && e["function"] == function && e["pid"] == pid
     });
     assert_eq!(call["library"], library, "{call}");
-    let probed = tracer.wait_for(&format!("probes of {library}"), WAIT, |e| {
-        e["kind"] == "library_probed" && e["library"] == library && e["pid"] == pid
-    });
-    (call, probed)
+    (call, probed_since(tracer, library, since_ns))
 }
 
 fn reason(probed: &Value) -> &str {
@@ -108,11 +122,9 @@ fn reason(probed: &Value) -> &str {
 // within that time of the exec that revealed the file needs the hold; its
 // rate in the default mode is measured by `cargo xtask bench`.
 
-/// The file is probed at the exec, for the reason given: every run.
-fn probed_at_exec(tracer: &Tracer, pid: u64, library: &str, reason_prefix: &str) {
-    let probed = tracer.wait_for(&format!("probes of {library}"), WAIT, |e| {
-        e["kind"] == "library_probed" && e["library"] == library && e["pid"] == pid
-    });
+/// The file is probed at an exec, for the reason given: every run.
+fn probed_at_exec(tracer: &Tracer, library: &str, since_ns: u64, reason_prefix: &str) {
+    let probed = probed_since(tracer, library, since_ns);
     assert!(reason(&probed).starts_with(reason_prefix), "{probed}");
 }
 
@@ -131,15 +143,15 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
         let copy = fresh.copy(&lib, "lib/libcuda.so.1");
         let mut cmd = pod.command(&needed);
         cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir")).args(["--linger", "200"]);
-        let pid = out_pid(&run_detached(cmd).stdout);
-        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "LD_LIBRARY_PATH of cuda_first");
+        run_detached(cmd);
+        probed_at_exec(&tracer, copy.to_str().expect("utf8"), 0, "LD_LIBRARY_PATH of cuda_first");
         // The executable's run path ($ORIGIN/zluda).
         let exe = fresh.copy(&app, "app/cuda_first_rpath");
         let copy = fresh.copy(&lib, "app/zluda/libcuda.so.1");
         let mut cmd = pod.command(&exe);
         cmd.args(["--linger", "200"]);
-        let pid = out_pid(&run_detached(cmd).stdout);
-        probed_at_exec(&tracer, pid, copy.to_str().expect("utf8"), "run path of ");
+        run_detached(cmd);
+        probed_at_exec(&tracer, copy.to_str().expect("utf8"), 0, "run path of ");
         // A container root whose own ld.so.cache names a directory only it has.
         let script = format!(
             "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
@@ -148,8 +160,9 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
             lib = lib.display(),
             needed = needed.display()
         );
-        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        probed_at_exec(&tracer, pid, "/mnt/gpu/libcuda.so.1", "ld.so.cache of cuda_first");
+        let since = now_ns();
+        run_detached(in_private_mounts(&pod, &script));
+        probed_at_exec(&tracer, "/mnt/gpu/libcuda.so.1", since, "ld.so.cache of ");
         eprintln!("run {run}: LD_LIBRARY_PATH, run path and ld.so.cache probed at exec");
     }
 }
@@ -169,7 +182,7 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
         let mut cmd = pod.command(&loader);
         cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir")).args(["--after", "50", "libcuda.so.1"]);
         let pid = out_pid(&run_detached(cmd).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+        let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
         assert!(reason(&probed).starts_with("LD_LIBRARY_PATH of gpu_dlopen"), "run {run}: {probed}");
         // By name, through the container root's ld.so.cache.
         let script = format!(
@@ -179,9 +192,10 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
             lib = lib.display(),
             loader = loader.display()
         );
+        let since = now_ns();
         let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/gpu/libcuda.so.1");
-        assert!(reason(&probed).starts_with("ld.so.cache of gpu_dlopen"), "run {run}: {probed}");
+        let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/gpu/libcuda.so.1", since);
+        assert!(reason(&probed).starts_with("ld.so.cache of "), "run {run}: {probed}");
         // By path, from ZLUDA's usual directory in the container root.
         let script = format!(
             "set -e; mount -t tmpfs none /opt; mkdir /opt/zluda; cp {lib} /opt/zluda/libcuda.so.1; \
@@ -189,8 +203,9 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
             lib = lib.display(),
             loader = loader.display()
         );
+        let since = now_ns();
         let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", "/opt/zluda/libcuda.so.1");
+        let (_, probed) = first_call(&tracer, pid, "cuInit", "/opt/zluda/libcuda.so.1", since);
         assert!(reason(&probed).starts_with("standard library directory of"), "run {run}: {probed}");
     }
 }
@@ -210,7 +225,7 @@ fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() 
         let mut cmd = Command::new(&loader);
         cmd.arg("--preload").arg(&other).args(["--call-after", "300"]).arg(&lib);
         let pid = out_pid(&run_detached(cmd).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", lib.to_str().expect("utf8"));
+        let (_, probed) = first_call(&tracer, pid, "cuInit", lib.to_str().expect("utf8"), 0);
         assert!(reason(&probed).starts_with("mapped by gpu_dlopen"), "run {run}: {probed}");
     }
 }
@@ -231,7 +246,7 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
         let mut cmd = pod.command(&app);
         cmd.env("LD_LIBRARY_PATH", copy.parent().expect("dir"));
         let pid = out_pid(&run_detached(cmd).stdout);
-        first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+        first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
         // The same in a private mount namespace.
         let script = format!(
             "set -e; mount -t tmpfs none /mnt; mkdir /mnt/lib; cp {lib} /mnt/lib/libcuda.so.1; cp {app} /mnt/; \
@@ -239,8 +254,9 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
             lib = lib.display(),
             app = app.display()
         );
+        let since = now_ns();
         let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (call, _) = first_call(&tracer, pid, "cuInit", "/mnt/lib/libcuda.so.1");
+        let (call, _) = first_call(&tracer, pid, "cuInit", "/mnt/lib/libcuda.so.1", since);
         assert_eq!(call["cgroup"], pod.rel.as_str(), "run {run}");
     }
 }
@@ -260,7 +276,7 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
             let mut cmd = pod.command(&loader);
             cmd.args(["--after", delay]).arg(&copy);
             let pid = out_pid(&run_detached(cmd).stdout);
-            let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"));
+            let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
             assert!(reason(&probed).ends_with("held until probed"), "delay {delay} run {run}: {probed}");
             assert!(probed["held_ns"].as_u64().is_some(), "{probed}");
             // In a private mount namespace, reached only through /proc/PID/root.
@@ -269,8 +285,9 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
                 lib = lib.display(),
                 loader = loader.display()
             );
+            let since = now_ns();
             let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-            let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/libcuda.so.1");
+            let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/libcuda.so.1", since);
             assert!(reason(&probed).ends_with("held until probed"), "delay {delay} run {run}: {probed}");
         }
     }
@@ -293,14 +310,15 @@ fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
         let mut cmd = pod.command(&loader);
         cmd.arg(&copy);
         let pid = out_pid(&run_detached(cmd).stdout);
-        let (call, _) = first_call(&tracer, pid, "hipInit", copy.to_str().expect("utf8"));
+        let (call, _) = first_call(&tracer, pid, "hipInit", copy.to_str().expect("utf8"), 0);
         assert_eq!(call["result"], expected, "run {run}: {call}");
         let script = format!(
             "set -e; mount -t tmpfs none /mnt; cp {HIP_RUNTIME} /mnt/libamdhip64.so.5; exec {loader} /mnt/libamdhip64.so.5",
             loader = loader.display()
         );
+        let since = now_ns();
         let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        first_call(&tracer, pid, "hipInit", "/mnt/libamdhip64.so.5");
+        first_call(&tracer, pid, "hipInit", "/mnt/libamdhip64.so.5", since);
     }
 }
 
