@@ -20,6 +20,8 @@ use serde_json::Value;
 use support::*;
 
 const RUNS: usize = 10;
+// Every tracer here runs with `--all`: with /dev/kfd (the VM) cuInit and
+// hipInit succeed, and a first call is to be seen whatever it returns.
 /// Event waits are generous: the VM runs under software emulation.
 const WAIT: Duration = Duration::from_secs(20);
 const HIP_RUNTIME: &str = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
@@ -109,6 +111,32 @@ fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str, since_ns
     (call, probed_since(tracer, library, since_ns))
 }
 
+/// Runs `script` in a private mount namespace of the pod and returns the
+/// first call of the process it ends in, through `library` as that process
+/// sees it, with the announcement of the library's probes.
+fn first_call_in_private_mounts(
+    tracer: &Tracer,
+    pod: &PodCgroup,
+    script: &str,
+    function: &str,
+    library: &str,
+) -> (Value, Value) {
+    let since = now_ns();
+    let pid = out_pid(&run_detached(in_private_mounts(pod, script)).stdout);
+    first_call(tracer, pid, function, library, since)
+}
+
+/// Shell commands giving a private root its own ld.so.cache that names a
+/// directory only it has (`/mnt/gpu`, holding a copy of `lib`).
+fn own_ld_cache(lib: &Path) -> String {
+    format!(
+        "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
+         echo /mnt/gpu > /mnt/ld.so.conf; ldconfig -C /mnt/ld.so.cache -f /mnt/ld.so.conf; \
+         mount --bind /mnt/ld.so.cache /etc/ld.so.cache",
+        lib = lib.display()
+    )
+}
+
 fn reason(probed: &Value) -> &str {
     probed["reason"].as_str().unwrap_or_default()
 }
@@ -135,7 +163,7 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
     let needed = fixture("cuda_first");
     let app = fixture("cuda_first_rpath");
     let lib = zluda();
-    let tracer = Tracer::start(&[]);
+    let tracer = Tracer::start(&["--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     for run in 0..RUNS {
         let fresh = Fresh::new();
@@ -153,13 +181,7 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
         run_detached(cmd);
         probed_at_exec(&tracer, copy.to_str().expect("utf8"), 0, "run path of ");
         // A container root whose own ld.so.cache names a directory only it has.
-        let script = format!(
-            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
-             echo /mnt/gpu > /mnt/ld.so.conf; ldconfig -C /mnt/ld.so.cache -f /mnt/ld.so.conf; \
-             mount --bind /mnt/ld.so.cache /etc/ld.so.cache; exec {needed} --linger 200",
-            lib = lib.display(),
-            needed = needed.display()
-        );
+        let script = format!("{}; exec {} --linger 200", own_ld_cache(&lib), needed.display());
         let since = now_ns();
         run_detached(in_private_mounts(&pod, &script));
         probed_at_exec(&tracer, "/mnt/gpu/libcuda.so.1", since, "ld.so.cache of ");
@@ -173,7 +195,7 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&[]);
+    let tracer = Tracer::start(&["--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     for run in 0..RUNS {
         // By name, through LD_LIBRARY_PATH.
@@ -185,16 +207,9 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
         let (_, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
         assert!(reason(&probed).starts_with("LD_LIBRARY_PATH of gpu_dlopen"), "run {run}: {probed}");
         // By name, through the container root's ld.so.cache.
-        let script = format!(
-            "set -e; mount -t tmpfs none /mnt; mkdir /mnt/gpu; cp {lib} /mnt/gpu/libcuda.so.1; \
-             echo /mnt/gpu > /mnt/ld.so.conf; ldconfig -C /mnt/ld.so.cache -f /mnt/ld.so.conf; \
-             mount --bind /mnt/ld.so.cache /etc/ld.so.cache; exec {loader} --after 50 libcuda.so.1",
-            lib = lib.display(),
-            loader = loader.display()
-        );
-        let since = now_ns();
-        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/gpu/libcuda.so.1", since);
+        let script = format!("{}; exec {} --after 50 libcuda.so.1", own_ld_cache(&lib), loader.display());
+        let (_, probed) =
+            first_call_in_private_mounts(&tracer, &pod, &script, "cuInit", "/mnt/gpu/libcuda.so.1");
         assert!(reason(&probed).starts_with("ld.so.cache of "), "run {run}: {probed}");
         // By path, from ZLUDA's usual directory in the container root.
         let script = format!(
@@ -203,9 +218,8 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
             lib = lib.display(),
             loader = loader.display()
         );
-        let since = now_ns();
-        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (_, probed) = first_call(&tracer, pid, "cuInit", "/opt/zluda/libcuda.so.1", since);
+        let (_, probed) =
+            first_call_in_private_mounts(&tracer, &pod, &script, "cuInit", "/opt/zluda/libcuda.so.1");
         assert!(reason(&probed).starts_with("standard library directory of"), "run {run}: {probed}");
     }
 }
@@ -215,7 +229,7 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
 fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() {
     assert_root();
     let loader = fixture("gpu_dlopen");
-    let tracer = Tracer::start(&[]);
+    let tracer = Tracer::start(&["--all"]);
     for run in 0..RUNS {
         let fresh = Fresh::new();
         // Any other library mapped just before opens the kernel's
@@ -238,7 +252,7 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
     assert_root();
     let app = fixture("cuda_first");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold"]);
+    let tracer = Tracer::start(&["--hold", "--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     for run in 0..RUNS {
         let fresh = Fresh::new();
@@ -254,9 +268,8 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
             lib = lib.display(),
             app = app.display()
         );
-        let since = now_ns();
-        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        let (call, _) = first_call(&tracer, pid, "cuInit", "/mnt/lib/libcuda.so.1", since);
+        let (call, _) =
+            first_call_in_private_mounts(&tracer, &pod, &script, "cuInit", "/mnt/lib/libcuda.so.1");
         assert_eq!(call["cgroup"], pod.rel.as_str(), "run {run}");
     }
 }
@@ -267,7 +280,7 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold"]);
+    let tracer = Tracer::start(&["--hold", "--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     for delay in ["0", "10", "50"] {
         for run in 0..RUNS {
@@ -285,9 +298,8 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
                 lib = lib.display(),
                 loader = loader.display()
             );
-            let since = now_ns();
-            let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-            let (_, probed) = first_call(&tracer, pid, "cuInit", "/mnt/libcuda.so.1", since);
+            let (_, probed) =
+                first_call_in_private_mounts(&tracer, &pod, &script, "cuInit", "/mnt/libcuda.so.1");
             assert!(reason(&probed).ends_with("held until probed"), "delay {delay} run {run}: {probed}");
         }
     }
@@ -298,7 +310,7 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
 fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
     assert_root();
     let loader = fixture("gpu_dlopen");
-    let tracer = Tracer::start(&["--hold"]);
+    let tracer = Tracer::start(&["--hold", "--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let expected = if Path::new("/dev/kfd").exists() { 0 } else { 101 };
     // Half the runs in the pod's own mount namespace, half in a private one:
@@ -316,9 +328,7 @@ fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
             "set -e; mount -t tmpfs none /mnt; cp {HIP_RUNTIME} /mnt/libamdhip64.so.5; exec {loader} /mnt/libamdhip64.so.5",
             loader = loader.display()
         );
-        let since = now_ns();
-        let pid = out_pid(&run_detached(in_private_mounts(&pod, &script)).stdout);
-        first_call(&tracer, pid, "hipInit", "/mnt/libamdhip64.so.5", since);
+        first_call_in_private_mounts(&tracer, &pod, &script, "hipInit", "/mnt/libamdhip64.so.5");
     }
 }
 
@@ -382,7 +392,7 @@ fn sigkilling_the_daemon_during_a_burst_leaves_no_process_stopped() {
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
     for round in 0..5 {
-        let tracer = Tracer::start(&["--hold"]);
+        let tracer = Tracer::start(&["--hold", "--all"]);
         let fresh = Fresh::new();
         let children = start_burst(&loader, &lib, &fresh, 8);
         // A random moment in the burst: before, during or after the holds.
@@ -400,7 +410,7 @@ fn a_new_daemon_resumes_what_a_dead_one_left_held() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold"]);
+    let tracer = Tracer::start(&["--hold", "--all"]);
     let watchdog = watchdog_pid(&tracer);
     // The worst case: the watchdog is gone and the daemon is frozen, so a
     // held process is resumed by neither.
@@ -419,7 +429,7 @@ fn a_new_daemon_resumes_what_a_dead_one_left_held() {
     tracer.kill_without_waiting();
     std::thread::sleep(Duration::from_millis(700));
     assert!(children.iter().all(|c| state(c.id()) == Some('T')), "still held with no daemon");
-    let next = Tracer::start(&["--hold"]);
+    let next = Tracer::start(&["--hold", "--all"]);
     assert_all_finish(children, WAIT);
     next.wait_stderr("resumed 3 processes an earlier canaryscope left held", WAIT);
 }
