@@ -41,10 +41,17 @@ fn malformed_flags_are_usage_errors() {
 #[ignore = "needs root to drop to another user; run by `cargo xtask test`"]
 fn running_without_root_says_so() {
     support::assert_root();
-    // Run as `nobody` through setuid in pre_exec.
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(canaryscope());
-    cmd.arg("trace");
+    // Run as `nobody` through setuid in pre_exec, from a world-readable copy:
+    // the checkout may sit under a directory `nobody` cannot enter (/root).
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    let dir = std::env::temp_dir().join(format!("canaryscope-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    let bin = dir.join("canaryscope");
+    std::fs::copy(canaryscope(), &bin).expect("copy the binary");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod binary");
+    let mut cmd = Command::new(&bin);
+    cmd.arg("trace").current_dir("/");
     // SAFETY: setgid/setuid between fork and exec are async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -55,6 +62,7 @@ fn running_without_root_says_so() {
         });
     }
     let out = cmd.output().expect("run as nobody");
+    let _ = std::fs::remove_dir_all(&dir);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
