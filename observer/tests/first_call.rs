@@ -395,16 +395,36 @@ fn sigkilling_the_daemon_during_a_burst_leaves_no_process_stopped() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
+    let mut killed = Vec::new();
     for round in 0..5 {
         let tracer = Tracer::start(&["--hold", "--all"]);
         let fresh = Fresh::new();
-        let children = start_burst(&loader, &lib, &fresh, 8);
+        let mut children = start_burst(&loader, &lib, &fresh, 8);
         // A random moment in the burst: before, during or after the holds.
         let delay = u64::from_str_radix(&random_hex(4), 16).unwrap_or(0) % 150;
         std::thread::sleep(Duration::from_millis(delay));
-        tracer.kill_without_waiting();
+        // The worst moment: the daemon freezes with processes held (a late
+        // pair maps its libraries after the freeze, so some always are),
+        // then dies without resuming them; only the watchdog is left.
+        // SAFETY: kill(2) of the tracer this test started.
+        unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) };
+        let late = Fresh::new();
+        let held = start_burst(&loader, &lib, &late, 2);
+        let deadline = Instant::now() + wait();
+        while held.iter().any(|c| state(c.id()) != Some('T')) {
+            assert!(Instant::now() < deadline, "the late pair was never held");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        children.extend(held);
+        killed.push(tracer.kill_without_waiting());
         assert_all_finish(children, Duration::from_secs(if in_vm() { 60 } else { 15 }));
         eprintln!("round {round}: daemon killed {delay} ms into the burst; every process finished");
+    }
+    // Cleanup only: the kernel releases a killed daemon's probes after the
+    // test's assertions; later tests should not start while it still does.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while killed.iter().any(|pid| Path::new(&format!("/proc/{pid}")).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

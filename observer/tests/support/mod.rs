@@ -149,7 +149,8 @@ impl Tracer {
     /// SIGKILL, without waiting for the exit: a killed observer's probes are
     /// released by the kernel as its descriptors close, which can take a
     /// while after many libraries.
-    pub fn kill_without_waiting(self) {
+    pub fn kill_without_waiting(self) -> u32 {
+        let pid = self.child.id();
         let mut this = std::mem::ManuallyDrop::new(self);
         let _ = this.child.kill();
         // SAFETY: `this` is never used or dropped again; the child is moved
@@ -158,6 +159,7 @@ impl Tracer {
         thread::spawn(move || {
             let _ = child.wait();
         });
+        pid
     }
 
     /// SIGTERM, then the exit status and everything printed.
