@@ -23,18 +23,6 @@ use observer_common::gpu::{cookie, Api};
 pub const ENTER_PROGRAM: &str = "gpu_enter";
 pub const EXIT_PROGRAM: &str = "gpu_exit";
 
-/// Directories the dynamic loader and ROCm installs use for these libraries.
-const LIBRARY_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/usr/local/lib",
-    "/opt/rocm/lib",
-    "/opt/zluda",
-    "/usr/lib/zluda",
-];
-
 /// What kind of GPU runtime a library file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -218,7 +206,7 @@ fn resolve_functions(
 /// Libraries in the host's standard directories.
 pub fn host_libraries() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for dir in LIBRARY_DIRS {
+    for dir in crate::discovery::ahead::STANDARD_DIRS {
         let Ok(entries) = fs::read_dir(dir) else {
             continue;
         };
