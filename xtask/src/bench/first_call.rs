@@ -8,7 +8,27 @@
 //!   shapes that race with the attach, reported, never asserted:
 //!   a DT_NEEDED program calling cuInit as its first statement (library in
 //!   LD_LIBRARY_PATH), and a dlopen of an arbitrary path straight after exec.
-use super::*;
+//!
+//! `--hold` trades a stop of every process that maps a new runtime file for
+//! never missing its first call; this case puts a figure on that stop, and
+//! on what the default mode misses without it.
+use std::{
+    fs,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::{
+    div, median, percentile,
+    process::{Proc, SIGTERM},
+    Env, Plan, Row,
+};
 
 /// A fresh copy of the library (a new inode) for every trial.
 struct FreshLib {

@@ -1,0 +1,242 @@
+//! `footprint`: what the daemon holds while it runs: RSS, CPU and BPF map
+//! memory, idle and while many cgroups run the real HIP runtime.
+//!
+//! A node agent runs on every node for as long as the node does, so its
+//! memory and idle CPU are paid everywhere, all the time. Many short-lived
+//! processes in many cgroups are the load that grows its tables and
+//! /metrics series; the idle window after the load shows what stays.
+//!
+//! It shares the detection case's daemon (detection.rs): its idle window
+//! runs first, before anything has run under the daemon, its load last.
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::PathBuf,
+    process::Command,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, Context, Result};
+
+use super::{
+    bpf_stats::map_memory,
+    cgroups::{cgroup2_root, CgroupTree, BENCH_CGROUP},
+    daemon::{metric_sum, Daemon},
+    div,
+    process::{clock_ticks, Proc, SIGKILL},
+    report::opt,
+    step, sub, Env, Plan, Row, Target,
+};
+
+/// utime+stime of a whole process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks())
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<f64> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// "name: lines, ..." for the `n` metric names with the most sample lines.
+fn top_metric_names(text: &str, n: usize) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let name = l.split(['{', ' ']).next().unwrap_or(l);
+        *counts.entry(name).or_default() += 1;
+    }
+    let mut v: Vec<(&str, usize)> = counts.into_iter().collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
+    v.iter().take(n).map(|(k, c)| format!("{k} {c}")).collect::<Vec<_>>().join(", ")
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// RSS (MiB) at the end and CPU (% of one core) over an idle window.
+fn idle_window(pid: u32, window: Duration) -> (Option<f64>, Option<f64>) {
+    let c0 = cpu_seconds(pid);
+    let t0 = Instant::now();
+    sleep(window);
+    let cpu = sub(cpu_seconds(pid), c0).map(|c| c / t0.elapsed().as_secs_f64() * 100.0);
+    (status_kib(pid, "VmRSS:").map(|k| k / 1024.0), cpu)
+}
+
+/// The idle daemon: RSS (MiB), CPU (% of one core) and (maps, memlock bytes).
+pub(super) struct Idle {
+    rss: Option<f64>,
+    cpu: Option<f64>,
+    maps: (usize, u64),
+}
+
+/// Measures the idle daemon `pid` over the plan's window.
+pub(super) fn idle(plan: &Plan, pid: u32) -> Idle {
+    step(&format!("footprint: idle daemon, {:.0?} window", plan.window));
+    sleep(Duration::from_secs(1));
+    let (rss, cpu) = idle_window(pid, plan.window);
+    Idle { rss, cpu, maps: map_memory(pid) }
+}
+
+/// The idle rows, then the load on `d` and its rows.
+pub(super) fn idle_and_load(
+    env: &Env,
+    plan: &Plan,
+    d: &Daemon,
+    idle: Idle,
+    out: &mut Vec<Row>,
+) -> Result<()> {
+    let mut r = Row::new("footprint_idle_rss", "MiB");
+    r.canaryscope = idle.rss;
+    r.notes.push(
+        "VmRSS of `canaryscope run` (all probes, no Kubernetes) after start-up, nothing running".into(),
+    );
+    out.push(r);
+    let mut r = Row::new("footprint_idle_cpu", "% of one core");
+    r.canaryscope = idle.cpu;
+    r.notes.push(format!("utime+stime from /proc/PID/stat over a {:.0?} idle window", plan.window));
+    out.push(r);
+    footprint_load(env, plan, d, idle.maps, out)
+}
+
+fn footprint_load(
+    env: &Env,
+    plan: &Plan,
+    d: &Daemon,
+    (idle_maps, idle_memlock): (usize, u64),
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let pid = d.pid();
+    let cg2 = cgroup2_root().ok_or_else(|| anyhow!("no cgroup2 mount for the footprint cgroups"))?;
+    let base = cg2.join(BENCH_CGROUP);
+    step(&format!(
+        "footprint: {} cgroups under {}, hip_probe --sleep-before {} in waves of {} (one process per cgroup)",
+        plan.cgroups,
+        base.display(),
+        plan.sleep_before_ms,
+        plan.wave
+    ));
+    let tree = CgroupTree { dir: base.clone() };
+    fs::create_dir_all(&base).with_context(|| format!("cannot create {}", base.display()))?;
+    let dirs: Vec<PathBuf> = (0..plan.cgroups).map(|i| base.join(format!("cg-{i}"))).collect();
+    for dir in &dirs {
+        fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+
+    // VmHWM is the lifetime peak, start-up included (BTF parsing, program
+    // loading); writing 5 to clear_refs resets it to the current RSS.
+    let startup_hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
+    let hwm_reset = fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
+    let c0 = cpu_seconds(pid);
+    let t0 = Instant::now();
+    let mut peak_rss: f64 = 0.0;
+    let mut failures = 0usize;
+    let sample = |peak: &mut f64| {
+        if let Some(k) = status_kib(pid, "VmRSS:") {
+            *peak = peak.max(k / 1024.0);
+        }
+    };
+    for (w, chunk) in dirs.chunks(plan.wave).enumerate() {
+        let mut procs = Vec::new();
+        for dir in chunk {
+            let mut cmd = Command::new(env.fixture("hip_probe"));
+            cmd.args(["--sleep-before", &plan.sleep_before_ms.to_string()]);
+            let p = Proc::spawn_silent("hip_probe-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
+            fs::write(dir.join("cgroup.procs"), p.pid().to_string())
+                .with_context(|| format!("cannot move pid {} into {}", p.pid(), dir.display()))?;
+            procs.push(p);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            sample(&mut peak_rss);
+            let running = procs.iter_mut().map(|p| p.exited()).filter(Option::is_none).count();
+            if running == 0 || Instant::now() >= deadline {
+                break;
+            }
+            sleep(Duration::from_millis(100));
+        }
+        failures += procs.iter_mut().map(|p| p.exited()).filter(|s| !s.is_some_and(|s| s.success())).count();
+        eprintln!("    wave {}/{} done ({:.1?} so far)", w + 1, dirs.len().div_ceil(plan.wave), t0.elapsed());
+        // Procs dropped here: any still running are killed and reaped.
+    }
+    sample(&mut peak_rss);
+    let load_secs = t0.elapsed().as_secs_f64();
+    let load_cpu = Some((cpu_seconds(pid).unwrap_or(0.0) - c0.unwrap_or(0.0)) / load_secs * 100.0);
+
+    // After: let the daemon's refresh see the exits, then an idle window.
+    sleep(Duration::from_secs(2));
+    let (after_rss, after_cpu) = idle_window(pid, plan.window);
+    let hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
+    let (after_maps, after_memlock) = map_memory(pid);
+    let text = d.metrics().unwrap_or_default();
+    let series = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+    let tracked = metric_sum(&text, "canaryscope_tracked_cgroups", &[]);
+    let overflow = metric_sum(&text, "canaryscope_series_overflow_total", &[]);
+    let saved = env.logs.join("metrics-after-load.prom");
+    let _ = fs::write(&saved, &text);
+    let families = top_metric_names(&text, 5);
+    drop(tree);
+
+    let load_desc = format!(
+        "{} cgroups under {}, each given one hip_probe (real HIP runtime: hipInit/hipGetDeviceCount fail) in \
+         waves of {} concurrent processes; load phase {:.1} s",
+        plan.cgroups,
+        base.display(),
+        plan.wave,
+        load_secs
+    );
+    let mut r = Row::new("footprint_load_rss_peak", "MiB");
+    r.canaryscope = Some(if hwm_reset { peak_rss.max(hwm.unwrap_or(0.0)) } else { peak_rss });
+    r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, r.canaryscope, " MiB"));
+    r.notes.push(format!(
+        "peak of VmRSS sampled every 100 ms{} (load and the idle window after it); {load_desc}",
+        if hwm_reset { " and of VmHWM (reset through clear_refs when the load began)" } else { "" }
+    ));
+    r.notes.push(format!(
+        "lifetime VmHWM before the load, start-up included: {} MiB (start-up peak, not load)",
+        opt(startup_hwm)
+    ));
+    if plan.quick {
+        r.notes.push(format!("--quick: only {} cgroups, the target is for 1,000", plan.cgroups));
+    }
+    if failures > 0 {
+        r.notes.push(format!("{failures} hip_probe processes did not exit cleanly"));
+    }
+    rows.push(r);
+    let mut r = Row::new("footprint_load_cpu", "% of one core");
+    r.canaryscope = load_cpu;
+    r.notes.push("daemon utime+stime over the whole load phase".into());
+    rows.push(r);
+    let mut r = Row::new("footprint_after_rss", "MiB");
+    r.canaryscope = after_rss;
+    r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, after_rss, " MiB"));
+    r.notes.push(format!(
+        "after the load, with the cgroups' series still kept (series grace): {series} sample lines on \
+         /metrics \
+         ({} KiB), canaryscope_tracked_cgroups={tracked}, canaryscope_series_overflow_total={overflow}",
+        text.len() / 1024
+    ));
+    r.notes.push(format!("most sample lines by metric name: {families} (whole text in {})", saved.display()));
+    rows.push(r);
+    let mut r = Row::new("footprint_after_cpu", "% of one core");
+    r.canaryscope = after_cpu;
+    r.notes.push(format!("idle window of {:.0?} after the load", plan.window));
+    rows.push(r);
+    let mut r = Row::new("footprint_bpf_map_memory", "MiB");
+    r.baseline = Some(idle_memlock as f64 / MIB);
+    r.canaryscope = Some(after_memlock as f64 / MIB);
+    r.ratio("after_vs_idle", div(r.canaryscope, r.baseline));
+    r.notes.push(format!(
+        "sum of `memlock` of the maps the daemon holds (/proc/PID/fdinfo): baseline column = idle \
+         ({idle_maps} \
+         maps), canaryscope column = after the load ({after_maps} maps); hash maps are preallocated, so this \
+         does not grow with cgroups"
+    ));
+    rows.push(r);
+    Ok(())
+}

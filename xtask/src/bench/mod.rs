@@ -1,0 +1,378 @@
+//! `cargo xtask bench [--quick]`: what canaryscope costs and how fast it
+//! notices, measured side by side with the peers that run on this kernel
+//! (bpftrace one-liners, libbpf-tools' runqlat) and with the cheapest probe
+//! that could do the job at all (an empty uprobe+uretprobe pair).
+//!
+//! Cases, one module each:
+//! - `gpu_call_overhead` (gpu_calls.rs): ns per probed call of a cheap CUDA
+//!   entry point (`cuda_app --version-loop N` through the ZLUDA-shaped
+//!   libcuda.so.1), bare / canaryscope / bpftrace counting per result with
+//!   a latency histogram / an empty uprobe+uretprobe pair (the floor).
+//!   Rounds are interleaved (the order rotates every round) and medians
+//!   reported (rounds.rs, shared with the next case).
+//! - `sched_overhead` (sched.rs): ns per round trip of `pingpong` (two
+//!   processes pinned to CPU 0) bare / canaryscope / runqlat.
+//! - `detection_latency` (detection.rs): time from a failing `hipInit`
+//!   (process exit) and from an OOM kill (waitpid return) to the counter
+//!   moving on /metrics.
+//! - `footprint` (footprint.rs): daemon RSS, CPU and BPF map memory, idle
+//!   and with many cgroups running the real HIP runtime; it shares the
+//!   detection case's daemon.
+//! - `first_call` (first_call.rs): how long `--hold` stops a process
+//!   mapping a GPU runtime file never seen before, p50/p99, and the default
+//!   mode's share of first calls seen where it races with the attach.
+//!
+//! What the cases share: the processes they start (process.rs), the
+//! daemon and its /metrics (daemon.rs), the peers (peers.rs), BPF program
+//! statistics and map memory (bpf_stats.rs), cgroups (cgroups.rs) and the
+//! report (report.rs). This file holds the options, the sizes of a run, the
+//! case list and the rows every case fills.
+//!
+//! Diagnostic rows (`*_bpf_prog_time`) come from `kernel.bpf_stats_enabled`
+//! (run_time_ns per program from /proc/PID/fdinfo) in a separate pass, so
+//! the timed runs are not disturbed by the statistics themselves.
+//!
+//! Nothing here asserts a time: the targets are printed next to the
+//! measured values ("met" / "missed by X"). The task fails only when a case
+//! could not run at all; a missing peer tool is a note.
+use std::{
+    fs,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use crate::{root, step};
+
+mod bpf_stats;
+mod cgroups;
+mod daemon;
+mod detection;
+mod first_call;
+mod footprint;
+mod gpu_calls;
+mod peers;
+mod process;
+mod report;
+mod rounds;
+mod sched;
+
+use bpf_stats::BPF_STATS;
+use report::{load_average, num, opt, render_json, render_markdown};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A small smoke run for the test suite (about a minute).
+    #[arg(long)]
+    pub quick: bool,
+    /// Use target/release/canaryscope and target/fixtures as they are (no build).
+    #[arg(long)]
+    pub no_build: bool,
+    /// Only run these cases (repeatable); all by default.
+    #[arg(long, value_enum)]
+    pub only: Vec<Case>,
+    /// Rounds of the overhead cases (default: 5, or 2 with --quick).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub enum Case {
+    /// Per-call cost of the GPU uprobes (cuda_app --version-loop).
+    Gpu,
+    /// Scheduler probe cost (pingpong) against runqlat.
+    Sched,
+    /// Time to a failing hipInit and an OOM kill showing on /metrics.
+    Detection,
+    /// Daemon RSS, CPU and BPF map memory, idle and with many cgroups.
+    Footprint,
+    /// How long `--hold` stops a process that maps a new GPU runtime file,
+    /// and the default mode's share of first calls seen for racing shapes.
+    FirstCall,
+}
+
+/// A case pushes its rows as it goes, so an error keeps what was measured.
+type CaseFn = fn(&Env, &Plan, &mut Vec<Row>) -> Result<()>;
+
+/// Sizes of one run.
+struct Plan {
+    quick: bool,
+    detection: bool,
+    footprint: bool,
+    gpu_calls: u64,
+    gpu_rounds: usize,
+    pingpong_rounds: u64,
+    sched_rounds: usize,
+    hip_trials: usize,
+    oom_trials: usize,
+    cgroups: usize,
+    wave: usize,
+    sleep_before_ms: u64,
+    window: Duration,
+}
+
+impl Plan {
+    fn new(args: &BenchArgs) -> Plan {
+        let rounds = args.rounds.unwrap_or(if args.quick { 2 } else { 5 }).max(1);
+        if args.quick {
+            Plan {
+                quick: true,
+                detection: true,
+                footprint: true,
+                gpu_calls: 20_000,
+                gpu_rounds: rounds,
+                pingpong_rounds: 20_000,
+                sched_rounds: rounds,
+                hip_trials: 3,
+                oom_trials: 2,
+                cgroups: 50,
+                wave: 10,
+                sleep_before_ms: 500,
+                window: Duration::from_secs(2),
+            }
+        } else {
+            Plan {
+                quick: false,
+                detection: true,
+                footprint: true,
+                gpu_calls: 2_000_000,
+                gpu_rounds: rounds,
+                pingpong_rounds: 200_000,
+                sched_rounds: rounds,
+                hip_trials: 20,
+                oom_trials: 5,
+                cgroups: 1_000,
+                wave: 200,
+                sleep_before_ms: 2_000,
+                window: Duration::from_secs(5),
+            }
+        }
+    }
+}
+
+/// Where everything is.
+struct Env {
+    bin: PathBuf,
+    fixtures: PathBuf,
+    cuda_lib: PathBuf,
+    out: PathBuf,
+    logs: PathBuf,
+    bpftrace: Option<PathBuf>,
+    bpftool: Option<PathBuf>,
+    runqlat: Option<PathBuf>,
+}
+
+impl Env {
+    fn fixture(&self, name: &str) -> PathBuf {
+        self.fixtures.join(name)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Entry point
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let started = Instant::now();
+    let wanted = |c: Case| args.only.is_empty() || args.only.contains(&c);
+    let mut plan = Plan::new(&args);
+    plan.detection = wanted(Case::Detection);
+    plan.footprint = wanted(Case::Footprint);
+    if !process::is_root() {
+        bail!("the benchmarks load eBPF programs, create cgroups and cause OOM kills: run them as root");
+    }
+    if !args.no_build {
+        crate::fixtures::build_all()?;
+        crate::build()?;
+    }
+    let measuring = Instant::now();
+    let root = root();
+    let fixtures = root.join("target/fixtures");
+    let env = Env {
+        bin: root.join("target/release/canaryscope"),
+        cuda_lib: fixtures.join("zluda/libcuda.so.1"),
+        fixtures,
+        out: root.join("target/bench"),
+        logs: root.join("target/bench/logs"),
+        bpftrace: process::find_tool("bpftrace"),
+        bpftool: process::find_tool("bpftool"),
+        runqlat: process::find_tool("runqlat"),
+    };
+    for needed in [&env.bin, &env.cuda_lib] {
+        if !needed.exists() {
+            bail!(
+                "{} is missing: run `cargo xtask build` and `cargo xtask fixtures` first",
+                needed.display()
+            );
+        }
+    }
+    for f in ["cuda_app", "pingpong", "hip_probe", "oom_hog", "hip_loop"] {
+        if !env.fixture(f).exists() {
+            bail!("{} is missing: run `cargo xtask fixtures` first", env.fixture(f).display());
+        }
+    }
+    let _ = fs::remove_dir_all(&env.logs);
+    fs::create_dir_all(&env.logs).with_context(|| format!("cannot create {}", env.logs.display()))?;
+    step(&format!(
+        "benchmarks ({}): logs of every observer under {}",
+        if plan.quick { "quick" } else { "full" },
+        env.logs.display()
+    ));
+    for (tool, path) in [("bpftrace", &env.bpftrace), ("bpftool", &env.bpftool), ("runqlat", &env.runqlat)] {
+        match path {
+            Some(p) => eprintln!("    {tool}: {}", p.display()),
+            None => eprintln!("    {tool}: not found (its comparisons are skipped and noted)"),
+        }
+    }
+    cgroups::cleanup_stale_cgroups();
+    let load_before = load_average();
+    if load_before.is_some_and(|l| l > 1.0) {
+        eprintln!(
+            "    warning: load average {} before the bench: other work on this host makes the figures noisier",
+            opt(load_before)
+        );
+    }
+    if fs::read_to_string(BPF_STATS).is_ok_and(|v| v.trim() == "1") {
+        eprintln!(
+            "    warning: kernel.bpf_stats_enabled=1 (left by an interrupted bench?): every BPF program run \
+             pays two extra clock reads; `sysctl kernel.bpf_stats_enabled=0` to measure without"
+        );
+    }
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    let cases: [(Case, &str, CaseFn); 4] = [
+        (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
+        (Case::FirstCall, "first_call", first_call::first_call_case),
+        (Case::Sched, "sched_overhead", sched::sched_case),
+        (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),
+    ];
+    for (case, name, f) in cases {
+        let run_it = if case == Case::Detection {
+            wanted(Case::Detection) || wanted(Case::Footprint)
+        } else {
+            wanted(case)
+        };
+        if !run_it {
+            continue;
+        }
+        let t = Instant::now();
+        match f(&env, &plan, &mut rows) {
+            Ok(()) => eprintln!("    {name}: done in {:.0?}", t.elapsed()),
+            Err(e) => {
+                eprintln!("xtask: bench case {name} could not run: {e:#}");
+                failed.push(name.to_string());
+                rows.push(Row {
+                    name: name.to_string(),
+                    notes: vec![format!("could not run: {e:#}")],
+                    ..Row::default()
+                });
+            }
+        }
+    }
+
+    let md = render_markdown(&rows, &plan, &env, (load_before, load_average()));
+    let json = render_json(&rows);
+    fs::write(env.out.join("results.md"), &md)?;
+    fs::write(env.out.join("results.json"), serde_json::to_string_pretty(&json)? + "\n")?;
+    println!("{md}");
+    step(&format!(
+        "bench finished in {:.0?} ({:.0?} measuring): {} and {}",
+        started.elapsed(),
+        measuring.elapsed(),
+        env.out.join("results.md").display(),
+        env.out.join("results.json").display()
+    ));
+    if !failed.is_empty() {
+        bail!("could not run: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Results
+
+#[derive(Default)]
+struct Row {
+    name: String,
+    unit: String,
+    baseline: Option<f64>,
+    canaryscope: Option<f64>,
+    peer: Option<f64>,
+    peer_tool: Option<String>,
+    floor: Option<f64>,
+    ratios: Vec<(String, f64)>,
+    samples: Vec<(String, Vec<f64>)>,
+    target: Option<Target>,
+    notes: Vec<String>,
+}
+
+impl Row {
+    fn new(name: &str, unit: &str) -> Row {
+        Row { name: name.into(), unit: unit.into(), ..Row::default() }
+    }
+
+    fn ratio(&mut self, name: &str, v: Option<f64>) {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            self.ratios.push((name.into(), v));
+        }
+    }
+}
+
+/// Lower is better: met when `measured <= limit`.
+struct Target {
+    description: String,
+    limit: f64,
+    measured: Option<f64>,
+    unit: String,
+}
+
+impl Target {
+    fn new(description: &str, limit: f64, measured: Option<f64>, unit: &str) -> Target {
+        Target { description: description.into(), limit, measured, unit: unit.into() }
+    }
+
+    fn verdict(&self) -> String {
+        match self.measured {
+            None => "n/a".into(),
+            Some(m) if m <= self.limit => format!("met ({}{})", num(m), self.unit),
+            Some(m) => format!("missed by {}{} ({}{})", num(m - self.limit), self.unit, num(m), self.unit),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Statistics
+
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    Some(if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 })
+}
+
+/// Nearest-rank percentile (p99 of 20 samples is the largest).
+fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    Some(s[rank.clamp(1, s.len()) - 1])
+}
+
+fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn sub(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? - b?)
+}
