@@ -9,6 +9,57 @@ pub const GLOBAL_KFD_RDEV: &str = "KFD_RDEV";
 
 pub const MAX_KFD_STATS: u32 = 4096;
 
+/// `_IOC_TYPE` of every KFD ioctl (`AMDKFD_IOCTL_BASE 'K'`, 0x4B).
+pub const KFD_IOCTL_TYPE: u32 = b'K' as u32;
+
+/// `_IOC_TYPE(cmd)` (bits 8-15 of an ioctl command).
+#[inline(always)]
+pub const fn ioc_type(cmd: u32) -> u32 {
+    (cmd >> 8) & 0xff
+}
+
+/// `_IOC_NR(cmd)` (bits 0-7 of an ioctl command).
+#[inline(always)]
+pub const fn ioc_nr(cmd: u32) -> u32 {
+    cmd & 0xff
+}
+
+/// Whether an ioctl command is a KFD one (by its type; direction and size
+/// bits vary by kernel).
+#[inline(always)]
+pub const fn is_kfd_ioctl(cmd: u32) -> bool {
+    ioc_type(cmd) == KFD_IOCTL_TYPE
+}
+
+/// Which probe saw a KFD ioctl ([`KfdIoctlEvent::source`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KfdSource {
+    /// The kprobe and kretprobe on `kfd_ioctl`.
+    Kprobe = 1,
+    /// The ioctl syscall tracepoints, filtered to the KFD device (kernels
+    /// without kprobes, or without amdgpu loaded).
+    Syscall = 2,
+}
+
+impl KfdSource {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Kprobe),
+            2 => Some(Self::Syscall),
+            _ => None,
+        }
+    }
+
+    /// The `via` of a `kfd_ioctl` event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kprobe => "kprobe",
+            Self::Syscall => "syscall",
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct KfdStatsKey {
@@ -38,7 +89,7 @@ pub struct KfdIoctlEvent {
     pub cmd: u32,
     pub result: i32,
     pub duration_ns: u64,
-    /// 1: seen by the kprobe on kfd_ioctl, 2: by the syscall fallback.
+    /// A [`KfdSource`] as a number.
     pub source: u32,
     pub _pad: u32,
 }
@@ -46,16 +97,6 @@ pub struct KfdIoctlEvent {
 /// `kernel dev_t` encoding (MINORBITS = 20), as in `inode->i_rdev`.
 pub const fn kernel_dev(major: u32, minor: u32) -> u32 {
     (major << 20) | minor
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn dev_t_matches_the_kernel_encoding() {
-        // /dev/kfd in the test VM is 243:0.
-        assert_eq!(super::kernel_dev(243, 0), 243 << 20);
-        assert_eq!(super::kernel_dev(1, 3), 0x100003);
-    }
 }
 
 /// GPU hardware-level events seen through amdgpu/KFD functions.
@@ -80,8 +121,10 @@ impl HwKind {
 
 /// Kernel functions hooked for each kind, in order of preference, with the
 /// argument that carries a process id or pasid (by position), if any.
-/// Prototypes differ by kernel (FACTS: 6.1 vs 6.12): only integer arguments
-/// whose position is stable across those versions are read.
+/// Prototypes differ between kernels 6.1 and 6.12 (`struct kfd_dev *` became
+/// `struct kfd_node *`; see drivers/gpu/drm/amd/amdkfd/kfd_priv.h and
+/// kfd_smi_events.h): only integer arguments whose position is stable across
+/// those versions are read.
 pub const HW_HOOKS: &[(&str, HwKind, &str)] = &[
     // kfd_smi_event_update_vmfault(struct kfd_node|kfd_dev *, uint16_t pasid)
     ("kfd_smi_event_update_vmfault", HwKind::MemoryFault, "pasid"),
@@ -94,6 +137,36 @@ pub const HW_HOOKS: &[(&str, HwKind, &str)] = &[
     // kfd_process_evict_queues(struct kfd_process *, uint32_t trigger)
     ("kfd_process_evict_queues", HwKind::QueueEviction, ""),
 ];
+
+/// Index in [`HW_HOOKS`] of a hooked function, with its kind: what the
+/// kernel program for that function sends as [`HwEvent::hook`] and
+/// [`HwEvent::kind`]. Meant for constants, where a function missing from
+/// the table fails the build.
+pub const fn hw_hook(function: &str) -> (u32, HwKind) {
+    let mut i = 0;
+    while i < HW_HOOKS.len() {
+        if str_eq(HW_HOOKS[i].0, function) {
+            return (i as u32, HW_HOOKS[i].1);
+        }
+        i += 1;
+    }
+    panic!("function not in HW_HOOKS");
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// Eviction triggers (KFD_QUEUE_EVICTION_TRIGGER_*).
 pub fn eviction_trigger_name(trigger: u32) -> &'static str {
@@ -119,4 +192,46 @@ pub struct HwEvent {
     /// Raw integer arguments 1 and 2 of the hooked function.
     pub arg1: u64,
     pub arg2: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_t_matches_the_kernel_encoding() {
+        // The kfd char device gets a dynamic major (register_chrdev(0, ...)
+        // in kfd_chardev.c), e.g. 243:0.
+        assert_eq!(kernel_dev(243, 0), 243 << 20);
+        assert_eq!(kernel_dev(1, 3), 0x100003);
+    }
+
+    #[test]
+    fn ioctl_commands_split_into_type_and_number() {
+        // AMDKFD_IOC_CREATE_QUEUE with 6.1's and 6.12's argument sizes.
+        for cmd in [0xC058_4B02, 0xC060_4B02] {
+            assert_eq!((ioc_type(cmd), ioc_nr(cmd)), (KFD_IOCTL_TYPE, 0x02));
+            assert!(is_kfd_ioctl(cmd));
+        }
+        assert!(is_kfd_ioctl(0x0000_4B27)); // AMDKFD_IO: no direction, no size
+        assert!(!is_kfd_ioctl(0x8004_6402)); // DRM 'd'
+        assert!(!is_kfd_ioctl(0x5401)); // TCGETS
+        assert_eq!((ioc_type(u32::MAX), ioc_nr(u32::MAX)), (0xff, 0xff));
+    }
+
+    #[test]
+    fn sources_round_trip() {
+        for s in [KfdSource::Kprobe, KfdSource::Syscall] {
+            assert_eq!(KfdSource::from_u32(s as u32), Some(s));
+        }
+        assert_eq!(KfdSource::from_u32(0), None);
+        assert_eq!((KfdSource::Kprobe.as_str(), KfdSource::Syscall.as_str()), ("kprobe", "syscall"));
+    }
+
+    #[test]
+    fn hooks_are_found_by_function() {
+        for (i, (function, kind, _)) in HW_HOOKS.iter().enumerate() {
+            assert_eq!(hw_hook(function), (i as u32, *kind));
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! functions return `None` for a code the table does not know, so that the
 //! caller decides how to format it (e.g. `"hipError(1234)"`).
 //!
-//! Sources (see also `shared/docs/FACTS.md` sections 1.2, 2.2 and 3):
+//! Sources:
 //! - HIP: `include/hip/hip_runtime_api.h` of HIP 5.2.3 (Debian
 //!   `libamdhip64-dev 5.2.3-8`), of ROCm/HIP at HEAD (Oct 2024) and of
 //!   ROCm/rocm-systems `projects/hip` (2025).
@@ -18,6 +18,8 @@
 //! - errno and signals: Linux `asm-generic/errno-base.h`, `errno.h`,
 //!   `include/linux/errno.h` (kernel-internal codes) and x86_64
 //!   `asm/signal.h`.
+
+use crate::kfd::{ioc_nr, ioc_type, KFD_IOCTL_TYPE};
 
 /// `hipError_t` values, one primary name per code.
 ///
@@ -230,9 +232,6 @@ pub const CU_RESULTS: &[(i32, &str)] = &[
     (917, "CUDA_ERROR_STREAM_DETACHED"),
     (999, "CUDA_ERROR_UNKNOWN"),
 ];
-
-/// `_IOC_TYPE` of every KFD ioctl (`AMDKFD_IOCTL_BASE 'K'`, 0x4B).
-pub const KFD_IOCTL_TYPE: u32 = b'K' as u32;
 
 /// KFD ioctls by `_IOC_NR`, named as `AMDKFD_IOC_<name>`.
 ///
@@ -515,16 +514,6 @@ pub fn hip_error_name(code: i32) -> Option<&'static str> {
 /// `Some("CUDA_SUCCESS")`.
 pub fn cu_result_name(code: i32) -> Option<&'static str> {
     lookup(CU_RESULTS, code)
-}
-
-/// `_IOC_TYPE(cmd)` (bits 8-15 of an ioctl command).
-pub const fn ioc_type(cmd: u32) -> u32 {
-    (cmd >> 8) & 0xff
-}
-
-/// `_IOC_NR(cmd)` (bits 0-7 of an ioctl command).
-pub const fn ioc_nr(cmd: u32) -> u32 {
-    cmd & 0xff
 }
 
 /// Name of a KFD ioctl by its `_IOC_NR`, without the `AMDKFD_IOC_` prefix,
@@ -879,7 +868,7 @@ mod tests {
     #[test]
     fn ioc_field_extraction() {
         assert_eq!(KFD_IOCTL_TYPE, 0x4B);
-        // Full commands from FACTS.md section 1.2.
+        // Full commands as the `AMDKFD_IO*` macros of `kfd_ioctl.h` build them.
         let cases = [
             (0x8008_4B01, 0x01, "GET_VERSION"),
             (0xC058_4B02, 0x02, "CREATE_QUEUE"), // 6.1, 88-byte args

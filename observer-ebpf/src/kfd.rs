@@ -2,16 +2,16 @@
 //! the ioctl syscall tracepoints filtered to the KFD device where not.
 //! Aggregated per cgroup x `_IOC_NR` x result; failures become events.
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns,
-    },
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
     macros::{kprobe, kretprobe, map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use observer_common::{
-    kfd::{HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdStats, KfdStatsKey, MAX_KFD_STATS},
-    names::KFD_IOCTL_TYPE,
+    kfd::{
+        hw_hook, ioc_nr, is_kfd_ioctl, HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdSource, KfdStats,
+        KfdStatsKey, MAX_KFD_STATS,
+    },
     EventKind,
 };
 
@@ -24,19 +24,11 @@ use crate::{
 #[map(name = "KFD_INFLIGHT")]
 static KFD_INFLIGHT: HashMap<u32, KfdInflight> = HashMap::with_max_entries(8192, 0);
 
-#[map(name = "KFD_STATS")]
+#[map(name = "KFD_STATS")] // observer_common::kfd::KFD_STATS_MAP
 static KFD_STATS: PerCpuHashMap<KfdStatsKey, KfdStats> = PerCpuHashMap::with_max_entries(MAX_KFD_STATS, 0);
 
-#[unsafe(no_mangle)]
+#[unsafe(no_mangle)] // observer_common::kfd::GLOBAL_KFD_RDEV
 static KFD_RDEV: u32 = 0;
-
-const SOURCE_KPROBE: u32 = 1;
-const SOURCE_SYSCALL: u32 = 2;
-
-#[inline(always)]
-fn is_kfd_cmd(cmd: u32) -> bool {
-    (cmd >> 8) & 0xff == KFD_IOCTL_TYPE
-}
 
 #[inline(always)]
 fn enter(cmd: u32) -> Result<(), i64> {
@@ -47,7 +39,7 @@ fn enter(cmd: u32) -> Result<(), i64> {
 }
 
 #[inline(always)]
-fn exit(result: i64, source: u32) -> Result<(), i64> {
+fn exit(result: i64, source: KfdSource) -> Result<(), i64> {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: read-only lookup.
     let Some(inflight) = (unsafe { KFD_INFLIGHT.get(&tid) }).copied() else { return Ok(()) };
@@ -56,7 +48,7 @@ fn exit(result: i64, source: u32) -> Result<(), i64> {
     let duration_ns = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(inflight.start_ns);
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let result = result as i32;
-    let key = KfdStatsKey { cgroup_id, nr: inflight.cmd & 0xff, result };
+    let key = KfdStatsKey { cgroup_id, nr: ioc_nr(inflight.cmd), result };
     record_latency(&KFD_STATS, &key, duration_ns);
     // `trace --all` shows successes too (GET_VERSION succeeding is how a
     // person tells a working driver from a missing one).
@@ -66,7 +58,7 @@ fn exit(result: i64, source: u32) -> Result<(), i64> {
             cmd: inflight.cmd,
             result,
             duration_ns,
-            source,
+            source: source as u32,
             _pad: 0,
         });
     }
@@ -78,7 +70,7 @@ fn exit(result: i64, source: u32) -> Result<(), i64> {
 #[kprobe]
 pub fn kfd_ioctl_enter(ctx: ProbeContext) -> u32 {
     let cmd: u32 = ctx.arg::<u64>(1).unwrap_or(0) as u32;
-    if !is_kfd_cmd(cmd) {
+    if !is_kfd_ioctl(cmd) {
         return 0;
     }
     enter(cmd).map(|_| 0).unwrap_or(1)
@@ -87,7 +79,7 @@ pub fn kfd_ioctl_enter(ctx: ProbeContext) -> u32 {
 #[kretprobe]
 pub fn kfd_ioctl_exit(ctx: RetProbeContext) -> u32 {
     let ret: i64 = ctx.ret::<i64>();
-    exit(ret, SOURCE_KPROBE).map(|_| 0).unwrap_or(1)
+    exit(ret, KfdSource::Kprobe).map(|_| 0).unwrap_or(1)
 }
 
 /// The device number behind `fd` of the current task.
@@ -107,7 +99,7 @@ pub fn kfd_sys_enter_ioctl(ctx: TracePointContext) -> u32 {
     // SAFETY: fixed syscall tracepoint layout.
     let cmd: u64 = unsafe { ctx.read_at(24) }.unwrap_or(0);
     let cmd = cmd as u32;
-    if !is_kfd_cmd(cmd) {
+    if !is_kfd_ioctl(cmd) {
         return 0; // most ioctls stop here, before any pointer chasing
     }
     // SAFETY: volatile read of a load-time global.
@@ -124,14 +116,14 @@ pub fn kfd_sys_enter_ioctl(ctx: TracePointContext) -> u32 {
 pub fn kfd_sys_exit_ioctl(ctx: TracePointContext) -> u32 {
     // SAFETY: fixed syscall tracepoint layout.
     let ret: i64 = unsafe { ctx.read_at(16) }.unwrap_or(0);
-    exit(ret, SOURCE_SYSCALL).map(|_| 0).unwrap_or(1)
+    exit(ret, KfdSource::Syscall).map(|_| 0).unwrap_or(1)
 }
 
-/// One small program per hooked function (kprobes carry no cookie through
-/// aya here), each naming its index in `HW_HOOKS`; arguments 1 and 2 are
+/// One small program per hooked function (aya's `KProbe::attach` takes no
+/// cookie), each sending its index in `HW_HOOKS`; arguments 1 and 2 are
 /// read raw and decoded in userspace, which knows each prototype.
 #[inline(always)]
-fn hw_event(ctx: &ProbeContext, kind: HwKind, hook: u32) -> u32 {
+fn hw_event(ctx: &ProbeContext, (hook, kind): (u32, HwKind)) -> u32 {
     let arg1: u64 = ctx.arg::<u64>(1).unwrap_or(0);
     let arg2: u64 = ctx.arg::<u64>(2).unwrap_or(0);
     emit(&HwEvent {
@@ -146,30 +138,36 @@ fn hw_event(ctx: &ProbeContext, kind: HwKind, hook: u32) -> u32 {
 
 #[kprobe]
 pub fn kfd_hw_vmfault(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::MemoryFault, 0)
+    const HOOK: (u32, HwKind) = hw_hook("kfd_smi_event_update_vmfault");
+    hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_vmfault_signal(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::MemoryFault, 1)
+    const HOOK: (u32, HwKind) = hw_hook("kfd_signal_vm_fault_event");
+    hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_reset_signal(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::Reset, 2)
+    const HOOK: (u32, HwKind) = hw_hook("kfd_signal_reset_event");
+    hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_gpu_recover(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::Reset, 3)
+    const HOOK: (u32, HwKind) = hw_hook("amdgpu_device_gpu_recover");
+    hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_eviction_smi(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::QueueEviction, 4)
+    const HOOK: (u32, HwKind) = hw_hook("kfd_smi_event_queue_eviction");
+    hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_evict_queues(ctx: ProbeContext) -> u32 {
-    hw_event(&ctx, HwKind::QueueEviction, 5)
+    const HOOK: (u32, HwKind) = hw_hook("kfd_process_evict_queues");
+    hw_event(&ctx, HOOK)
 }
