@@ -4,15 +4,13 @@
 //! Rust cannot emit CO-RE relocations, so userspace reads these offsets from
 //! the running kernel's BTF and hands them over as a load-time global.
 
+use crate::gpu::Api;
+
 /// Load-time global holding [`KernelOffsets`].
 pub const GLOBAL_OFFSETS: &str = "KERNEL_OFFSETS";
-/// Victims marked by the OOM killer, until they exit (hash tid -> info).
-pub const OOM_VICTIMS_MAP: &str = "OOM_VICTIMS";
-/// Last fatal synchronous signal per process, until it exits (hash tgid -> crash).
-pub const CRASHES_MAP: &str = "CRASHES";
 
-/// Byte offsets of kernel struct members; zero means "not available on this
-/// kernel" and the program skips what depends on it.
+/// Byte offsets of kernel struct members; zero means "not available on the
+/// running kernel" and the program skips what depends on it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelOffsets {
@@ -96,6 +94,49 @@ pub const SI_KERNEL_FAULT_MIN: i32 = 1;
 
 pub const LIBRARY_NAME_LEN: usize = 64;
 
+/// Unit of [`CrashInfo::vma_pgoff`]: `vm_pgoff` counts pages, `PAGE_SIZE`
+/// bytes each (4 KiB on x86-64, `arch/x86/include/asm/page_types.h`).
+pub const PAGE_SIZE: u64 = 4096;
+
+/// What the kernel found at a crash's instruction pointer
+/// ([`CrashInfo::ip_mapping`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpMapping {
+    /// Not looked up (no VMA offsets in BTF, or no instruction pointer), or
+    /// no mapping holds the address.
+    Unknown = 0,
+    /// Anonymous memory (JIT code or a wild jump): `vma_start` and
+    /// `vma_pgoff` are set, the file fields are not.
+    Anonymous = 1,
+    /// A file mapping: `vma_start`, `vma_pgoff`, `file_ino` and `file_name`
+    /// are set.
+    File = 2,
+}
+
+impl IpMapping {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Unknown),
+            1 => Some(Self::Anonymous),
+            2 => Some(Self::File),
+            _ => None,
+        }
+    }
+}
+
+/// [`CrashInfo::in_call_api`] for a call of `api` in flight; 0 means none.
+#[inline(always)]
+pub const fn in_call_api_code(api: Api) -> u32 {
+    api as u32 + 1
+}
+
+/// The API of a [`CrashInfo::in_call_api`]: `None` when no call was in
+/// flight (0) or for a number no [`Api`] has.
+pub fn in_call_api(code: u32) -> Option<Api> {
+    code.checked_sub(1).and_then(Api::from_u32)
+}
+
 /// What was known when a fatal synchronous signal was raised in a process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -108,14 +149,14 @@ pub struct CrashInfo {
     /// User instruction pointer of the faulting thread.
     pub ip: u64,
     pub tid: u32,
-    /// GPU call in flight on that thread: api + 1 (0 = none), function, library.
+    /// GPU call in flight on that thread: [`in_call_api_code`] of its API
+    /// (0 = none), and its function.
     pub in_call_api: u32,
     pub in_call_function: u32,
-    pub in_call_library: u32,
-    /// Non-zero when the mapping holding `ip` was resolved.
-    pub have_vma: u32,
-    pub _pad: u32,
+    /// An [`IpMapping`] as a number: what maps `ip`.
+    pub ip_mapping: u32,
     pub vma_start: u64,
+    /// In pages of [`PAGE_SIZE`] bytes.
     pub vma_pgoff: u64,
     pub file_ino: u64,
     /// Base name of the file backing the mapping holding `ip`.
@@ -132,9 +173,7 @@ impl Default for CrashInfo {
             tid: 0,
             in_call_api: 0,
             in_call_function: 0,
-            in_call_library: 0,
-            have_vma: 0,
-            _pad: 0,
+            ip_mapping: IpMapping::Unknown as u32,
             vma_start: 0,
             vma_pgoff: 0,
             file_ino: 0,
@@ -174,7 +213,6 @@ pub struct OomVictimEvent {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OomVictimInfo {
     pub anon_rss_kb: u64,
-    pub killer_cgroup_id: u64,
 }
 
 /// A process mapped a file executable: it may have loaded a GPU library.
@@ -185,20 +223,24 @@ pub struct LibraryMapEvent {
 }
 
 /// Exit status helpers shared by both sides.
+#[inline(always)]
 pub const fn exit_signal(exit_code: u32) -> u32 {
     exit_code & 0x7f
 }
 
+#[inline(always)]
 pub const fn exit_status(exit_code: u32) -> u32 {
     (exit_code >> 8) & 0xff
 }
 
+#[inline(always)]
 pub const fn core_dumped(exit_code: u32) -> bool {
     exit_code & 0x80 != 0
 }
 
 /// Whether an exit is worth an event: death by signal, or status 137
 /// (what a shell or container runtime reports for a SIGKILLed child).
+#[inline(always)]
 pub const fn is_abnormal_exit(exit_code: u32) -> bool {
     exit_signal(exit_code) != 0 || exit_status(exit_code) == 137
 }
@@ -217,5 +259,25 @@ mod tests {
         assert!(!is_abnormal_exit(0));
         assert!(!is_abnormal_exit(3 << 8)); // a clean exit(3) is not a kill
         assert_eq!(exit_status(3 << 8), 3);
+    }
+
+    #[test]
+    fn crash_encodings_round_trip() {
+        for api in [Api::Hip, Api::Cuda] {
+            assert_eq!(in_call_api(in_call_api_code(api)), Some(api));
+        }
+        assert_eq!(in_call_api(0), None);
+        for m in [IpMapping::Unknown, IpMapping::Anonymous, IpMapping::File] {
+            assert_eq!(IpMapping::from_u32(m as u32), Some(m));
+        }
+        assert_eq!(IpMapping::from_u32(3), None);
+        assert_eq!(CrashInfo::default().ip_mapping, IpMapping::Unknown as u32);
+    }
+
+    #[test]
+    fn crash_info_has_no_implicit_padding() {
+        let c = CrashInfo::default();
+        let explicit = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + c.file_name.len();
+        assert_eq!(core::mem::size_of::<CrashInfo>(), explicit);
     }
 }

@@ -13,8 +13,8 @@ use aya_ebpf::{
 use observer_common::{
     gpu::{Api, InflightKey},
     task::{
-        is_abnormal_exit, CrashInfo, ExitEvent, OomVictimEvent, OomVictimInfo, EXIT_FLAG_CRASH,
-        EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
+        exit_signal, in_call_api_code, is_abnormal_exit, CrashInfo, ExitEvent, IpMapping, OomVictimEvent,
+        OomVictimInfo, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
     },
     EventKind,
 };
@@ -25,9 +25,11 @@ use crate::{
     kernel::{offsets, read},
 };
 
+/// Victims marked by the OOM killer, until they exit (tid -> info).
 #[map(name = "OOM_VICTIMS")]
 static OOM_VICTIMS: HashMap<u32, OomVictimInfo> = HashMap::with_max_entries(1024, 0);
 
+/// Last fatal synchronous signal per process, until it exits (tgid -> crash).
 #[map(name = "CRASHES")]
 static CRASHES: HashMap<u32, CrashInfo> = HashMap::with_max_entries(4096, 0);
 
@@ -105,18 +107,23 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
                 continue;
             }
             let frame = stack.frames[slot];
-            crash.in_call_api = api as u32 + 1;
+            crash.in_call_api = in_call_api_code(api);
             crash.in_call_function = frame.function;
-            crash.in_call_library = frame.library;
             break;
         }
     }
 
-    crash.have_vma = 0;
-    crash.file_name = [0; observer_common::task::LIBRARY_NAME_LEN];
+    crash.ip_mapping = IpMapping::Unknown as u32;
+    crash.file_name = [0; LIBRARY_NAME_LEN];
     if offsets().have_vma != 0 && crash.ip != 0 {
         // The helper only accepts a stack pointer as the callback's context.
-        let mut found = VmaFound { have: 0, start: 0, pgoff: 0, ino: 0, name: [0; LIBRARY_NAME_LEN] };
+        let mut found = VmaFound {
+            mapping: IpMapping::Unknown as u32,
+            start: 0,
+            pgoff: 0,
+            ino: 0,
+            name: [0; LIBRARY_NAME_LEN],
+        };
         // SAFETY: `vma_found` is a BPF callback with the signature the
         // helper requires; `found` lives on this stack for the whole call.
         unsafe {
@@ -128,7 +135,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
                 0,
             )
         };
-        crash.have_vma = found.have;
+        crash.ip_mapping = found.mapping;
         crash.vma_start = found.start;
         crash.vma_pgoff = found.pgoff;
         crash.file_ino = found.ino;
@@ -141,7 +148,8 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
 
 #[repr(C)]
 struct VmaFound {
-    have: u32,
+    /// An `IpMapping` as a number, as `CrashInfo::ip_mapping` stores it.
+    mapping: u32,
     start: u64,
     pgoff: u64,
     ino: u64,
@@ -164,7 +172,7 @@ extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void)
     found.pgoff = read(vma, o.vma_vm_pgoff).unwrap_or(0);
     let file: *const u8 = read(vma, o.vma_vm_file).unwrap_or(core::ptr::null());
     if file.is_null() {
-        found.have = 1; // anonymous memory: JIT code or a wild jump
+        found.mapping = IpMapping::Anonymous as u32; // JIT code or a wild jump
         return 0;
     }
     let inode: *const u8 = read(file, o.file_f_inode).unwrap_or(core::ptr::null());
@@ -175,7 +183,7 @@ extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void)
         // SAFETY: reads a NUL-terminated kernel string into our buffer.
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut found.name) };
     }
-    found.have = 2;
+    found.mapping = IpMapping::File as u32;
     0
 }
 
@@ -188,7 +196,7 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
 
 fn try_oom_mark_victim(ctx: &TracePointContext) -> Result<u32, i64> {
     let o = offsets();
-    // SAFETY: offsets come from this kernel's tracefs format file.
+    // SAFETY: offsets come from the running kernel's tracefs format file.
     let victim: i32 = unsafe { ctx.read_at(o.mark_victim_pid as usize) }.map_err(|e| e as i64)?;
     let anon_rss_kb: u64 = if o.mark_victim_anon_rss != 0 {
         unsafe { ctx.read_at(o.mark_victim_anon_rss as usize) }.unwrap_or(0)
@@ -196,7 +204,7 @@ fn try_oom_mark_victim(ctx: &TracePointContext) -> Result<u32, i64> {
         0
     };
     let header = current_header(EventKind::OomVictim as u32);
-    let info = OomVictimInfo { anon_rss_kb, killer_cgroup_id: header.cgroup_id };
+    let info = OomVictimInfo { anon_rss_kb };
     let victim = victim as u32;
     OOM_VICTIMS.insert(&victim, &info, 0).map_err(|e| e as i64)?;
     emit(&OomVictimEvent { header, victim_pid: victim, _pad: 0, anon_rss_kb });
@@ -265,7 +273,7 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
             (*ev).oom_anon_rss_kb = oom_rss_kb;
         }
         if let Some(crash) = crash {
-            if crash.signal as u32 == (exit_code & 0x7f) {
+            if crash.signal as u32 == exit_signal(exit_code) {
                 (*ev).flags |= EXIT_FLAG_CRASH;
                 (*ev).crash = *crash;
             }

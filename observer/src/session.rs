@@ -444,7 +444,7 @@ impl Session {
     /// The faulting object: the full path when it is a probed GPU library
     /// (matched by inode), else the file name the kernel recorded.
     fn crash_library(&self, c: &CrashInfo) -> (Option<String>, Option<u64>) {
-        if c.have_vma != 2 {
+        if c.ip_mapping != observer_common::task::IpMapping::File as u32 {
             return (None, None);
         }
         let offset = c.ip.checked_sub(c.vma_start).map(|d| d + c.vma_pgoff * 4096);
