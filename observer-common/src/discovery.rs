@@ -18,10 +18,16 @@ pub fn is_gpu_library_name(name: &[u8]) -> bool {
 /// or inspected and found not to be a runtime): hash ino -> 1. A mapping of
 /// any other GPU-named file is reported at once, and held when asked.
 pub const GPU_FILES_KNOWN_MAP: &str = "GPU_FILES_KNOWN";
+/// Capacity of [`GPU_FILES_KNOWN_MAP`]; once it is full, every mapping of a
+/// file not in it is reported again (and held, with `--hold`).
+pub const MAX_GPU_FILES_KNOWN: u32 = 4096;
 /// Processes stopped until their new library is probed: hash tgid -> boot
 /// time of the stop (ns). Pinned in bpffs so that a watchdog process, or the
 /// next daemon, can resume them if this one dies.
 pub const HELD_MAP: &str = "HELD_PIDS";
+/// Capacity of [`HELD_MAP`]; once full, a process is reported without
+/// being held.
+pub const MAX_HELD: u32 = 4096;
 /// Load-time global: non-zero when the hold is enabled (`--hold`).
 pub const GLOBAL_HOLD: &str = "HOLD_ENABLED";
 

@@ -10,6 +10,11 @@ pub const STATS_MAP: &str = "GPU_STATS";
 pub const GLOBAL_EMIT_ALL: &str = "GPU_EMIT_ALL";
 /// Load-time global: a call slower than this (ns) is an event even on success.
 pub const GLOBAL_SLOW_NS: &str = "GPU_SLOW_NS";
+/// Default stall threshold (10 s): a call in flight this long is a stall,
+/// and returning after this long makes it an event. Userspace sets
+/// [`GLOBAL_SLOW_NS`] from its `--stall-threshold`; this is the kernel
+/// side's value until it does.
+pub const DEFAULT_STALL_NS: u64 = 10_000_000_000;
 
 pub const MAX_INFLIGHT_THREADS: u32 = 16384;
 pub const MAX_STATS_ENTRIES: u32 = 16384;

@@ -1,8 +1,13 @@
 //! Types shared by canaryscope's eBPF programs and its userspace observer.
 //!
 //! Everything here is `#[repr(C)]`, `Copy` and explicitly padded so that the
-//! kernel side and userspace agree byte for byte. Map names and event kinds
-//! live here once and are never spelled as string literals on either side.
+//! kernel side and userspace agree byte for byte. Every number both sides
+//! interpret (event kinds, flags, states, map sizes, time windows) is
+//! defined here once, and so is every name userspace looks up. The kernel
+//! side has to spell those names again (aya-ebpf's `#[map(name = ...)]`
+//! takes only a literal, and a load-time global is named by its static),
+//! each next to a comment naming its constant here: see [`USERSPACE_MAPS`]
+//! and [`USERSPACE_GLOBALS`].
 #![no_std]
 
 pub mod discovery;
@@ -16,6 +21,29 @@ pub mod task;
 pub const EVENTS_MAP: &str = "EVENTS";
 /// Per-CPU count of events the kernel side could not reserve ring-buffer space for.
 pub const LOST_MAP: &str = "EVENTS_LOST";
+
+/// Every map userspace opens by name. The kernel side must define each one
+/// under exactly this name; a test on the built object checks it.
+pub const USERSPACE_MAPS: &[&str] = &[
+    EVENTS_MAP,
+    LOST_MAP,
+    gpu::INFLIGHT_MAP,
+    gpu::STATS_MAP,
+    kfd::KFD_STATS_MAP,
+    sched::RUNQ_MAP,
+    discovery::GPU_FILES_KNOWN_MAP,
+    discovery::HELD_MAP,
+];
+
+/// Every load-time global userspace sets (`EbpfLoader::override_global`):
+/// each is a `#[no_mangle]` static of that name on the kernel side.
+pub const USERSPACE_GLOBALS: &[&str] = &[
+    gpu::GLOBAL_EMIT_ALL,
+    gpu::GLOBAL_SLOW_NS,
+    task::GLOBAL_OFFSETS,
+    kfd::GLOBAL_KFD_RDEV,
+    discovery::GLOBAL_HOLD,
+];
 
 /// Size of the events ring buffer. Events are rare by design (failures only),
 /// so 1 MiB holds several thousand of them between two userspace drains.
@@ -197,6 +225,15 @@ mod tests {
         for ns in [1u64, 5_000, 1_000_000, 3_000_000_000] {
             let b = latency_bucket(ns);
             assert!((ns as f64) * 1e-9 < bucket_upper_seconds(b), "{ns}");
+        }
+    }
+
+    #[test]
+    fn userspace_names_are_distinct() {
+        for list in [USERSPACE_MAPS, USERSPACE_GLOBALS] {
+            for (i, a) in list.iter().enumerate() {
+                assert!(!list[i + 1..].contains(a), "{a} twice");
+            }
         }
     }
 

@@ -9,11 +9,11 @@ use aya_ebpf::{
 };
 use observer_common::{EventHeader, LatencyHistogram, EVENTS_RING_BYTES};
 
-#[map(name = "EVENTS")]
+#[map(name = "EVENTS")] // observer_common::EVENTS_MAP
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 /// Index 0: events dropped because the ring buffer was full.
-#[map(name = "EVENTS_LOST")]
+#[map(name = "EVENTS_LOST")] // observer_common::LOST_MAP
 pub static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]

@@ -17,7 +17,10 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use observer_common::{
-    discovery::{ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MMAP_COALESCE_NS},
+    discovery::{
+        ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MAX_GPU_FILES_KNOWN,
+        MAX_HELD, MMAP_COALESCE_NS,
+    },
     task::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
 };
@@ -29,7 +32,7 @@ use crate::{
 };
 
 /// Load-time global: non-zero when `--hold` asked for processes to be held.
-#[unsafe(no_mangle)]
+#[unsafe(no_mangle)] // observer_common::discovery::GLOBAL_HOLD
 static HOLD_ENABLED: u32 = 0;
 
 /// Last executable-mapping event per process, to coalesce library loads.
@@ -37,12 +40,12 @@ static HOLD_ENABLED: u32 = 0;
 static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 
 /// GPU runtime files userspace has handled, by device and inode.
-#[map(name = "GPU_FILES_KNOWN")]
-static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(4096, 0);
+#[map(name = "GPU_FILES_KNOWN")] // observer_common::discovery::GPU_FILES_KNOWN_MAP
+static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(MAX_GPU_FILES_KNOWN, 0);
 
 /// Processes stopped until their probes exist: tgid -> boot ns of the stop.
-#[map(name = "HELD_PIDS")]
-static HELD_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+#[map(name = "HELD_PIDS")] // observer_common::discovery::HELD_MAP
+static HELD_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_HELD, 0);
 
 /// An unknown GPU runtime file being mapped, from `mmap` entry to return.
 #[map(name = "PENDING_GPU_MAPS")]

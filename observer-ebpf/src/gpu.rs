@@ -17,27 +17,27 @@ use aya_ebpf::{
 use observer_common::{
     gpu::{
         cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
-        InflightKey, InflightStack, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
+        InflightKey, InflightStack, DEFAULT_STALL_NS, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
     },
     EventKind,
 };
 
 use crate::common::{current_header, emit, record_latency};
 
-#[map(name = "GPU_INFLIGHT")]
+#[map(name = "GPU_INFLIGHT")] // observer_common::gpu::INFLIGHT_MAP
 pub static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
     HashMap::with_max_entries(MAX_INFLIGHT_THREADS, 0);
 
-#[map(name = "GPU_STATS")]
+#[map(name = "GPU_STATS")] // observer_common::gpu::STATS_MAP
 static GPU_STATS: PerCpuHashMap<GpuStatsKey, GpuStats> =
     PerCpuHashMap::with_max_entries(MAX_STATS_ENTRIES, 0);
 
 /// Non-zero: every return is an event (`canaryscope trace --all`).
-#[unsafe(no_mangle)]
+#[unsafe(no_mangle)] // observer_common::gpu::GLOBAL_EMIT_ALL
 pub static GPU_EMIT_ALL: u32 = 0;
 /// Calls at least this slow are events even when they succeed (stall returns).
-#[unsafe(no_mangle)]
-static GPU_SLOW_NS: u64 = 10_000_000_000;
+#[unsafe(no_mangle)] // observer_common::gpu::GLOBAL_SLOW_NS
+static GPU_SLOW_NS: u64 = DEFAULT_STALL_NS;
 
 #[inline(always)]
 pub fn read_global<T: Copy>(v: &T) -> T {

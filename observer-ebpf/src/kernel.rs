@@ -2,7 +2,7 @@
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use observer_common::task::KernelOffsets;
 
-#[unsafe(no_mangle)]
+#[unsafe(no_mangle)] // observer_common::task::GLOBAL_OFFSETS
 static KERNEL_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
 
 #[inline(always)]

@@ -14,10 +14,11 @@ use crate::{
     kernel::{offsets, read, task_cgroup_id},
 };
 
+/// Wakeup timestamps per thread (tid -> boot ns).
 #[map(name = "RUNQ_WAKEUPS")]
 static RUNQ_WAKEUPS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_WAKEUPS, 0);
 
-#[map(name = "RUNQ_LATENCY")]
+#[map(name = "RUNQ_LATENCY")] // observer_common::sched::RUNQ_MAP
 static RUNQ_LATENCY: PerCpuHashMap<u64, RunqHistogram> = PerCpuHashMap::with_max_entries(MAX_RUNQ_CGROUPS, 0);
 
 /// `TASK_RUNNING`: a task switched out in this state was preempted and is
