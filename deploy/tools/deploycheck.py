@@ -76,6 +76,7 @@ CONTRACT = {
     "abnormal_exits_total": ("counter", ["signal"], True),
     "probe_attached": ("gauge", ["probe", "target"], False),
     "events_lost_total": ("counter", [], False),
+    "decode_errors_total": ("counter", [], False),
 }
 PREFIX = "canaryscope_"
 WORKLOAD_LABELS = ["namespace", "pod", "container", "workload", "revision", "track"]

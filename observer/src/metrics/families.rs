@@ -1,75 +1,98 @@
 //! Building Prometheus metric families from snapshots (kernel aggregates are
 //! already counters and histograms: they are rendered, not re-observed).
+//! Name, help, type and label names come from the family's declaration in
+//! `catalog`; call sites supply only label values and numbers.
+use observer_common::LatencyHistogram;
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 
+use super::catalog::{Kind, MetricDecl, CATALOG, PREFIX};
+
 pub struct Family {
+    decl: &'static MetricDecl,
     inner: MetricFamily,
 }
 
-fn label_pairs(names: &[&str], values: &[&str]) -> Vec<LabelPair> {
-    names
-        .iter()
-        .zip(values)
-        .map(|(n, v)| {
-            let mut p = LabelPair::default();
-            p.set_name((*n).to_string());
-            p.set_value((*v).to_string());
-            p
-        })
-        .collect()
-}
-
 impl Family {
-    pub fn new(name: &str, help: &str, kind: MetricType) -> Self {
+    pub fn new(decl: &'static MetricDecl) -> Self {
         let mut inner = MetricFamily::default();
-        inner.set_name(format!("canaryscope_{name}"));
-        inner.set_help(help.to_string());
-        inner.set_field_type(kind);
-        Self { inner }
+        inner.set_name(format!("{PREFIX}{}", decl.name));
+        inner.set_help(decl.help.to_string());
+        inner.set_field_type(match decl.kind {
+            Kind::Counter => MetricType::COUNTER,
+            Kind::Gauge => MetricType::GAUGE,
+            Kind::Histogram => MetricType::HISTOGRAM,
+        });
+        Self { decl, inner }
     }
 
-    pub fn counter(&mut self, names: &[&str], values: &[&str], value: f64) {
-        let mut c = Counter::default();
-        c.set_value(value);
-        let mut m = Metric::from_label(label_pairs(names, values));
-        m.set_counter(c);
+    /// One series; `values` follow the declaration's label names.
+    fn metric(&self, values: &[&str]) -> Metric {
+        // A mismatch is a bug at the call site; the catalog tests render
+        // every family and compare its label names with the declaration.
+        debug_assert_eq!(values.len(), self.decl.label_names().count(), "{}", self.decl.name);
+        let pairs = self
+            .decl
+            .label_names()
+            .zip(values)
+            .map(|(n, v)| {
+                let mut p = LabelPair::default();
+                p.set_name(n.to_string());
+                p.set_value((*v).to_string());
+                p
+            })
+            .collect();
+        Metric::from_label(pairs)
+    }
+
+    /// A counter or gauge sample, whichever the declaration says.
+    pub fn value(&mut self, values: &[&str], value: f64) {
+        let mut m = self.metric(values);
+        match self.decl.kind {
+            Kind::Counter => {
+                let mut c = Counter::default();
+                c.set_value(value);
+                m.set_counter(c);
+            }
+            Kind::Gauge => {
+                let mut g = Gauge::default();
+                g.set_value(value);
+                m.set_gauge(g);
+            }
+            // Dropped rather than exported as garbage; tests catch the missing family.
+            Kind::Histogram => {
+                debug_assert!(false, "{} is a histogram", self.decl.name);
+                return;
+            }
+        }
         self.inner.mut_metric().push(m);
     }
 
-    pub fn gauge(&mut self, names: &[&str], values: &[&str], value: f64) {
-        let mut g = Gauge::default();
-        g.set_value(value);
-        let mut m = Metric::from_label(label_pairs(names, values));
-        m.set_gauge(g);
-        self.inner.mut_metric().push(m);
-    }
-
-    /// `buckets` are per-bucket (not cumulative) counts with their upper bounds.
-    pub fn histogram(&mut self, names: &[&str], values: &[&str], buckets: &[(f64, u64)], sum: f64) {
+    /// A kernel latency histogram in its log2 buckets, with the total of the
+    /// observed durations in nanoseconds as the sum.
+    pub fn latency(&mut self, values: &[&str], h: &LatencyHistogram) {
+        if self.decl.kind != Kind::Histogram {
+            debug_assert!(false, "{} is not a histogram", self.decl.name);
+            return;
+        }
+        // The kernel keeps per-bucket counts; Prometheus wants them
+        // cumulative. The count is the last cumulative bucket, so `_count`
+        // always equals the `+Inf` bucket.
         let mut cumulative = 0;
-        let mut out = Vec::with_capacity(buckets.len());
-        for (le, count) in buckets {
+        let mut out = Vec::with_capacity(h.buckets.len());
+        for (i, count) in h.buckets.iter().enumerate() {
             cumulative += count;
             let mut b = Bucket::default();
-            b.set_upper_bound(*le);
+            b.set_upper_bound(observer_common::bucket_upper_seconds(i));
             b.set_cumulative_count(cumulative);
             out.push(b);
         }
-        let mut h = Histogram::default();
-        h.set_bucket(out);
-        h.set_sample_count(cumulative);
-        h.set_sample_sum(sum);
-        let mut m = Metric::from_label(label_pairs(names, values));
-        m.set_histogram(h);
+        let mut hist = Histogram::default();
+        hist.set_bucket(out);
+        hist.set_sample_count(cumulative);
+        hist.set_sample_sum(h.total_ns as f64 * 1e-9);
+        let mut m = self.metric(values);
+        m.set_histogram(hist);
         self.inner.mut_metric().push(m);
-    }
-
-    /// A histogram in the kernel's log2 latency buckets, with the total of
-    /// the observed durations in nanoseconds.
-    pub fn latency(&mut self, names: &[&str], values: &[&str], buckets: &[u64], total_ns: u64) {
-        let bounded: Vec<(f64, u64)> =
-            buckets.iter().enumerate().map(|(i, c)| (observer_common::bucket_upper_seconds(i), *c)).collect();
-        self.histogram(names, values, &bounded, total_ns as f64 * 1e-9);
     }
 
     pub fn finish(self) -> MetricFamily {
@@ -77,18 +100,62 @@ impl Family {
     }
 }
 
+/// One `Family` per declaration, emitted in catalog order.
+pub struct FamilySet {
+    fams: Vec<Family>,
+}
+
+impl FamilySet {
+    pub fn new() -> Self {
+        Self { fams: CATALOG.iter().map(|d| Family::new(d)).collect() }
+    }
+
+    pub fn get(&mut self, decl: &'static MetricDecl) -> &mut Family {
+        // By name: a `const` has no single address, and names are unique
+        // (catalog test). A declaration missing from CATALOG still renders,
+        // last, which the test comparing rendered families with CATALOG
+        // reports.
+        let i = match self.fams.iter().position(|f| f.decl.name == decl.name) {
+            Some(i) => i,
+            None => {
+                self.fams.push(Family::new(decl));
+                self.fams.len() - 1
+            }
+        };
+        &mut self.fams[i]
+    }
+
+    /// Families with no series are still valid exposition; they are dropped
+    /// to keep the output short.
+    pub fn finish(self) -> Vec<MetricFamily> {
+        self.fams.into_iter().filter(|f| !f.inner.get_metric().is_empty()).map(Family::finish).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::catalog::Scope;
+
+    const X: MetricDecl = MetricDecl {
+        name: "x_seconds",
+        help: "x",
+        kind: Kind::Histogram,
+        scope: Scope::Node,
+        extra: &["pod"],
+    };
 
     #[test]
     fn kernel_latency_buckets_become_a_cumulative_histogram() {
-        let mut f = Family::new("x_seconds", "x", MetricType::HISTOGRAM);
-        f.latency(&["pod"], &["p"], &[1, 0, 2], 3_000_000_000);
+        let mut f = Family::new(&X);
+        let mut h = LatencyHistogram { count: 3, total_ns: 3_000_000_000, ..Default::default() };
+        h.buckets[..3].copy_from_slice(&[1, 0, 2]);
+        f.latency(&["p"], &h);
         let family = f.finish();
         let h = family.get_metric()[0].get_histogram();
         let cumulative: Vec<u64> = h.get_bucket().iter().map(|b| b.cumulative_count()).collect();
-        assert_eq!(cumulative, vec![1, 1, 3]);
+        assert_eq!(cumulative[..3], [1, 1, 3]);
+        assert!(cumulative[3..].iter().all(|c| *c == 3), "{cumulative:?}");
         let bounds: Vec<f64> = h.get_bucket().iter().map(|b| b.upper_bound()).collect();
         assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds rise: {bounds:?}");
         assert_eq!(h.get_sample_count(), 3);

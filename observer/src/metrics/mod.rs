@@ -1,6 +1,7 @@
 //! The Prometheus side: what events and kernel aggregates mean as series,
 //! labelled by workload, with gone pods dropped after a grace period and a
 //! cap that protects Prometheus from a cardinality explosion.
+pub mod catalog;
 pub mod families;
 pub mod server;
 
@@ -9,20 +10,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use catalog::*;
+use families::FamilySet;
 use observer_common::{
     gpu::{Api, GpuStats, GpuStatsKey},
     kfd::{HwKind, KfdStats, KfdStatsKey},
     sched::RunqHistogram,
-    LATENCY_BUCKETS,
+    LatencyHistogram,
 };
-use prometheus::{proto::MetricType, Encoder, TextEncoder};
+use prometheus::{Encoder, TextEncoder};
 
 use crate::{
-    attribution::labels::{Liveness, WorkloadLabels, LABEL_NAMES},
+    attribution::labels::{Liveness, WorkloadLabels},
     events::{result_name, Detail, Event},
     probes::ProbeStatus,
 };
-use families::Family;
 
 /// Per-cgroup CPU numbers from the CPU monitor.
 #[derive(Clone, Copy, Debug, Default)]
@@ -32,27 +34,6 @@ pub struct CpuSnapshot {
     pub throttled_ns: u64,
     pub runnable: u32,
     pub quota_cores: f64,
-}
-
-/// Kernel histograms kept per result, merged into one per function or ioctl.
-struct MergedLatency {
-    buckets: [u64; LATENCY_BUCKETS],
-    total_ns: u64,
-}
-
-impl Default for MergedLatency {
-    fn default() -> Self {
-        Self { buckets: [0; LATENCY_BUCKETS], total_ns: 0 }
-    }
-}
-
-impl MergedLatency {
-    fn add(&mut self, buckets: &[u64], total_ns: u64) {
-        for (into, from) in self.buckets.iter_mut().zip(buckets) {
-            *into += from;
-        }
-        self.total_ns += total_ns;
-    }
 }
 
 struct Attribution {
@@ -76,6 +57,8 @@ pub struct Metrics {
     cpu: Vec<(u64, CpuSnapshot)>,
     pub probes: Vec<ProbeStatus>,
     pub events_lost: u64,
+    /// Ring-buffer records that failed to decode (set by the daemon loop).
+    pub decode_errors: u64,
     pub series_overflow: u64,
     /// Ring-buffer records received, by kind (shows that aggregation works).
     pub records: BTreeMap<&'static str, u64>,
@@ -245,117 +228,53 @@ impl Metrics {
         String::from_utf8(out).unwrap_or_default()
     }
 
-    fn families(&self) -> Vec<prometheus::proto::MetricFamily> {
-        let w = &LABEL_NAMES;
-        let with = |extra: &[&'static str]| -> Vec<&'static str> {
-            w.iter().copied().chain(extra.iter().copied()).collect()
-        };
-        let vals = |cgroup: u64, extra: &[&str]| -> Vec<String> {
-            self.labels(cgroup)
-                .iter()
-                .map(|s| s.to_string())
-                .chain(extra.iter().map(|s| s.to_string()))
-                .collect()
-        };
-        let mut fams = Vec::new();
+    /// The workload's label values followed by `extra`, in the order of a
+    /// workload family's declared label names.
+    fn vals<'a>(&'a self, cgroup: u64, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v = self.labels(cgroup).to_vec();
+        v.extend_from_slice(extra);
+        v
+    }
 
-        // GPU calls: counters per result, durations per function.
-        let calls_names = with(&["api", "function", "result"]);
-        let mut calls =
-            Family::new("gpu_api_calls_total", "GPU runtime API calls by result.", MetricType::COUNTER);
-        let dur_names = with(&["api", "function"]);
-        let mut durations = Family::new(
-            "gpu_api_call_duration_seconds",
-            "Duration of GPU runtime API calls, measured in the kernel.",
-            MetricType::HISTOGRAM,
-        );
-        let mut by_function: BTreeMap<(u64, u32, u32), MergedLatency> = BTreeMap::new();
+    fn families(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut fams = FamilySet::new();
+
+        // GPU calls: counters per result, durations per function (the kernel
+        // keeps a histogram per result; they are merged here).
+        let mut by_function: BTreeMap<(u64, u32, u32), LatencyHistogram> = BTreeMap::new();
         for (k, s) in &self.gpu {
             let Some(api) = Api::from_u32(k.api) else { continue };
             let function = crate::events::function_name(api, k.function);
             let result =
                 result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
-            let v = vals(k.cgroup_id, &[api.as_str(), &function, &result]);
-            calls.counter(&calls_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.count as f64);
-            by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(&s.buckets, s.total_ns);
+            let v = self.vals(k.cgroup_id, &[api.as_str(), &function, &result]);
+            fams.get(&GPU_API_CALLS).value(&v, s.count as f64);
+            by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(s);
         }
         for ((cgroup, api, function), merged) in &by_function {
             let Some(api) = Api::from_u32(*api) else { continue };
             let function = crate::events::function_name(api, *function);
-            let v = vals(*cgroup, &[api.as_str(), &function]);
-            let v: Vec<&str> = v.iter().map(String::as_str).collect();
-            durations.latency(&dur_names, &v, &merged.buckets, merged.total_ns);
+            fams.get(&GPU_API_CALL_DURATION).latency(&self.vals(*cgroup, &[api.as_str(), &function]), merged);
         }
-        fams.push(calls.finish());
-        fams.push(durations.finish());
 
-        let mut init = Family::new(
-            "gpu_init_failures_total",
-            "GPU runtime initialisation calls that failed (hipInit, cuInit, device and context setup).",
-            MetricType::COUNTER,
-        );
-        let init_names = with(&["api", "function", "result"]);
         for ((cgroup, api, function, result), n) in &self.init_failures {
-            let v = vals(*cgroup, &[api, function, result]);
-            init.counter(&init_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), *n as f64);
+            fams.get(&GPU_INIT_FAILURES).value(&self.vals(*cgroup, &[api, function, result]), *n as f64);
         }
-        fams.push(init.finish());
-
-        let mut stalled = Family::new(
-            "gpu_api_stalled_calls",
-            "GPU calls in flight longer than the stall threshold.",
-            MetricType::GAUGE,
-        );
-        let stalled_names = with(&["api", "function"]);
         for ((cgroup, api, function), n) in &self.stalled {
-            let v = vals(*cgroup, &[api, function]);
-            stalled.gauge(&stalled_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), *n as f64);
+            fams.get(&GPU_API_STALLED_CALLS).value(&self.vals(*cgroup, &[api, function]), *n as f64);
         }
-        fams.push(stalled.finish());
-
-        let mut crashes = Family::new(
-            "native_crashes_total",
-            "Processes killed by a fault or abort in native code.",
-            MetricType::COUNTER,
-        );
-        let crash_names = with(&["signal", "library"]);
         for ((cgroup, signal, library), n) in &self.crashes {
-            let v = vals(*cgroup, &[signal, library]);
-            crashes.counter(&crash_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), *n as f64);
+            fams.get(&NATIVE_CRASHES).value(&self.vals(*cgroup, &[signal, library]), *n as f64);
         }
-        fams.push(crashes.finish());
-
-        let mut ooms =
-            Family::new("oom_kills_total", "Processes killed by the OOM killer.", MetricType::COUNTER);
-        let oom_names = with(&["scope"]);
         for ((cgroup, scope), n) in &self.ooms {
-            let v = vals(*cgroup, &[scope]);
-            ooms.counter(&oom_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), *n as f64);
+            fams.get(&OOM_KILLS).value(&self.vals(*cgroup, &[scope]), *n as f64);
         }
-        fams.push(ooms.finish());
-
-        let mut exits = Family::new(
-            "abnormal_exits_total",
-            "Processes that died by a signal or exited with status 137.",
-            MetricType::COUNTER,
-        );
-        let exit_names = with(&["signal"]);
         for ((cgroup, signal), n) in &self.exits {
-            let v = vals(*cgroup, &[signal]);
-            exits.counter(&exit_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), *n as f64);
+            fams.get(&ABNORMAL_EXITS).value(&self.vals(*cgroup, &[signal]), *n as f64);
         }
-        fams.push(exits.finish());
 
-        let mut kfd_calls =
-            Family::new("kfd_ioctls_total", "AMD KFD driver ioctls by result.", MetricType::COUNTER);
-        let mut kfd_dur = Family::new(
-            "kfd_ioctl_duration_seconds",
-            "Duration of AMD KFD driver ioctls.",
-            MetricType::HISTOGRAM,
-        );
-        let kfd_names = with(&["ioctl", "result"]);
-        let kfd_dur_names = with(&["ioctl"]);
-        let mut kfd_by_ioctl: BTreeMap<(u64, u32), MergedLatency> = BTreeMap::new();
+        // KFD ioctls: as GPU calls, counters per result and durations per ioctl.
+        let mut by_ioctl: BTreeMap<(u64, u32), LatencyHistogram> = BTreeMap::new();
         for (k, s) in &self.kfd {
             let ioctl = crate::events::kfd_ioctl_label(k.nr);
             let result = match k.result {
@@ -364,119 +283,45 @@ impl Metrics {
                     .map(str::to_string)
                     .unwrap_or_else(|| r.to_string()),
             };
-            let v = vals(k.cgroup_id, &[&ioctl, &result]);
-            kfd_calls.counter(&kfd_names, &v.iter().map(String::as_str).collect::<Vec<_>>(), s.count as f64);
-            kfd_by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(&s.buckets, s.total_ns);
+            fams.get(&KFD_IOCTLS).value(&self.vals(k.cgroup_id, &[&ioctl, &result]), s.count as f64);
+            by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(s);
         }
-        for ((cgroup, nr), merged) in &kfd_by_ioctl {
-            let v = vals(*cgroup, &[&crate::events::kfd_ioctl_label(*nr)]);
-            let v: Vec<&str> = v.iter().map(String::as_str).collect();
-            kfd_dur.latency(&kfd_dur_names, &v, &merged.buckets, merged.total_ns);
+        for ((cgroup, nr), merged) in &by_ioctl {
+            let ioctl = crate::events::kfd_ioctl_label(*nr);
+            fams.get(&KFD_IOCTL_DURATION).latency(&self.vals(*cgroup, &[&ioctl]), merged);
         }
-        fams.push(kfd_calls.finish());
-        fams.push(kfd_dur.finish());
-        for (kind, name, help) in [
-            (
-                HwKind::MemoryFault,
-                "gpu_memory_faults_total",
-                "GPU memory faults seen by the KFD driver on this node.",
-            ),
-            (HwKind::Reset, "gpu_resets_total", "GPU resets on this node."),
-            (HwKind::QueueEviction, "gpu_queue_evictions_total", "KFD queue evictions on this node."),
+
+        for (kind, decl) in [
+            (HwKind::MemoryFault, &GPU_MEMORY_FAULTS),
+            (HwKind::Reset, &GPU_RESETS),
+            (HwKind::QueueEviction, &GPU_QUEUE_EVICTIONS),
         ] {
-            let mut f = Family::new(name, help, MetricType::COUNTER);
-            f.counter(&[], &[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
-            fams.push(f.finish());
+            fams.get(decl).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
         }
 
-        let mut runq = Family::new(
-            "cpu_runqueue_latency_seconds",
-            "Time runnable threads waited for a CPU.",
-            MetricType::HISTOGRAM,
-        );
         for (cgroup, h) in &self.runq {
-            let v = vals(*cgroup, &[]);
-            let v: Vec<&str> = v.iter().map(String::as_str).collect();
-            runq.latency(w, &v, &h.buckets, h.total_ns);
+            fams.get(&CPU_RUNQUEUE_LATENCY).latency(&self.vals(*cgroup, &[]), h);
         }
-        fams.push(runq.finish());
-
-        let mut periods =
-            Family::new("cpu_periods_total", "CFS bandwidth periods elapsed.", MetricType::COUNTER);
-        let mut throttled = Family::new(
-            "cpu_throttled_periods_total",
-            "CFS periods in which the cgroup was throttled.",
-            MetricType::COUNTER,
-        );
-        let mut throttled_s = Family::new(
-            "cpu_throttled_seconds_total",
-            "Time the cgroup spent throttled.",
-            MetricType::COUNTER,
-        );
-        let mut runnable = Family::new(
-            "cpu_runnable_threads",
-            "Threads of the cgroup that are runnable.",
-            MetricType::GAUGE,
-        );
-        let mut quota =
-            Family::new("cpu_quota_cores", "CPU quota of the cgroup in cores.", MetricType::GAUGE);
         for (cgroup, c) in &self.cpu {
-            let v = vals(*cgroup, &[]);
-            let v: Vec<&str> = v.iter().map(String::as_str).collect();
-            periods.counter(w, &v, c.periods as f64);
-            throttled.counter(w, &v, c.throttled_periods as f64);
-            throttled_s.counter(w, &v, c.throttled_ns as f64 * 1e-9);
-            runnable.gauge(w, &v, f64::from(c.runnable));
-            quota.gauge(w, &v, c.quota_cores);
+            let v = self.vals(*cgroup, &[]);
+            fams.get(&CPU_PERIODS).value(&v, c.periods as f64);
+            fams.get(&CPU_THROTTLED_PERIODS).value(&v, c.throttled_periods as f64);
+            fams.get(&CPU_THROTTLED_SECONDS).value(&v, c.throttled_ns as f64 * 1e-9);
+            fams.get(&CPU_RUNNABLE_THREADS).value(&v, f64::from(c.runnable));
+            fams.get(&CPU_QUOTA_CORES).value(&v, c.quota_cores);
         }
-        fams.extend([
-            periods.finish(),
-            throttled.finish(),
-            throttled_s.finish(),
-            runnable.finish(),
-            quota.finish(),
-        ]);
 
-        let mut attached = Family::new(
-            "probe_attached",
-            "Whether a probe is attached (1) or could not be (0) on this node.",
-            MetricType::GAUGE,
-        );
         for p in &self.probes {
-            attached.gauge(&["probe", "target"], &[p.probe, &p.target], if p.attached { 1.0 } else { 0.0 });
+            fams.get(&PROBE_ATTACHED).value(&[p.probe, &p.target], if p.attached { 1.0 } else { 0.0 });
         }
-        fams.push(attached.finish());
-        let mut lost = Family::new(
-            "events_lost_total",
-            "Events dropped in the kernel because the ring buffer was full.",
-            MetricType::COUNTER,
-        );
-        lost.counter(&[], &[], self.events_lost as f64);
-        fams.push(lost.finish());
-        let mut records = Family::new(
-            "ring_events_total",
-            "Records received from the kernel ring buffer, by kind.",
-            MetricType::COUNTER,
-        );
+        fams.get(&EVENTS_LOST).value(&[], self.events_lost as f64);
+        fams.get(&DECODE_ERRORS).value(&[], self.decode_errors as f64);
         for (kind, n) in &self.records {
-            records.counter(&["kind"], &[kind], *n as f64);
+            fams.get(&RING_EVENTS).value(&[kind], *n as f64);
         }
-        fams.push(records.finish());
-        let mut overflow = Family::new(
-            "series_overflow_total",
-            "Updates dropped because the per-node cgroup cap was reached.",
-            MetricType::COUNTER,
-        );
-        overflow.counter(&[], &[], self.series_overflow as f64);
-        fams.push(overflow.finish());
-        let mut tracked =
-            Family::new("tracked_cgroups", "Cgroups with series on this node.", MetricType::GAUGE);
-        tracked.gauge(&[], &[], self.attribution.len() as f64);
-        fams.push(tracked.finish());
-        // Families with no series are still valid exposition; drop them to
-        // keep the output short.
-        fams.retain(|f| !f.get_metric().is_empty());
-        fams
+        fams.get(&SERIES_OVERFLOW).value(&[], self.series_overflow as f64);
+        fams.get(&TRACKED_CGROUPS).value(&[], self.attribution.len() as f64);
+        fams.finish()
     }
 }
 
@@ -559,5 +404,144 @@ mod tests {
         });
         let text = m.render();
         assert!(text.contains(r#"workload="a\"b\\c\nd""#), "{text}");
+    }
+
+    fn hist(count: u64, total_ns: u64, buckets: &[(usize, u64)]) -> observer_common::LatencyHistogram {
+        let mut h = observer_common::LatencyHistogram { count, total_ns, ..Default::default() };
+        for (i, n) in buckets {
+            h.buckets[*i] = *n;
+        }
+        h
+    }
+
+    /// Every family populated, with merges across results and an unlabelled
+    /// (gone, never resolved) cgroup.
+    fn rich() -> Metrics {
+        let mut m = Metrics::new(100);
+        let call = |api, function: &str, result| Detail::GpuCall {
+            api,
+            library: "/x/lib.so".into(),
+            function: function.into(),
+            result,
+            duration_ns: 10,
+        };
+        m.record(&event(1, call(Api::Hip, "hipInit", 101)));
+        m.record(&event(1, call(Api::Hip, "hipInit", 101)));
+        m.record(&event(2, call(Api::Cuda, "cuInit", 100)));
+        m.record(&event(2, call(Api::Cuda, "cuInit", 7777)));
+        let crash = |library: Option<&str>| Detail::Crash {
+            signal: 11,
+            si_code: 1,
+            addr: 0,
+            ip: 0,
+            library: library.map(str::to_string),
+            library_offset: None,
+            in_call: None,
+            crash_tid: 1,
+        };
+        m.record(&event(1, crash(Some("/opt/rocm/lib/libamdhip64.so.5"))));
+        m.record(&event(2, crash(None)));
+        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
+        m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1) }));
+        m.record(&event(1, Detail::Exit { signal: 9, exit_code: 0, core_dumped: false }));
+        m.record(&event(2, Detail::Exit { signal: 0, exit_code: 137, core_dumped: false }));
+        let hw = |kind| Detail::GpuHardware { kind, function: "f", detail: String::new() };
+        m.record(&event(0, hw(HwKind::MemoryFault)));
+        m.record(&event(0, hw(HwKind::MemoryFault)));
+        m.record(&event(0, hw(HwKind::Reset)));
+        m.record(&event(0, hw(HwKind::QueueEviction)));
+        m.set_stalled([(1, Api::Hip, "hipMemcpy".to_string()), (1, Api::Hip, "hipMemcpy".to_string())]);
+        let gk = |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
+        m.set_gpu(vec![
+            (gk(1, 0, 0, 0), hist(3, 3_000, &[(0, 1), (10, 2)])),
+            (gk(1, 0, 0, 101), hist(1, 1_500_000_000, &[(31, 1)])),
+            (gk(1, 0, 2, 0), hist(2, 20, &[(3, 2)])),
+            (gk(2, 1, 1, 0), hist(4, 4_000_000, &[(20, 4)])),
+            (gk(2, 1, 9999, -5), hist(1, 7, &[(2, 1)])),
+            (gk(3, 0, 1, 0), hist(1, 1, &[(0, 1)])),
+            (gk(2, 42, 0, 0), hist(1, 1, &[(0, 1)])),
+        ]);
+        let kk = |cgroup_id, nr, result| KfdStatsKey { cgroup_id, nr, result };
+        m.set_kfd(vec![
+            (kk(1, 0x01, 0), hist(5, 5_000, &[(9, 5)])),
+            (kk(1, 0x01, -22), hist(1, 100, &[(6, 1)])),
+            (kk(2, 0xee, -4095), hist(2, 2, &[(1, 2)])),
+        ]);
+        m.set_runq(vec![(1, hist(6, 6_000_000, &[(0, 1), (15, 4), (25, 1)])), (2, hist(0, 0, &[]))]);
+        let cpu = |periods, runnable, quota_cores| CpuSnapshot {
+            periods,
+            throttled_periods: periods / 2,
+            throttled_ns: 1_234_567_890,
+            runnable,
+            quota_cores,
+        };
+        m.set_cpu(vec![(0, cpu(1, 1, 1.0)), (1, cpu(100, 3, 0.5)), (2, cpu(7, 0, 2.25))]);
+        m.probes = vec![
+            ProbeStatus {
+                probe: "gpu",
+                target: "/x/libamdhip64.so".into(),
+                attached: true,
+                detail: String::new(),
+            },
+            ProbeStatus { probe: "kfd", target: "kfd_ioctl".into(), attached: false, detail: "no".into() },
+        ];
+        m.events_lost = 17;
+        m.decode_errors = 2;
+        m.series_overflow = 4;
+        m.records = BTreeMap::from([("gpu_call", 12), ("exit", 3)]);
+        m.refresh_labels(Duration::from_secs(600), |cgroup| match cgroup {
+            3 => (WorkloadLabels::default(), Liveness::Gone),
+            c => labelled(c),
+        });
+        m
+    }
+
+    #[test]
+    fn every_family_renders_as_declared() {
+        let families = rich().families();
+        let rendered: Vec<&str> = families.iter().map(|f| f.name()).collect();
+        let declared: Vec<String> = CATALOG.iter().map(|d| format!("{PREFIX}{}", d.name)).collect();
+        assert_eq!(rendered, declared, "the fixture populates every family, in catalog order");
+        for (f, d) in families.iter().zip(CATALOG) {
+            assert_eq!(f.help(), d.help);
+            let kind = match d.kind {
+                Kind::Counter => prometheus::proto::MetricType::COUNTER,
+                Kind::Gauge => prometheus::proto::MetricType::GAUGE,
+                Kind::Histogram => prometheus::proto::MetricType::HISTOGRAM,
+            };
+            assert_eq!(f.get_field_type(), kind, "{}", d.name);
+            let names: Vec<&str> = d.label_names().collect();
+            for m in f.get_metric() {
+                let got: Vec<&str> = m.get_label().iter().map(|l| l.name()).collect();
+                assert_eq!(got, names, "{}: a sample's labels differ from the declaration", d.name);
+                // The plain data model has no field presence: a sample of
+                // another type shows as a non-default field of that type.
+                let counter = *m.get_counter() != Default::default();
+                let gauge = *m.get_gauge() != Default::default();
+                let histogram = !m.get_histogram().get_bucket().is_empty();
+                let ok = match d.kind {
+                    Kind::Counter => !gauge && !histogram,
+                    Kind::Gauge => !counter && !histogram,
+                    Kind::Histogram => !counter && !gauge && histogram,
+                };
+                assert!(ok, "{}: a sample of another type", d.name);
+            }
+        }
+    }
+
+    #[test]
+    fn decode_errors_are_a_node_counter() {
+        let mut m = Metrics::new(10);
+        m.decode_errors = 3;
+        let text = m.render();
+        assert!(
+            text.contains(
+                "# HELP canaryscope_decode_errors_total Ring-buffer records that could not be decoded \
+                 (a kernel/userspace layout mismatch); their events are lost.\n\
+                 # TYPE canaryscope_decode_errors_total counter\n\
+                 canaryscope_decode_errors_total 3\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,223 @@
+//! Every metric family the exporter can render, declared once: name, help,
+//! type and label names. Rendering takes all four from here, so a family
+//! cannot drift from its declaration at one of its use sites, and the
+//! documented lists (README, deploy/tools/deploycheck.py) have one place to
+//! be checked against.
+use Kind::{Counter, Gauge, Histogram};
+use Scope::{Node, Workload};
+
+use crate::attribution::labels::LABEL_NAMES;
+
+/// What Prometheus is told the family is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Who a family's series belong to, which decides the leading labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A workload (cgroup): `LABEL_NAMES` come first, then the extras.
+    Workload,
+    /// The node (or the daemon itself): only the extras.
+    Node,
+}
+
+/// One family, as exported.
+#[derive(Debug, PartialEq)]
+pub struct MetricDecl {
+    /// Without the `canaryscope_` prefix.
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: Kind,
+    pub scope: Scope,
+    /// Labels after the workload ones (if any), in exposition order.
+    pub extra: &'static [&'static str],
+}
+
+pub const PREFIX: &str = "canaryscope_";
+
+impl MetricDecl {
+    /// Label names in exposition order.
+    pub fn label_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let workload: &'static [&'static str] = match self.scope {
+            Scope::Workload => &LABEL_NAMES,
+            Scope::Node => &[],
+        };
+        workload.iter().chain(self.extra).copied()
+    }
+}
+
+const fn decl(
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    scope: Scope,
+    extra: &'static [&'static str],
+) -> MetricDecl {
+    MetricDecl { name, help, kind, scope, extra }
+}
+
+pub const GPU_API_CALLS: MetricDecl = decl(
+    "gpu_api_calls_total",
+    "GPU runtime API calls by result.",
+    Counter,
+    Workload,
+    &["api", "function", "result"],
+);
+pub const GPU_API_CALL_DURATION: MetricDecl = decl(
+    "gpu_api_call_duration_seconds",
+    "Duration of GPU runtime API calls, measured in the kernel.",
+    Histogram,
+    Workload,
+    &["api", "function"],
+);
+pub const GPU_INIT_FAILURES: MetricDecl = decl(
+    "gpu_init_failures_total",
+    "GPU runtime initialisation calls that failed (hipInit, cuInit, device and context setup).",
+    Counter,
+    Workload,
+    &["api", "function", "result"],
+);
+pub const GPU_API_STALLED_CALLS: MetricDecl = decl(
+    "gpu_api_stalled_calls",
+    "GPU calls in flight longer than the stall threshold.",
+    Gauge,
+    Workload,
+    &["api", "function"],
+);
+pub const NATIVE_CRASHES: MetricDecl = decl(
+    "native_crashes_total",
+    "Processes killed by a fault or abort in native code.",
+    Counter,
+    Workload,
+    &["signal", "library"],
+);
+pub const OOM_KILLS: MetricDecl =
+    decl("oom_kills_total", "Processes killed by the OOM killer.", Counter, Workload, &["scope"]);
+pub const ABNORMAL_EXITS: MetricDecl = decl(
+    "abnormal_exits_total",
+    "Processes that died by a signal or exited with status 137.",
+    Counter,
+    Workload,
+    &["signal"],
+);
+pub const KFD_IOCTLS: MetricDecl =
+    decl("kfd_ioctls_total", "AMD KFD driver ioctls by result.", Counter, Workload, &["ioctl", "result"]);
+pub const KFD_IOCTL_DURATION: MetricDecl =
+    decl("kfd_ioctl_duration_seconds", "Duration of AMD KFD driver ioctls.", Histogram, Workload, &["ioctl"]);
+// Hardware events happen in a driver worker, not in the workload: node-level.
+pub const GPU_MEMORY_FAULTS: MetricDecl = decl(
+    "gpu_memory_faults_total",
+    "GPU memory faults seen by the KFD driver on this node.",
+    Counter,
+    Node,
+    &[],
+);
+pub const GPU_RESETS: MetricDecl = decl("gpu_resets_total", "GPU resets on this node.", Counter, Node, &[]);
+pub const GPU_QUEUE_EVICTIONS: MetricDecl =
+    decl("gpu_queue_evictions_total", "KFD queue evictions on this node.", Counter, Node, &[]);
+pub const CPU_RUNQUEUE_LATENCY: MetricDecl =
+    decl("cpu_runqueue_latency_seconds", "Time runnable threads waited for a CPU.", Histogram, Workload, &[]);
+pub const CPU_PERIODS: MetricDecl =
+    decl("cpu_periods_total", "CFS bandwidth periods elapsed.", Counter, Workload, &[]);
+pub const CPU_THROTTLED_PERIODS: MetricDecl = decl(
+    "cpu_throttled_periods_total",
+    "CFS periods in which the cgroup was throttled.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const CPU_THROTTLED_SECONDS: MetricDecl =
+    decl("cpu_throttled_seconds_total", "Time the cgroup spent throttled.", Counter, Workload, &[]);
+pub const CPU_RUNNABLE_THREADS: MetricDecl =
+    decl("cpu_runnable_threads", "Threads of the cgroup that are runnable.", Gauge, Workload, &[]);
+pub const CPU_QUOTA_CORES: MetricDecl =
+    decl("cpu_quota_cores", "CPU quota of the cgroup in cores.", Gauge, Workload, &[]);
+pub const PROBE_ATTACHED: MetricDecl = decl(
+    "probe_attached",
+    "Whether a probe is attached (1) or could not be (0) on this node.",
+    Gauge,
+    Node,
+    &["probe", "target"],
+);
+pub const EVENTS_LOST: MetricDecl = decl(
+    "events_lost_total",
+    "Events dropped in the kernel because the ring buffer was full.",
+    Counter,
+    Node,
+    &[],
+);
+pub const DECODE_ERRORS: MetricDecl = decl(
+    "decode_errors_total",
+    "Ring-buffer records that could not be decoded (a kernel/userspace layout mismatch); their events are lost.",
+    Counter,
+    Node,
+    &[],
+);
+pub const RING_EVENTS: MetricDecl = decl(
+    "ring_events_total",
+    "Records received from the kernel ring buffer, by kind.",
+    Counter,
+    Node,
+    &["kind"],
+);
+pub const SERIES_OVERFLOW: MetricDecl = decl(
+    "series_overflow_total",
+    "Updates dropped because the per-node cgroup cap was reached.",
+    Counter,
+    Node,
+    &[],
+);
+pub const TRACKED_CGROUPS: MetricDecl =
+    decl("tracked_cgroups", "Cgroups with series on this node.", Gauge, Node, &[]);
+
+/// Every family, in exposition order.
+pub const CATALOG: &[&MetricDecl] = &[
+    &GPU_API_CALLS,
+    &GPU_API_CALL_DURATION,
+    &GPU_INIT_FAILURES,
+    &GPU_API_STALLED_CALLS,
+    &NATIVE_CRASHES,
+    &OOM_KILLS,
+    &ABNORMAL_EXITS,
+    &KFD_IOCTLS,
+    &KFD_IOCTL_DURATION,
+    &GPU_MEMORY_FAULTS,
+    &GPU_RESETS,
+    &GPU_QUEUE_EVICTIONS,
+    &CPU_RUNQUEUE_LATENCY,
+    &CPU_PERIODS,
+    &CPU_THROTTLED_PERIODS,
+    &CPU_THROTTLED_SECONDS,
+    &CPU_RUNNABLE_THREADS,
+    &CPU_QUOTA_CORES,
+    &PROBE_ATTACHED,
+    &EVENTS_LOST,
+    &DECODE_ERRORS,
+    &RING_EVENTS,
+    &SERIES_OVERFLOW,
+    &TRACKED_CGROUPS,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_label_names_do_not_repeat() {
+        let mut names: Vec<&str> = CATALOG.iter().map(|d| d.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), CATALOG.len(), "a family is declared twice");
+        for d in CATALOG {
+            let mut labels: Vec<&str> = d.label_names().collect();
+            labels.sort_unstable();
+            labels.dedup();
+            assert_eq!(labels.len(), d.label_names().count(), "{} repeats a label", d.name);
+            assert!(!labels.contains(&"le"), "{}: `le` is the histogram's own label", d.name);
+        }
+    }
+}
