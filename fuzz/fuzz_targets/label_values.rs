@@ -7,15 +7,23 @@
 //! sample, as many samples as the input fills (up to MAX_SAMPLES).
 #![no_main]
 
-use canaryscope_fuzz::families::Family;
+use canaryscope_fuzz::{
+    catalog::{Kind, MetricDecl, Scope, LABEL_NAMES as NAMES},
+    families::Family,
+};
 use libfuzzer_sys::fuzz_target;
-use prometheus::proto::MetricType;
 use prometheus::TextEncoder;
 
-/// The observer's workload label names (attribution::labels::LABEL_NAMES).
-const NAMES: [&str; 6] = ["namespace", "pod", "container", "workload", "revision", "track"];
 const FAMILY: &str = "canaryscope_fuzz_calls_total";
 const HELP: &str = "Calls, with labels taken from the fuzzer.";
+/// A workload counter, as the exporter declares its families.
+static DECL: MetricDecl = MetricDecl {
+    name: "fuzz_calls_total",
+    help: HELP,
+    kind: Kind::Counter,
+    scope: Scope::Workload,
+    extra: &[],
+};
 const MAX_SAMPLES: usize = 8;
 
 /// One sample line parsed back: its label pairs and value.
@@ -77,9 +85,9 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
 
-    let mut family = Family::new("fuzz_calls_total", HELP, MetricType::COUNTER);
+    let mut family = Family::new(&DECL);
     for (i, row) in rows.iter().enumerate() {
-        family.counter(&NAMES, row, i as f64);
+        family.value(row, i as f64);
     }
     let text = TextEncoder::new().encode_to_string(&[family.finish()]).expect("encoding succeeds");
 

@@ -30,8 +30,8 @@ fuzz_target!(|data: &[u8]| {
     // Rendering the fields back in the kernel's layout reads back the same
     // fields: nothing in a parsed name or number depends on the junk around it.
     let mut canonical = String::from("name: fuzz\nID: 1\nformat:\n");
-    for Field { name, offset, size } in &fields {
-        writeln!(canonical, "\tfield:unsigned long {name}[2];\toffset:{offset};\tsize:{size};\tsigned:0;")
+    for Field { name, offset } in &fields {
+        writeln!(canonical, "\tfield:unsigned long {name}[2];\toffset:{offset};\tsize:16;\tsigned:0;")
             .expect("writing to a String");
     }
     canonical.push_str("\nprint fmt: \"\"\n");

@@ -11,6 +11,9 @@ pub mod maps;
 #[path = "../../observer/src/probes/tracefs.rs"]
 pub mod tracefs;
 
+#[path = "../../observer/src/metrics/catalog.rs"]
+pub mod catalog;
+
 #[path = "../../observer/src/metrics/families.rs"]
 pub mod families;
 

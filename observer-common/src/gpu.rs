@@ -22,22 +22,15 @@ pub const MAX_STATS_ENTRIES: u32 = 16384;
 /// different API, but a runtime may call its own public entry points).
 pub const MAX_NESTING: usize = 4;
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Api {
-    Hip = 0,
-    Cuda = 1,
+wire_enum! {
+    /// Which GPU API a probed function belongs to.
+    pub enum Api {
+        Hip = 0,
+        Cuda = 1,
+    }
 }
 
 impl Api {
-    pub fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            0 => Some(Self::Hip),
-            1 => Some(Self::Cuda),
-            _ => None,
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Hip => "hip",

@@ -31,26 +31,18 @@ pub const fn is_kfd_ioctl(cmd: u32) -> bool {
     ioc_type(cmd) == KFD_IOCTL_TYPE
 }
 
-/// Which probe saw a KFD ioctl ([`KfdIoctlEvent::source`]).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KfdSource {
-    /// The kprobe and kretprobe on `kfd_ioctl`.
-    Kprobe = 1,
-    /// The ioctl syscall tracepoints, filtered to the KFD device (kernels
-    /// without kprobes, or without amdgpu loaded).
-    Syscall = 2,
+wire_enum! {
+    /// Which probe saw a KFD ioctl ([`KfdIoctlEvent::source`]).
+    pub enum KfdSource {
+        /// The kprobe and kretprobe on `kfd_ioctl`.
+        Kprobe = 1,
+        /// The ioctl syscall tracepoints, filtered to the KFD device (kernels
+        /// without kprobes, or without amdgpu loaded).
+        Syscall = 2,
+    }
 }
 
 impl KfdSource {
-    pub fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            1 => Some(Self::Kprobe),
-            2 => Some(Self::Syscall),
-            _ => None,
-        }
-    }
-
     /// The `via` of a `kfd_ioctl` event.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -99,58 +91,110 @@ pub const fn kernel_dev(major: u32, minor: u32) -> u32 {
     (major << 20) | minor
 }
 
-/// GPU hardware-level events seen through amdgpu/KFD functions.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HwKind {
-    MemoryFault = 1,
-    Reset = 2,
-    QueueEviction = 3,
+wire_enum! {
+    /// GPU hardware-level events seen through amdgpu/KFD functions.
+    pub enum HwKind {
+        MemoryFault = 1,
+        Reset = 2,
+        QueueEviction = 3,
+    }
 }
 
 impl HwKind {
-    pub fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            1 => Some(Self::MemoryFault),
-            2 => Some(Self::Reset),
-            3 => Some(Self::QueueEviction),
-            _ => None,
+    /// The kind as `check` describes an attached hook.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::MemoryFault => "MemoryFault",
+            Self::Reset => "Reset",
+            Self::QueueEviction => "QueueEviction",
         }
     }
 }
 
-/// Kernel functions hooked for each kind, in order of preference, with the
-/// argument that carries a process id or pasid (by position), if any.
+/// What a hooked function's integer argument 1 carries, if anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HwArg {
+    None,
+    /// The faulting process's address-space id.
+    Pasid,
+    /// The evicted process's pid (argument 2 is the trigger).
+    Pid,
+    /// The eviction trigger.
+    Trigger,
+}
+
+/// One GPU hardware hook: the kernel function, the program attached to it,
+/// what it signals, and what its first integer argument means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HwHook {
+    pub function: &'static str,
+    pub program: &'static str,
+    pub kind: HwKind,
+    pub arg: HwArg,
+}
+
+/// Kernel functions hooked for each kind, in order of preference. This is
+/// the one table of these hooks: userspace attaches from it, the kernel
+/// programs send their index in it, and events are decoded with it.
 /// Prototypes differ between kernels 6.1 and 6.12 (`struct kfd_dev *` became
 /// `struct kfd_node *`; see drivers/gpu/drm/amd/amdkfd/kfd_priv.h and
 /// kfd_smi_events.h): only integer arguments whose position is stable across
 /// those versions are read.
-pub const HW_HOOKS: &[(&str, HwKind, &str)] = &[
+pub const HW_HOOKS: &[HwHook] = &[
     // kfd_smi_event_update_vmfault(struct kfd_node|kfd_dev *, uint16_t pasid)
-    ("kfd_smi_event_update_vmfault", HwKind::MemoryFault, "pasid"),
-    ("kfd_signal_vm_fault_event", HwKind::MemoryFault, ""),
+    HwHook {
+        function: "kfd_smi_event_update_vmfault",
+        program: "kfd_hw_vmfault",
+        kind: HwKind::MemoryFault,
+        arg: HwArg::Pasid,
+    },
+    HwHook {
+        function: "kfd_signal_vm_fault_event",
+        program: "kfd_hw_vmfault_signal",
+        kind: HwKind::MemoryFault,
+        arg: HwArg::None,
+    },
     // kfd_signal_reset_event(struct kfd_node|kfd_dev *)
-    ("kfd_signal_reset_event", HwKind::Reset, ""),
-    ("amdgpu_device_gpu_recover", HwKind::Reset, ""),
+    HwHook {
+        function: "kfd_signal_reset_event",
+        program: "kfd_hw_reset_signal",
+        kind: HwKind::Reset,
+        arg: HwArg::None,
+    },
+    HwHook {
+        function: "amdgpu_device_gpu_recover",
+        program: "kfd_hw_gpu_recover",
+        kind: HwKind::Reset,
+        arg: HwArg::None,
+    },
     // kfd_smi_event_queue_eviction(struct kfd_node *, pid_t pid, uint32_t trigger)
-    ("kfd_smi_event_queue_eviction", HwKind::QueueEviction, "pid"),
+    HwHook {
+        function: "kfd_smi_event_queue_eviction",
+        program: "kfd_hw_eviction_smi",
+        kind: HwKind::QueueEviction,
+        arg: HwArg::Pid,
+    },
     // kfd_process_evict_queues(struct kfd_process *, uint32_t trigger)
-    ("kfd_process_evict_queues", HwKind::QueueEviction, ""),
+    HwHook {
+        function: "kfd_process_evict_queues",
+        program: "kfd_hw_evict_queues",
+        kind: HwKind::QueueEviction,
+        arg: HwArg::Trigger,
+    },
 ];
 
-/// Index in [`HW_HOOKS`] of a hooked function, with its kind: what the
-/// kernel program for that function sends as [`HwEvent::hook`] and
-/// [`HwEvent::kind`]. Meant for constants, where a function missing from
-/// the table fails the build.
-pub const fn hw_hook(function: &str) -> (u32, HwKind) {
+/// Index in [`HW_HOOKS`] of the hook a program serves: what that program
+/// sends as [`HwEvent::hook`]. Meant for constants, where a program missing
+/// from the table fails the build.
+pub const fn hw_hook(program: &str) -> u32 {
     let mut i = 0;
     while i < HW_HOOKS.len() {
-        if str_eq(HW_HOOKS[i].0, function) {
-            return (i as u32, HW_HOOKS[i].1);
+        if str_eq(HW_HOOKS[i].program, program) {
+            return i as u32;
         }
         i += 1;
     }
-    panic!("function not in HW_HOOKS");
+    panic!("program not in HW_HOOKS");
 }
 
 const fn str_eq(a: &str, b: &str) -> bool {
@@ -185,10 +229,9 @@ pub fn eviction_trigger_name(trigger: u32) -> &'static str {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HwEvent {
     pub header: crate::EventHeader,
-    /// [`HwKind`] as a number.
-    pub kind: u32,
-    /// Index into [`HW_HOOKS`] (from the program's attach point).
+    /// Index into [`HW_HOOKS`], which also gives the kind.
     pub hook: u32,
+    pub _pad: u32,
     /// Raw integer arguments 1 and 2 of the hooked function.
     pub arg1: u64,
     pub arg2: u64,
@@ -229,9 +272,9 @@ mod tests {
     }
 
     #[test]
-    fn hooks_are_found_by_function() {
-        for (i, (function, kind, _)) in HW_HOOKS.iter().enumerate() {
-            assert_eq!(hw_hook(function), (i as u32, *kind));
+    fn hooks_are_found_by_program() {
+        for (i, hook) in HW_HOOKS.iter().enumerate() {
+            assert_eq!(hw_hook(hook.program), i as u32);
         }
     }
 }

@@ -10,10 +10,32 @@
 //! and [`USERSPACE_GLOBALS`].
 #![no_std]
 
+/// Declares a `#[repr(u32)]` enum that records carry as a plain `u32`,
+/// with its `from_u32`, so each variant's number is written once.
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $value:literal,)+ }) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $value,)+
+        }
+
+        impl $name {
+            /// The variant of a number read from a record, if any.
+            pub fn from_u32(v: u32) -> Option<Self> {
+                $(if v == $value {
+                    return Some(Self::$variant);
+                })+
+                None
+            }
+        }
+    };
+}
+
 pub mod discovery;
 pub mod gpu;
 pub mod kfd;
-pub mod names;
 pub mod sched;
 pub mod task;
 
@@ -49,33 +71,17 @@ pub const USERSPACE_GLOBALS: &[&str] = &[
 /// so 1 MiB holds several thousand of them between two userspace drains.
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 
-/// What a ring-buffer record holds; the first field of every record.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    GpuCall = 1,
-    KfdIoctl = 3,
-    OomVictim = 4,
-    Exit = 5,
-    LibraryMap = 6,
-    GpuHardware = 7,
-    Exec = 8,
-    GpuMap = 9,
-}
-
-impl EventKind {
-    pub fn from_u32(v: u32) -> Option<Self> {
-        Some(match v {
-            1 => Self::GpuCall,
-            3 => Self::KfdIoctl,
-            4 => Self::OomVictim,
-            5 => Self::Exit,
-            6 => Self::LibraryMap,
-            7 => Self::GpuHardware,
-            8 => Self::Exec,
-            9 => Self::GpuMap,
-            _ => return None,
-        })
+wire_enum! {
+    /// What a ring-buffer record holds; the first field of every record.
+    pub enum EventKind {
+        GpuCall = 1,
+        KfdIoctl = 3,
+        OomVictim = 4,
+        Exit = 5,
+        LibraryMap = 6,
+        GpuHardware = 7,
+        Exec = 8,
+        GpuMap = 9,
     }
 }
 

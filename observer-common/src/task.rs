@@ -98,30 +98,19 @@ pub const LIBRARY_NAME_LEN: usize = 64;
 /// bytes each (4 KiB on x86-64, `arch/x86/include/asm/page_types.h`).
 pub const PAGE_SIZE: u64 = 4096;
 
-/// What the kernel found at a crash's instruction pointer
-/// ([`CrashInfo::ip_mapping`]).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IpMapping {
-    /// Not looked up (no VMA offsets in BTF, or no instruction pointer), or
-    /// no mapping holds the address.
-    Unknown = 0,
-    /// Anonymous memory (JIT code or a wild jump): `vma_start` and
-    /// `vma_pgoff` are set, the file fields are not.
-    Anonymous = 1,
-    /// A file mapping: `vma_start`, `vma_pgoff`, `file_ino` and `file_name`
-    /// are set.
-    File = 2,
-}
-
-impl IpMapping {
-    pub fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            0 => Some(Self::Unknown),
-            1 => Some(Self::Anonymous),
-            2 => Some(Self::File),
-            _ => None,
-        }
+wire_enum! {
+    /// What the kernel found at a crash's instruction pointer
+    /// ([`CrashInfo::ip_mapping`]).
+    pub enum IpMapping {
+        /// Not looked up (no VMA offsets in BTF, or no instruction pointer), or
+        /// no mapping holds the address.
+        Unknown = 0,
+        /// Anonymous memory (JIT code or a wild jump): `vma_start` and
+        /// `vma_pgoff` are set, the file fields are not.
+        Anonymous = 1,
+        /// A file mapping: `vma_start`, `vma_pgoff`, `file_ino` and `file_name`
+        /// are set.
+        File = 2,
     }
 }
 

@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use observer_common::{
     kfd::{
-        hw_hook, ioc_nr, is_kfd_ioctl, HwEvent, HwKind, KfdInflight, KfdIoctlEvent, KfdSource, KfdStats,
-        KfdStatsKey, MAX_KFD_STATS,
+        hw_hook, ioc_nr, is_kfd_ioctl, HwEvent, KfdInflight, KfdIoctlEvent, KfdSource, KfdStats, KfdStatsKey,
+        MAX_KFD_STATS,
     },
     EventKind,
 };
@@ -123,51 +123,45 @@ pub fn kfd_sys_exit_ioctl(ctx: TracePointContext) -> u32 {
 /// cookie), each sending its index in `HW_HOOKS`; arguments 1 and 2 are
 /// read raw and decoded in userspace, which knows each prototype.
 #[inline(always)]
-fn hw_event(ctx: &ProbeContext, (hook, kind): (u32, HwKind)) -> u32 {
+fn hw_event(ctx: &ProbeContext, hook: u32) -> u32 {
     let arg1: u64 = ctx.arg::<u64>(1).unwrap_or(0);
     let arg2: u64 = ctx.arg::<u64>(2).unwrap_or(0);
-    emit(&HwEvent {
-        header: current_header(EventKind::GpuHardware as u32),
-        kind: kind as u32,
-        hook,
-        arg1,
-        arg2,
-    });
+    emit(&HwEvent { header: current_header(EventKind::GpuHardware as u32), hook, _pad: 0, arg1, arg2 });
     0
 }
 
 #[kprobe]
 pub fn kfd_hw_vmfault(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("kfd_smi_event_update_vmfault");
+    const HOOK: u32 = hw_hook("kfd_hw_vmfault");
     hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_vmfault_signal(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("kfd_signal_vm_fault_event");
+    const HOOK: u32 = hw_hook("kfd_hw_vmfault_signal");
     hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_reset_signal(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("kfd_signal_reset_event");
+    const HOOK: u32 = hw_hook("kfd_hw_reset_signal");
     hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_gpu_recover(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("amdgpu_device_gpu_recover");
+    const HOOK: u32 = hw_hook("kfd_hw_gpu_recover");
     hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_eviction_smi(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("kfd_smi_event_queue_eviction");
+    const HOOK: u32 = hw_hook("kfd_hw_eviction_smi");
     hw_event(&ctx, HOOK)
 }
 
 #[kprobe]
 pub fn kfd_hw_evict_queues(ctx: ProbeContext) -> u32 {
-    const HOOK: (u32, HwKind) = hw_hook("kfd_process_evict_queues");
+    const HOOK: u32 = hw_hook("kfd_hw_evict_queues");
     hw_event(&ctx, HOOK)
 }

@@ -1,15 +1,32 @@
 //! `canaryscope check`: what this node offers and what the observer would
 //! attach, for a person (table) or a machine (`--json`).
-use std::{fs, path::Path, process::ExitCode};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use serde::Serialize;
 
 use crate::{
     attribution::cgroups::cgroup2_root,
-    cli_error::CliError,
-    probes::gpu::{self, Flavor},
-    CheckArgs,
+    cli::CliError,
+    pipeline::{Options, Pipeline},
+    probes::{
+        gpu::{self, Flavor},
+        Families, KernelSettings, ProbeStatus,
+    },
 };
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Args {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Also look for this GPU runtime library; repeatable.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+}
 
 #[derive(Serialize, Debug)]
 pub struct Item {
@@ -32,7 +49,7 @@ pub struct Report {
     pub facilities: Vec<Item>,
     pub gpu_libraries: Vec<Library>,
     /// Every probe as a trial load attached it (root only).
-    pub probes: Vec<crate::probes::ProbeStatus>,
+    pub probes: Vec<ProbeStatus>,
     /// Why the trial load failed, if it did.
     pub load_error: Option<String>,
     /// Whether anything at all can be observed.
@@ -49,8 +66,8 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Tracefs is where tracepoint formats live; on this kind of machine it is
-/// not mounted by default but can be.
+/// Tracefs is where tracepoint formats live; many distributions boot with
+/// it unmounted, and root can mount it.
 pub fn tracefs_dir() -> Option<&'static str> {
     ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .into_iter()
@@ -65,7 +82,7 @@ fn kprobes_available() -> (bool, String) {
     }
 }
 
-pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
+pub fn collect(extra_libs: &[PathBuf]) -> Report {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut facilities = vec![
@@ -108,7 +125,7 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
         if kfd { "/dev/kfd present" } else { "no /dev/kfd (amdgpu not loaded)" },
     ));
 
-    let mut paths: Vec<(std::path::PathBuf, String)> =
+    let mut paths: Vec<(PathBuf, String)> =
         extra_libs.iter().map(|p| (p.clone(), p.display().to_string())).collect();
     paths.extend(gpu::host_libraries().into_iter().map(|p| {
         let d = p.display().to_string();
@@ -143,12 +160,8 @@ pub fn collect(extra_libs: &[std::path::PathBuf]) -> Report {
     Report { kernel: kernel_release(), facilities, gpu_libraries, probes, load_error, observable }
 }
 
-fn trial_load(extra_libs: &[std::path::PathBuf]) -> (Vec<crate::probes::ProbeStatus>, Option<String>) {
-    use crate::{
-        probes::{Families, KernelSettings, ProbeStatus},
-        session::{Session, SessionOptions},
-    };
-    let options = SessionOptions {
+fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
+    let options = Options {
         settings: KernelSettings {
             gpu_emit_all: false,
             gpu_slow_ns: u64::MAX,
@@ -158,27 +171,16 @@ fn trial_load(extra_libs: &[std::path::PathBuf]) -> (Vec<crate::probes::ProbeSta
         explicit_libs: extra_libs.to_vec(),
         stall_threshold_ns: u64::MAX,
         families: Families::ALL,
-        oversubscribed_after: std::time::Duration::from_secs(2),
         hold: false,
     };
-    match Session::start(options) {
-        Ok(session) => {
-            let mut probes = session.probe_status.clone();
-            for lib in session.gpu.libraries() {
-                probes.push(ProbeStatus {
-                    probe: "gpu",
-                    target: lib.library.display_path.clone(),
-                    attached: true,
-                    detail: format!("{:?}: {} functions", lib.library.flavor, lib.functions),
-                });
-            }
-            (probes, None)
-        }
+    match Pipeline::start(options) {
+        // The same statuses the daemon exports, GPU library files included.
+        Ok((pipeline, _ring)) => (pipeline.statuses(), None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     }
 }
 
-pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let report = collect(&args.libs);
     if args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| CliError::runtime(e.to_string()))?;

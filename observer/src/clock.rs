@@ -13,6 +13,12 @@ fn now_ns(clock: libc::clockid_t) -> i128 {
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
+impl Default for BootClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl BootClock {
     pub fn new() -> Self {
         let boot = now_ns(libc::CLOCK_BOOTTIME);

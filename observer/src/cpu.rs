@@ -135,14 +135,24 @@ pub enum CpuFinding {
 }
 
 pub struct CpuMonitor {
-    pub hierarchy: Option<CpuHierarchy>,
-    pub cgroups: HashMap<String, CpuCgroup>,
+    hierarchy: Option<CpuHierarchy>,
+    cgroups: HashMap<String, CpuCgroup>,
     oversubscribed_after: Duration,
 }
 
 impl CpuMonitor {
     pub fn new(cgroup2_root: Option<&Path>, oversubscribed_after: Duration) -> Self {
         Self { hierarchy: CpuHierarchy::detect(cgroup2_root), cgroups: HashMap::new(), oversubscribed_after }
+    }
+
+    /// The hierarchy sampled, if any cpu controller was found.
+    pub fn hierarchy(&self) -> Option<&CpuHierarchy> {
+        self.hierarchy.as_ref()
+    }
+
+    /// Limited cgroups as of the last sample.
+    pub fn cgroups(&self) -> impl Iterator<Item = &CpuCgroup> {
+        self.cgroups.values()
     }
 
     /// Walks the hierarchy, samples limited cgroups, returns new findings.

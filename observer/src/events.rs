@@ -4,13 +4,14 @@ use observer_common::{
     comm_str,
     discovery::{ExecEvent, GpuMapEvent},
     gpu::{Api, GpuCallEvent},
-    kfd::{eviction_trigger_name, HwKind, HW_HOOKS},
+    kfd::{eviction_trigger_name, HwArg, HwKind, HW_HOOKS},
     kfd::{HwEvent, KfdIoctlEvent},
-    names,
     task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
     EventHeader, EventKind,
 };
 use serde_json::{json, Map, Value};
+
+use crate::names;
 
 /// Where an event happened: process, thread and cgroup.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -122,17 +123,17 @@ pub fn kfd_ioctl_label(nr: u32) -> String {
 
 /// What the hooked function's raw integer arguments mean.
 pub fn hw_detail(ev: &HwEvent) -> (HwKind, &'static str, String) {
-    let (function, kind, arg) =
-        HW_HOOKS.get(ev.hook as usize).copied().unwrap_or(("unknown", HwKind::Reset, ""));
-    let detail = match (kind, arg) {
-        (HwKind::MemoryFault, "pasid") => format!("pasid {}", ev.arg1 & 0xffff),
-        (HwKind::QueueEviction, "pid") => {
-            format!("pid {} trigger {}", ev.arg1 as u32, eviction_trigger_name(ev.arg2 as u32))
-        }
-        (HwKind::QueueEviction, _) => format!("trigger {}", eviction_trigger_name(ev.arg1 as u32)),
-        _ => String::new(),
+    let Some(hook) = HW_HOOKS.get(ev.hook as usize) else {
+        return (HwKind::Reset, "unknown", String::new());
     };
-    (kind, function, detail)
+    let detail = match hook.arg {
+        // A pasid is 16 bits; the register holding it may carry more.
+        HwArg::Pasid => format!("pasid {}", ev.arg1 & 0xffff),
+        HwArg::Pid => format!("pid {} trigger {}", ev.arg1 as u32, eviction_trigger_name(ev.arg2 as u32)),
+        HwArg::Trigger => format!("trigger {}", eviction_trigger_name(ev.arg1 as u32)),
+        HwArg::None => String::new(),
+    };
+    (hook.kind, hook.function, detail)
 }
 
 /// `SIGSEGV`, or `SIG<n>` for numbers without a name.
@@ -154,6 +155,22 @@ pub enum Raw {
     LibraryMap(LibraryMapEvent),
     Exec(ExecEvent),
     GpuMap(GpuMapEvent),
+}
+
+impl Raw {
+    /// The record kind, as `canaryscope_ringbuf_records_total` labels it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::GpuCall(_) => "gpu_call",
+            Self::LibraryMap(_) => "library_map",
+            Self::OomVictim(_) => "oom_victim",
+            Self::Exit(_) => "exit",
+            Self::KfdIoctl(_) => "kfd_ioctl",
+            Self::GpuHardware(_) => "gpu_hardware",
+            Self::Exec(_) => "exec",
+            Self::GpuMap(_) => "gpu_map",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]

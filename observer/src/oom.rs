@@ -42,7 +42,8 @@ pub fn scope_of_cgroup(cgroup2_root: Option<&Path>, cgroup: Option<&str>) -> &'s
 }
 
 /// Scope for a victim still alive: its memory cgroup from /proc/PID/cgroup.
-pub fn victim_scope(pid: u32) -> &'static str {
+/// `cgroup2_root` is the unified hierarchy's mount, found once at start.
+pub fn victim_scope(pid: u32, cgroup2_root: Option<&Path>) -> &'static str {
     let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return "global" };
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -54,11 +55,8 @@ pub fn victim_scope(pid: u32) -> &'static str {
         {
             return "memcg";
         }
-        if controllers.is_empty() && path != "/" {
-            let root = crate::attribution::cgroups::cgroup2_root();
-            if scope_of_cgroup(root.as_deref(), Some(path)) == "memcg" {
-                return "memcg";
-            }
+        if controllers.is_empty() && path != "/" && scope_of_cgroup(cgroup2_root, Some(path)) == "memcg" {
+            return "memcg";
         }
     }
     "global"

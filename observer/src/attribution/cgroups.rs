@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Where the cgroup2 hierarchy is mounted: `/sys/fs/cgroup` on pure v2
-/// hosts, `/sys/fs/cgroup/unified` on hybrid ones (this machine's kind).
+/// hosts, `/sys/fs/cgroup/unified` on hybrid ones.
 pub fn cgroup2_root() -> Option<PathBuf> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
     parse_cgroup2_mount(&mountinfo)
@@ -40,7 +40,15 @@ impl CgroupResolver {
     pub fn new() -> Self {
         Self::with_root(cgroup2_root())
     }
+}
 
+impl Default for CgroupResolver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CgroupResolver {
     pub fn with_root(root: Option<PathBuf>) -> Self {
         let mut resolver =
             Self { root, by_id: HashMap::new(), last_scan: None, rescan_every: Duration::from_millis(200) };

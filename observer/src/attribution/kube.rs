@@ -297,6 +297,10 @@ impl PodCache {
         self.shared.healthy.load(Ordering::Acquire)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> usize {
         self.read().len()
     }

@@ -6,7 +6,7 @@ use super::{
     kube::{container_name, PodCache},
 };
 
-pub const LABEL_NAMES: [&str; 6] = ["namespace", "pod", "container", "workload", "revision", "track"];
+pub use crate::metrics::catalog::LABEL_NAMES;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkloadLabels {

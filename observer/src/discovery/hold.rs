@@ -3,8 +3,9 @@
 //! program at `mmap` return) and resumed here once the file's probes exist,
 //! so its first call is seen whatever the timing.
 //!
-//! No kernel-side deadline exists on the kernels this runs on (no kprobes
-//! or fentry), so the safety net is in userspace, in three layers:
+//! A kernel-side deadline would need kprobes or fentry, which many kernels
+//! lack (and a stopped task runs no program), so the safety net is in
+//! userspace, in three layers:
 //! - the kernel records each held process in `HELD_PIDS` *before* stopping
 //!   it, and that map is pinned in bpffs;
 //! - a watchdog process, separate from the daemon and in its own session,
@@ -19,12 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::{
-    maps::{HashMap as BpfHashMap, Map, MapData},
-    Ebpf,
-};
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use log::{debug, info, warn};
-use observer_common::discovery::HELD_MAP;
 
 use crate::clock::BootClock;
 
@@ -45,8 +42,6 @@ pub enum HoldError {
     Pin { path: String, reason: String },
     #[error("starting the hold watchdog: {0}")]
     Watchdog(io::Error),
-    #[error("eBPF map {HELD_MAP} missing from the object")]
-    MissingMap,
 }
 
 /// The daemon's side of the hold.
@@ -60,7 +55,7 @@ impl Hold {
     /// Resumes what an earlier daemon left held, pins this session's map
     /// and starts the watchdog. Runs before the mapping programs attach, so
     /// no process is ever held without a watchdog.
-    pub fn start(ebpf: &mut Ebpf) -> Result<Self, HoldError> {
+    pub fn start(map: Map) -> Result<Self, HoldError> {
         ensure_bpffs()?;
         let dir = Path::new(PIN_DIR);
         std::fs::create_dir_all(dir).map_err(|e| HoldError::BpfFs(format!("creating {PIN_DIR}: {e}")))?;
@@ -77,7 +72,6 @@ impl Hold {
             }
             let _ = std::fs::remove_file(&pin);
         }
-        let map = ebpf.take_map(HELD_MAP).ok_or(HoldError::MissingMap)?;
         map.pin(&pin)
             .map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
         let map = HeldMap::try_from(map)
@@ -113,8 +107,9 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        // The programs are detached by now (the Ebpf was dropped first), so
-        // nothing new can be held: resume what is left and unpin.
+        // The holding program is unloaded by now (the pipeline does that
+        // before anything else), so nothing new can be held: resume what
+        // is left and unpin.
         resume_all(&mut self.map);
         let _ = std::fs::remove_file(&self.pin);
         // The watchdog sees this process go and exits after a last sweep.

@@ -6,7 +6,9 @@
 use Kind::{Counter, Gauge, Histogram};
 use Scope::{Node, Workload};
 
-use crate::attribution::labels::LABEL_NAMES;
+/// The workload labels every workload family carries first, in this order.
+/// Their values come from `attribution::labels`.
+pub const LABEL_NAMES: [&str; 6] = ["namespace", "pod", "container", "workload", "revision", "track"];
 
 /// What Prometheus is told the family is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

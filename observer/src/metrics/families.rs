@@ -105,6 +105,12 @@ pub struct FamilySet {
     fams: Vec<Family>,
 }
 
+impl Default for FamilySet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl FamilySet {
     pub fn new() -> Self {
         Self { fams: CATALOG.iter().map(|d| Family::new(d)).collect() }

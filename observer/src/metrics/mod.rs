@@ -279,9 +279,7 @@ impl Metrics {
             let ioctl = crate::events::kfd_ioctl_label(k.nr);
             let result = match k.result {
                 0 => "0".to_string(),
-                r => observer_common::names::errno_name(-r)
-                    .map(str::to_string)
-                    .unwrap_or_else(|| r.to_string()),
+                r => crate::names::errno_name(-r).map(str::to_string).unwrap_or_else(|| r.to_string()),
             };
             fams.get(&KFD_IOCTLS).value(&self.vals(k.cgroup_id, &[&ioctl, &result]), s.count as f64);
             by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(s);

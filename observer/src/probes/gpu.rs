@@ -18,6 +18,8 @@ use aya::{
 };
 use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
+
+use super::AttachError;
 use observer_common::gpu::{cookie, Api};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
@@ -275,8 +277,8 @@ pub struct GpuProbes {
 }
 
 pub struct AttachedLibrary {
-    pub library: GpuLibrary,
-    pub functions: usize,
+    library: GpuLibrary,
+    functions: usize,
     links: Vec<(&'static str, UProbeLinkId)>,
     /// An O_PATH handle on the probed file. It tells whether the file was
     /// deleted (no links left) whatever mount namespace its path was in,
@@ -285,24 +287,30 @@ pub struct AttachedLibrary {
 }
 
 impl AttachedLibrary {
+    pub fn library(&self) -> &GpuLibrary {
+        &self.library
+    }
+
+    /// How many functions carry probes.
+    pub fn functions(&self) -> usize {
+        self.functions
+    }
+
     fn deleted(&self) -> bool {
         self.handle.as_ref().and_then(|h| h.metadata().ok()).is_some_and(|m| m.nlink() == 0)
     }
 }
 
-impl GpuProbes {
-    /// Loads the two programs; attaching comes per library.
-    pub fn load(ebpf: &mut Ebpf) -> Result<(), aya::programs::ProgramError> {
-        for name in [ENTER_PROGRAM, EXIT_PROGRAM] {
-            let program: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or(aya::programs::ProgramError::UnexpectedProgramType)?
-                .try_into()?;
-            program.load()?;
-        }
-        Ok(())
-    }
+/// Why a library file got no probes.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuAttachError {
+    #[error("{0}: gone while attaching (the process exited)")]
+    Gone(String),
+    #[error("{library}: {reason}")]
+    Failed { library: String, reason: String },
+}
 
+impl GpuProbes {
     pub fn is_attached(&self, id: &FileId) -> bool {
         self.attached.contains_key(id) || self.failed.contains_key(id)
     }
@@ -313,7 +321,7 @@ impl GpuProbes {
             probe: "gpu",
             target: l.library.display_path.clone(),
             attached: true,
-            detail: format!("{} functions", l.functions),
+            detail: format!("{:?}: {} functions", l.library.flavor, l.functions),
         });
         let failed = self.failed.values().map(|(path, reason)| crate::probes::ProbeStatus {
             probe: "gpu",
@@ -336,7 +344,7 @@ impl GpuProbes {
     }
 
     /// Attaches entry and return probes to every resolved function of `library`.
-    pub fn attach(&mut self, ebpf: &mut Ebpf, library: GpuLibrary) -> Result<usize, String> {
+    pub fn attach(&mut self, ebpf: &mut Ebpf, library: GpuLibrary) -> Result<usize, GpuAttachError> {
         if self.is_attached(&library.id) {
             return Ok(0);
         }
@@ -373,12 +381,13 @@ impl GpuProbes {
         // gets every probe.
         if first_error.is_some() && !library.path.exists() {
             detach_links(ebpf, links);
-            return Err(format!("{}: gone while attaching (the process exited)", library.display_path));
+            return Err(GpuAttachError::Gone(library.display_path));
         }
         if count == 0 {
-            let reason = first_error.unwrap_or_else(|| "no probed function found".into());
+            let reason =
+                first_error.map(|e| e.to_string()).unwrap_or_else(|| "no probed function found".into());
             self.failed.insert(library.id, (library.display_path.clone(), reason.clone()));
-            return Err(format!("{}: {reason}", library.display_path));
+            return Err(GpuAttachError::Failed { library: library.display_path, reason });
         }
         info!("probing {} ({:?}): {count} functions", library.display_path, library.flavor);
         self.table.push(library.display_path.clone());
@@ -440,19 +449,18 @@ fn deleted_files_mapped() -> std::collections::HashSet<String> {
     out
 }
 
-fn uprobe<'a>(ebpf: &'a mut Ebpf, program_name: &str) -> Result<&'a mut UProbe, String> {
-    ebpf.program_mut(program_name)
-        .ok_or_else(|| format!("program {program_name} missing from the eBPF object"))
-        .and_then(|p| <&mut UProbe>::try_from(p).map_err(|e| e.to_string()))
+fn uprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut UProbe, AttachError> {
+    let found = ebpf.program_mut(program).ok_or(AttachError::MissingProgram(program))?;
+    found.try_into().map_err(|source| AttachError::WrongType { program, expected: "uprobe", source })
 }
 
 fn attach_point(
     ebpf: &mut Ebpf,
-    program_name: &str,
+    program_name: &'static str,
     library: &GpuLibrary,
     offset: u64,
     point_cookie: u64,
-) -> Result<UProbeLinkId, String> {
+) -> Result<UProbeLinkId, AttachError> {
     uprobe(ebpf, program_name)?
         .attach(
             UProbeAttachPoint {
@@ -462,17 +470,17 @@ fn attach_point(
             &library.path,
             UProbeScope::AllProcesses,
         )
-        .map_err(|e| e.to_string())
+        .map_err(AttachError::Attach)
 }
 
 /// Detaches links off the event loop: releasing a uprobe link waits for an
 /// RCU tasks-trace grace period in the kernel, under a global mutex (about
-/// 90 ms each here), so a library's 30-odd links would stall event handling,
+/// tens of milliseconds each, measured up to 90 ms), so a library's 30-odd links would stall event handling,
 /// and any process held meanwhile, for seconds.
-fn detach_links(ebpf: &mut Ebpf, links: Vec<(&str, UProbeLinkId)>) {
+fn detach_links(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
     let mut taken = Vec::with_capacity(links.len());
     for (program_name, link) in links {
-        match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(|e| e.to_string())) {
+        match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(AttachError::Attach)) {
             Ok(link) => taken.push(link),
             Err(e) => debug!("detach {program_name}: {e}"),
         }

@@ -1,31 +1,32 @@
-//! Loading the eBPF object and attaching probe families.
+//! Loading the eBPF object and attaching what it offers.
 //!
-//! Each family follows the same life cycle: `can_run` (what `check` prints),
-//! `load`, `attach`, read its maps; dropping the `Ebpf` detaches everything.
+//! What the kernel offers is measured once ([`Environment`]); the object is
+//! loaded with the settings the kernel side reads as globals, and its maps
+//! are taken as typed handles ([`loaded::Loaded`]); the hooks are declared in
+//! [`table`] and attached by one function. Dropping the `Loaded` detaches
+//! everything.
 pub mod btf;
 pub mod gpu;
 pub mod kfd;
+pub mod loaded;
 pub mod maps;
+pub mod table;
 pub mod tracefs;
 
-use aya::programs::{RawTracePoint, TracePoint};
-use aya::{
-    maps::{PerCpuArray, RingBuf},
-    Ebpf, EbpfLoader,
-};
-use log::{info, warn};
+use std::collections::HashSet;
+
+use aya::EbpfLoader;
+use log::warn;
 use observer_common::{
     gpu as gpu_common,
     task::{KernelOffsets, GLOBAL_OFFSETS},
-    EVENTS_MAP, LOST_MAP,
 };
 
-/// The eBPF object built by `observer/build.rs` from `observer-ebpf/`.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
+pub use loaded::{LoadError, Loaded};
+pub use table::{AttachError, HOLDING_PROGRAM};
 
-/// The program that stops a process at the mapping of an unknown GPU
-/// runtime file when the hold is on.
-pub const HOLDING_PROGRAM: &str = "mmap_exec_exit";
+/// The eBPF object built by `observer/build.rs` from `observer-ebpf/`.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/canaryscope.bpf.o"));
 
 /// Settings the kernel side reads as load-time globals.
 #[derive(Clone, Debug)]
@@ -40,18 +41,6 @@ pub struct KernelSettings {
     /// Stop a process that maps an unknown GPU runtime file until userspace
     /// resumes it (`--hold`).
     pub hold: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("loading the eBPF object failed: {0} (is this kernel built with BPF and BTF, and are we root?)")]
-    Load(#[from] aya::EbpfError),
-    #[error("eBPF map {0} is missing from the object")]
-    MissingMap(&'static str),
-    #[error("eBPF map {name}: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
-    #[error("loading GPU probe programs: {0}")]
-    Program(#[from] aya::programs::ProgramError),
 }
 
 /// Raise RLIMIT_MEMLOCK for kernels that still charge BPF maps to it (< 5.11).
@@ -74,11 +63,45 @@ pub struct ProbeStatus {
     pub detail: String,
 }
 
+/// Kernel functions the probe table may hook, and whether kprobes exist:
+/// read from `/proc/kallsyms` once, not per hook.
+#[derive(Debug, Default)]
+pub struct KernelFunctions {
+    pub kprobes: bool,
+    present: HashSet<&'static str>,
+}
+
+impl KernelFunctions {
+    fn read() -> Self {
+        let wanted: Vec<&'static str> = table::PROBES
+            .iter()
+            .copied()
+            .chain(table::hardware_probes())
+            .filter_map(|p| match p.used {
+                table::Use::IfKernelHas(f) | table::Use::UnlessKernelHas(f) => Some(f),
+                table::Use::Always => None,
+            })
+            .collect();
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        Self { kprobes: kfd::kprobes_supported(), present: kfd::functions_in(&kallsyms, &wanted) }
+    }
+
+    /// Whether a table entry applies to this kernel.
+    pub fn uses(&self, used: table::Use) -> bool {
+        match used {
+            table::Use::Always => true,
+            table::Use::IfKernelHas(f) => self.kprobes && self.present.contains(f),
+            table::Use::UnlessKernelHas(f) => !(self.kprobes && self.present.contains(f)),
+        }
+    }
+}
+
 /// What the kernel offers, measured before loading.
 pub struct Environment {
     pub offsets: KernelOffsets,
     pub tracefs: Result<std::path::PathBuf, String>,
     pub btf_error: Option<String>,
+    pub kernel: KernelFunctions,
 }
 
 pub fn environment() -> Environment {
@@ -93,50 +116,31 @@ pub fn environment() -> Environment {
             offsets.mark_victim_anon_rss = tracefs::field_offset(&fields, "anon_rss").unwrap_or(0);
         }
     }
-    Environment { offsets, tracefs, btf_error }
+    Environment { offsets, tracefs, btf_error, kernel: KernelFunctions::read() }
 }
 
-pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Ebpf, LoadError> {
+/// Loads the object with its globals set, takes its maps, and loads the
+/// GPU uprobe programs (attached later, per library file).
+pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, LoadError> {
     raise_memlock();
     let emit_all: u32 = settings.gpu_emit_all.into();
     let kfd_device = settings.kfd_device.clone().unwrap_or_else(|| "/dev/kfd".into());
     let kfd_rdev: u32 = kfd::device_rdev(&kfd_device).unwrap_or(0);
     let hold: u32 = settings.hold.into();
-    let mut ebpf = EbpfLoader::new()
+    let ebpf = EbpfLoader::new()
         .override_global(gpu_common::GLOBAL_EMIT_ALL, &emit_all, true)
         .override_global(gpu_common::GLOBAL_SLOW_NS, &settings.gpu_slow_ns, true)
         .override_global(GLOBAL_OFFSETS, &env.offsets, true)
         .override_global(observer_common::kfd::GLOBAL_KFD_RDEV, &kfd_rdev, true)
         .override_global(observer_common::discovery::GLOBAL_HOLD, &hold, true)
         .load(EBPF_OBJECT)?;
+    let mut loaded = Loaded::new(ebpf)?;
     // A kernel whose verifier refuses the GPU programs still gets every
     // other family; the failure shows up in `check` and the probe metric.
-    if let Err(e) = gpu::GpuProbes::load(&mut ebpf) {
+    if let Err(e) = loaded.load_gpu_programs() {
         warn!("GPU runtime probes unavailable: {e}");
     }
-    Ok(ebpf)
-}
-
-fn attach_raw(ebpf: &mut Ebpf, program: &str, tracepoint: &str) -> Result<(), String> {
-    let p: &mut RawTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load().map_err(|e| format!("load: {e}"))?;
-    p.attach(tracepoint).map_err(|e| format!("attach: {e}"))?;
-    Ok(())
-}
-
-pub(crate) fn attach_tp(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<(), String> {
-    let p: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load().map_err(|e| format!("load: {e}"))?;
-    p.attach(category, name).map_err(|e| format!("attach: {e}"))?;
-    Ok(())
+    Ok(loaded)
 }
 
 /// Probe families, each one optional (`--probes`).
@@ -190,114 +194,6 @@ impl Families {
     }
 }
 
-/// Attaches the tracepoint families; failures are reported, never fatal.
-pub fn attach_families(ebpf: &mut Ebpf, env: &Environment, families: Families) -> Vec<ProbeStatus> {
-    let mut status = Vec::new();
-    let mut record = |probe: &'static str, target: &str, result: Result<(), String>, ok_detail: &str| {
-        match &result {
-            Ok(()) => info!("attached {probe} probe on {target}"),
-            Err(e) => warn!("{probe} probe on {target} not attached: {e}"),
-        }
-        status.push(ProbeStatus {
-            probe,
-            target: target.to_string(),
-            attached: result.is_ok(),
-            detail: result.err().unwrap_or_else(|| ok_detail.to_string()),
-        });
-    };
-    let o = env.offsets;
-    if let Some(e) = &env.btf_error {
-        record("btf", "/sys/kernel/btf/vmlinux", Err(e.clone()), "");
-    }
-    if families.exits {
-        let exit = if o.task_exit_code == 0 {
-            Err("task_struct::exit_code not found in kernel BTF".into())
-        } else {
-            attach_raw(ebpf, "process_exit", "sched_process_exit")
-        };
-        record("exit", "sched_process_exit", exit, "abnormal exits from task->exit_code");
-        let crash = attach_raw(ebpf, "signal_generate", "signal_generate");
-        let crash_detail = if o.have_vma != 0 {
-            "faulting library resolved in the kernel (bpf_find_vma)"
-        } else {
-            "no VMA offsets in BTF: crashes reported without the faulting library"
-        };
-        record("crash", "signal_generate", crash, crash_detail);
-        let oom = match (&env.tracefs, o.mark_victim_pid) {
-            (Err(e), _) => Err(e.clone()),
-            (Ok(_), 0) => Err("oom:mark_victim has no pid field in tracefs".into()),
-            (Ok(_), _) => attach_tp(ebpf, "oom_mark_victim", "oom", "mark_victim"),
-        };
-        let oom_detail = if o.mark_victim_anon_rss != 0 {
-            "oom:mark_victim with anon_rss"
-        } else {
-            "oom:mark_victim (pid only)"
-        };
-        record("oom", "oom:mark_victim", oom, oom_detail);
-    }
-    if families.gpu {
-        let r = match &env.tracefs {
-            Err(e) => Err(e.clone()),
-            Ok(_) => attach_tp(ebpf, "mmap_exec", "syscalls", "sys_enter_mmap"),
-        };
-        let mapped_detail = if o.have_vma != 0 && o.have_fd_lookup != 0 {
-            "GPU runtime files told by name as they are mapped"
-        } else {
-            "new GPU libraries found by scanning the maps of a process that maps code (no fd offsets in BTF)"
-        };
-        record("discovery", "syscalls:sys_enter_mmap", r, mapped_detail);
-        let r = match &env.tracefs {
-            Err(e) => Err(e.clone()),
-            Ok(_) => attach_tp(ebpf, HOLDING_PROGRAM, "syscalls", "sys_exit_mmap"),
-        };
-        record("discovery", "syscalls:sys_exit_mmap", r, "reports (and holds) once the mapping exists");
-        let r = attach_raw(ebpf, "process_exec", "sched_process_exec");
-        record(
-            "discovery",
-            "sched_process_exec",
-            r,
-            "what a new program's loader could find, probed before main",
-        );
-    }
-    if families.kfd {
-        for st in kfd::attach(ebpf, env.tracefs.is_ok(), o.have_fd_lookup != 0) {
-            let result = if st.attached { Ok(()) } else { Err(st.detail.clone()) };
-            record(st.probe, &st.target, result, &st.detail);
-        }
-    }
-    if families.sched {
-        if o.have_task_cgroup == 0 || o.task_pid == 0 {
-            record("sched", "sched_switch", Err("task_struct cgroup offsets not found in BTF".into()), "");
-        } else {
-            for (program, tp) in [
-                ("sched_wakeup", "sched_wakeup"),
-                ("sched_wakeup_new", "sched_wakeup_new"),
-                ("sched_switch", "sched_switch"),
-            ] {
-                let r = attach_raw(ebpf, program, tp);
-                record("sched", tp, r, "run-queue latency per cgroup");
-            }
-        }
-    }
-    status
-}
-
-pub fn take_events(ebpf: &mut Ebpf) -> Result<RingBuf<aya::maps::MapData>, LoadError> {
-    let map = ebpf.take_map(EVENTS_MAP).ok_or(LoadError::MissingMap(EVENTS_MAP))?;
-    RingBuf::try_from(map).map_err(|source| LoadError::Map { name: EVENTS_MAP, source })
-}
-
-/// Events the kernel side dropped because the ring buffer was full.
-pub fn events_lost(ebpf: &Ebpf) -> u64 {
-    let Some(map) = ebpf.map(LOST_MAP) else {
-        return 0;
-    };
-    let Ok(array) = PerCpuArray::<_, u64>::try_from(map) else {
-        return 0;
-    };
-    array.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,3 +209,6 @@ mod tests {
         assert!(Families::parse("").is_err(), "an empty list selects nothing: refused");
     }
 }
+
+#[cfg(test)]
+mod object_names;

@@ -1,5 +1,5 @@
-//! tracefs: where tracepoint formats live. This kind of machine boots with
-//! it unmounted; root can mount it, and does before loading tracepoints.
+//! tracefs: where tracepoint formats live. Many distributions boot with it
+//! unmounted; root can mount it, and does before loading tracepoints.
 use std::path::{Path, PathBuf};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
@@ -30,7 +30,6 @@ pub fn ensure_mounted() -> Result<PathBuf, String> {
 pub struct Field {
     pub name: String,
     pub offset: u32,
-    pub size: u32,
 }
 
 /// Parses the `field:` lines of a tracefs `format` file; never panics.
@@ -41,22 +40,14 @@ pub fn parse_format(text: &str) -> Vec<Field> {
             let decl = line.strip_prefix("field:")?;
             let mut parts = decl.split(';').map(str::trim);
             let declaration = parts.next()?;
-            let mut offset = None;
-            let mut size = None;
-            for p in parts {
-                if let Some(v) = p.strip_prefix("offset:") {
-                    offset = v.trim().parse().ok();
-                } else if let Some(v) = p.strip_prefix("size:") {
-                    size = v.trim().parse().ok();
-                }
-            }
+            let offset = parts.find_map(|p| p.strip_prefix("offset:")?.trim().parse().ok());
             // The name is the last token without its array suffix:
             // `char prev_comm[16]`, `__data_loc char[] comm`.
             let name = declaration.split_whitespace().last()?.split('[').next()?.to_string();
             if name.is_empty() {
                 return None;
             }
-            Some(Field { name, offset: offset?, size: size? })
+            Some(Field { name, offset: offset? })
         })
         .collect()
 }
@@ -111,6 +102,6 @@ format:
     #[test]
     fn arrays_and_garbage() {
         let f = parse_format("\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;\nfield:;;;\nfield:int x; offset:zz; size:4;");
-        assert_eq!(f, vec![Field { name: "prev_comm".into(), offset: 8, size: 16 }]);
+        assert_eq!(f, vec![Field { name: "prev_comm".into(), offset: 8 }]);
     }
 }

@@ -4,20 +4,75 @@ pub mod render;
 
 use std::{
     io::{self, Write},
+    path::PathBuf,
     process::ExitCode,
     time::Duration,
 };
 
 use log::warn;
-use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
 use crate::{
-    cli_error::{require_root, CliError},
+    cli::{require_root, CliError},
+    config::{self, parse_duration},
+    event_loop::{self, Consumer, Flow, Schedule},
     events::Event,
-    probes::KernelSettings,
-    session::{Session, SessionError, SessionOptions},
-    TraceArgs,
+    pipeline::{Options, Pipeline},
+    probes::{Families, KernelSettings},
 };
+
+/// How often stalls are scanned and the ring buffer is drained anyway.
+const TICK: Duration = Duration::from_millis(250);
+/// How often CPU limits are sampled.
+const CPU_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// One JSON object per line instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print successful calls too, not only failures (costs a ring-buffer record per call).
+    #[arg(long)]
+    pub all: bool,
+    /// Only events of these process ids (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only events whose cgroup path starts with this prefix (e.g. /kubepods.slice).
+    #[arg(long, value_name = "PATH_PREFIX")]
+    pub cgroup: Option<String>,
+    /// Only events of processes with this command name (as in /proc/PID/comm).
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Also probe this GPU runtime library (libamdhip64.so*, libcuda.so*, libnvcuda.so*); repeatable.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+    /// A GPU call in flight longer than this is reported as stalled (e.g. 10s, 500ms).
+    #[arg(long, value_parser = parse_duration, default_value = config::DEFAULT_STALL_THRESHOLD)]
+    pub stall_threshold: Duration,
+    /// Stop after this long (for scripts); runs until Ctrl-C / SIGTERM by default.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
+    #[arg(long, value_name = "LIST", value_parser = Families::parse, default_value = "all")]
+    pub probes: Families,
+    /// Stop a process that maps a GPU runtime file never seen before until
+    /// its probes are attached, so its first call is seen (see README: the hold).
+    #[arg(long)]
+    pub hold: bool,
+    /// Character device whose ioctls count as KFD ioctls when the kernel has
+    /// no kprobes (default /dev/kfd; tests point it at another device).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub kfd_device: Option<PathBuf>,
+}
+
+/// What `canaryscope` alone runs: the flags' defaults.
+impl Default for Args {
+    fn default() -> Self {
+        <Self as clap::FromArgMatches>::from_arg_matches(
+            &<Self as clap::Args>::augment_args(clap::Command::new("trace")).get_matches_from(["trace"]),
+        )
+        .unwrap_or_else(|e| unreachable!("the defaults parse: {e}"))
+    }
+}
 
 /// Which events the user asked to see.
 pub struct Filter {
@@ -30,7 +85,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn from_args(args: &TraceArgs) -> Self {
+    pub fn from_args(args: &Args) -> Self {
         Self {
             slow_ns: args.stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64,
             pids: args.pids.clone(),
@@ -67,25 +122,8 @@ impl Filter {
     }
 }
 
-/// Validates what can be checked without privileges, so bad input gets a
-/// clear answer before anything is loaded.
-fn validate(args: &TraceArgs) -> Result<(), CliError> {
-    for lib in &args.libs {
-        if let Err(e) = std::fs::metadata(lib) {
-            return Err(CliError::usage(format!("--lib {}: {e}", lib.display())));
-        }
-    }
-    if !args.libs.is_empty() && !args.probes.gpu {
-        return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
-    }
-    if args.hold && !args.probes.gpu {
-        return Err(CliError::usage("--hold needs the gpu probes: add gpu to --probes"));
-    }
-    Ok(())
-}
-
-pub fn run(args: TraceArgs) -> Result<ExitCode, CliError> {
-    validate(&args)?;
+pub fn run(args: Args) -> Result<ExitCode, CliError> {
+    config::check_gpu_options(&args.libs, args.hold, args.probes)?;
     require_root("canaryscope trace")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -94,122 +132,98 @@ pub fn run(args: TraceArgs) -> Result<ExitCode, CliError> {
     runtime.block_on(trace(args))
 }
 
-async fn trace(args: TraceArgs) -> Result<ExitCode, CliError> {
-    let stall_ns = args.stall_threshold.as_nanos().min(u64::MAX as u128) as u64;
-    let session = Session::start(SessionOptions {
+async fn trace(args: Args) -> Result<ExitCode, CliError> {
+    let stall_ns = config::kernel_ns(args.stall_threshold);
+    let (mut pipeline, ring) = Pipeline::start(Options {
         settings: KernelSettings {
             gpu_emit_all: args.all,
-            gpu_slow_ns: stall_ns.max(1),
+            gpu_slow_ns: stall_ns,
             kfd_device: args.kfd_device.clone(),
             hold: args.hold,
         },
         explicit_libs: args.libs.clone(),
-        stall_threshold_ns: stall_ns.max(1),
+        stall_threshold_ns: stall_ns,
         families: args.probes,
-        oversubscribed_after: Duration::from_secs(2),
         hold: args.hold,
-    })
-    .map_err(SessionError::into_cli)?;
+    })?;
+    greet(&pipeline);
+    let mut printer = Printer {
+        out: io::BufWriter::new(io::stdout().lock()),
+        filter: Filter::from_args(&args),
+        json: args.json,
+        lost_reported: 0,
+        last_cpu_sample: std::time::Instant::now(),
+    };
+    if !args.json {
+        let _ = writeln!(printer.out, "{}", render::HEADER);
+        let _ = printer.out.flush();
+    }
+    let schedule = Schedule { tick: TICK, deadline: args.duration };
+    event_loop::run(&mut pipeline, ring, &mut printer, schedule).await?;
+    let _ = printer.out.flush();
+    Ok(ExitCode::SUCCESS)
+}
 
-    let filter = Filter::from_args(&args);
-    let libraries: Vec<String> = session
-        .gpu
+/// What is probed and what is not, before the first event.
+fn greet(pipeline: &Pipeline) {
+    let libraries: Vec<String> = pipeline
+        .gpu()
         .libraries()
-        .map(|l| format!("{} ({} functions)", l.library.display_path, l.functions))
+        .map(|l| format!("{} ({} functions)", l.library().display_path, l.functions()))
         .collect();
     if libraries.is_empty() {
         eprintln!("canaryscope: no GPU runtime library found yet; watching for processes that load one");
     } else {
         eprintln!("canaryscope: probing {}", libraries.join(", "));
     }
-    for p in session.probe_status.iter().filter(|p| !p.attached) {
+    for p in pipeline.statuses().iter().filter(|p| !p.attached) {
         eprintln!("canaryscope: not watching {} ({}): {}", p.probe, p.target, p.detail);
     }
-    if let Some(watchdog) = session.hold_watchdog() {
+    if let Some(watchdog) = pipeline.hold_watchdog() {
         eprintln!(
             "canaryscope: --hold: a process mapping a GPU runtime file never seen before waits until it is probed (watchdog pid {watchdog})"
         );
     }
     eprintln!("canaryscope: tracing; Ctrl-C to stop");
-
-    let mut out = io::BufWriter::new(io::stdout().lock());
-    if !args.json {
-        let _ = writeln!(out, "{}", render::HEADER);
-        let _ = out.flush();
-    }
-
-    // SAFETY: the ring buffer's fd is owned by the session's map, stays open
-    // for the session's whole life, and `as_raw_fd` always returns it.
-    let mut fd = unsafe { AsyncFd::register_with_interest(session, tokio::io::Interest::READABLE) }
-        .map_err(|e| CliError::runtime(format!("ring buffer: {}", e.into_parts().1)))?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
-        .map_err(|e| CliError::runtime(format!("cannot handle SIGTERM: {e}")))?;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut lost_reported = 0;
-    let mut cpu_tick = std::time::Instant::now();
-
-    loop {
-        let sleep_until_deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        let mut batch = Vec::new();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
-            _ = sleep_until_deadline => {
-                fd.get_mut().drain(|e| batch.push(e));
-                emit(&mut out, &filter, args.json, batch)?;
-                break;
-            }
-            guard = fd.readable_mut() => {
-                let mut guard = guard.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
-                guard.get_inner_mut().drain(|e| batch.push(e));
-                guard.clear_ready();
-                // The kernel wakes a reader only when it has caught up, so
-                // a record that arrived between the drain and clear_ready
-                // would sit unseen, and hold back every wakeup after it.
-                guard.get_inner_mut().drain(|e| batch.push(e));
-            }
-            _ = tick.tick() => {
-                let session = fd.get_mut();
-                // A missed wakeup costs at most one tick, never the stream.
-                session.drain(|e| batch.push(e));
-                session.run_pending_scans();
-                batch.extend(session.scan_stalls());
-                if cpu_tick.elapsed() >= Duration::from_secs(1) {
-                    cpu_tick = std::time::Instant::now();
-                    batch.extend(session.sample_cpu());
-                }
-                let lost = session.events_lost();
-                if lost > lost_reported {
-                    warn!("{} events lost: the ring buffer was full", lost - lost_reported);
-                    lost_reported = lost;
-                }
-            }
-        }
-        emit(&mut out, &filter, args.json, batch)?;
-    }
-    let _ = out.flush();
-    Ok(ExitCode::SUCCESS)
 }
 
-fn emit(out: &mut impl Write, filter: &Filter, json: bool, batch: Vec<Event>) -> Result<(), CliError> {
-    for event in batch.iter().filter(|e| filter.matches(e)) {
-        let line = if json { event.to_json().to_string() } else { render::line(event) };
-        // A closed pipe (`| head`) ends the trace quietly.
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-            std::process::exit(0);
-        }
-    }
-    Ok(())
+/// Prints the events the filter lets through.
+struct Printer<W: Write> {
+    out: W,
+    filter: Filter,
+    json: bool,
+    lost_reported: u64,
+    last_cpu_sample: std::time::Instant,
 }
 
-impl std::os::fd::AsRawFd for Session {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.events.as_raw_fd()
+impl<W: Write> Consumer for Printer<W> {
+    fn events(&mut self, _: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
+        for event in events.iter().filter(|e| self.filter.matches(e)) {
+            let line = if self.json { event.to_json().to_string() } else { render::line(event) };
+            // A closed pipe (`| head`) ends the trace quietly.
+            if writeln!(self.out, "{line}").and_then(|_| self.out.flush()).is_err() {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError> {
+        let mut events: Vec<Event> = Vec::new();
+        for stall in pipeline.stalls().iter().filter(|s| !s.reported) {
+            events.push(pipeline.stall_event(stall));
+        }
+        if self.last_cpu_sample.elapsed() >= CPU_EVERY {
+            self.last_cpu_sample = std::time::Instant::now();
+            for finding in pipeline.sample_cpu() {
+                events.push(pipeline.cpu_event(finding));
+            }
+        }
+        let lost = pipeline.kernel().events_lost();
+        if lost > self.lost_reported {
+            warn!("{} events lost: the ring buffer was full", lost - self.lost_reported);
+            self.lost_reported = lost;
+        }
+        self.events(pipeline, events)
     }
 }

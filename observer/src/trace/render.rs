@@ -55,7 +55,7 @@ pub fn detail(event: &Event) -> String {
             format!("killed by the OOM killer ({scope} limit{rss})")
         }
         Detail::KfdIoctl { nr, result, duration_ns, .. } => {
-            let errno = observer_common::names::errno_name(-*result).unwrap_or("?");
+            let errno = crate::names::errno_name(-*result).unwrap_or("?");
             format!(
                 "{} -> {result} {errno} in {}",
                 crate::events::kfd_ioctl_label(*nr),

@@ -1,8 +1,9 @@
 //! Decoding tables for the numbers the probes report: HIP and CUDA driver
 //! error codes, AMD KFD ioctl numbers, Linux errno values and signals.
 //!
-//! Everything here is `no_std` and allocation-free: each table is a `const`
-//! slice of `(code, name)` pairs with `&'static str` names, and the lookup
+//! Only userspace reads these, so they live here rather than in the crate
+//! shared with the kernel side. Each table is a `const` slice of
+//! `(code, name)` pairs with `&'static str` names, and the lookup
 //! functions return `None` for a code the table does not know, so that the
 //! caller decides how to format it (e.g. `"hipError(1234)"`).
 //!
@@ -19,7 +20,7 @@
 //!   `include/linux/errno.h` (kernel-internal codes) and x86_64
 //!   `asm/signal.h`.
 
-use crate::kfd::{ioc_nr, ioc_type, KFD_IOCTL_TYPE};
+use observer_common::kfd::{ioc_nr, ioc_type, KFD_IOCTL_TYPE};
 
 /// `hipError_t` values, one primary name per code.
 ///

@@ -1,0 +1,88 @@
+//! The command line: subcommands, global options, and how a mistake in
+//! them is reported (one line, exit status 2).
+pub mod error;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+pub use error::{require_root, CliError};
+
+/// Node-level eBPF observer: GPU runtime failures, KFD driver errors, CPU
+/// throttling, OOM kills and crashes, attributed to cgroups and pods.
+#[derive(Parser, Debug)]
+#[command(name = "canaryscope", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(long, global = true, env = "CANARYSCOPE_LOG", default_value = "warn")]
+    pub log_level: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print GPU runtime failures and other low-level events on this node as they happen (default).
+    Trace(crate::trace::Args),
+    /// Run as the node daemon: all probes and a Prometheus exporter.
+    Run(crate::run::Args),
+    /// Report what this node supports and what the observer would attach.
+    Check(crate::check::Args),
+    /// Resumes processes held by `--hold` if the daemon that held them is
+    /// stuck or gone (started by the daemon itself).
+    #[command(hide = true)]
+    HoldWatchdog {
+        #[arg(long)]
+        map: PathBuf,
+        #[arg(long)]
+        daemon_pid: u32,
+    },
+}
+
+/// Parses the command line; a mistake is one line naming it and the way to
+/// the fix, exit status 2 (help and version print in full, status 0).
+pub fn parse() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    Cli::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        _ => CliError::usage(error::one_line_clap(&e.to_string())).report(),
+    })
+}
+
+/// Runs one subcommand; `trace` when none is given.
+pub fn dispatch(command: Option<Command>) -> ExitCode {
+    let result = match command.unwrap_or_else(|| Command::Trace(crate::trace::Args::default())) {
+        Command::Trace(args) => crate::trace::run(args),
+        Command::Run(args) => crate::run::run(args),
+        Command::Check(args) => crate::check::run(args),
+        Command::HoldWatchdog { map, daemon_pid } => {
+            return crate::discovery::hold::run_watchdog(&map, daemon_pid)
+        }
+    };
+    result.unwrap_or_else(|err| err.report())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_subcommand_means_trace_with_its_defaults() {
+        let parsed = Cli::try_parse_from(["canaryscope", "trace"]).expect("parses");
+        let Some(Command::Trace(from_flags)) = parsed.command else { panic!("trace") };
+        let default = crate::trace::Args::default();
+        assert_eq!(from_flags.stall_threshold, default.stall_threshold);
+        assert_eq!(from_flags.probes, default.probes);
+    }
+}

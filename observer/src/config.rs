@@ -1,0 +1,256 @@
+//! Defaults, durations, and the daemon's settings: command-line flags merged
+//! over the optional TOML file. Every default is written here once; help
+//! texts show it through [`with_default`].
+use std::{path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::{attribution::kube::KubeOptions, cli::CliError, metrics::server, probes::Families};
+
+/// Where the daemon's exporter listens (`/metrics`, `/healthz`, `/readyz`).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:9464";
+/// A GPU call in flight this long is a stall.
+pub const DEFAULT_STALL_THRESHOLD: &str = "10s";
+/// How long a deleted pod's series stay, so their last increase is scraped.
+pub const DEFAULT_SERIES_GRACE: &str = "5m";
+/// Most cgroups with series on one node.
+pub const DEFAULT_MAX_CGROUPS: usize = 5000;
+/// Pod label whose value becomes the `track` label.
+pub const DEFAULT_TRACK_LABEL: &str = "track";
+/// How long a cgroup must stay oversubscribed before it is reported.
+pub const OVERSUBSCRIBED_AFTER: Duration = Duration::from_secs(2);
+
+/// A help text with its default appended, as clap shows defaults.
+pub fn with_default(help: &str, default: impl std::fmt::Display) -> String {
+    format!("{help} [default: {default}]")
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let value: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration (try 10s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ns" => value / 1e9,
+        "us" | "µs" => value / 1e6,
+        "ms" => value / 1e3,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("`{s}` is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A built-in default duration; the constants above are valid by test.
+fn default_duration(text: &str) -> Duration {
+    parse_duration(text).unwrap_or(Duration::from_secs(10))
+}
+
+/// A duration in nanoseconds for the kernel side, never zero (zero would
+/// make every call "slow").
+pub fn kernel_ns(d: Duration) -> u64 {
+    (d.as_nanos().min(u128::from(u64::MAX)) as u64).max(1)
+}
+
+/// What `--lib` and `--hold` need, checked before anything is loaded, so
+/// bad input gets a clear answer without privileges.
+pub fn check_gpu_options(libs: &[PathBuf], hold: bool, families: Families) -> Result<(), CliError> {
+    for lib in libs {
+        if let Err(e) = std::fs::metadata(lib) {
+            return Err(CliError::usage(format!("--lib {}: {e}", lib.display())));
+        }
+    }
+    if !libs.is_empty() && !families.gpu {
+        return Err(CliError::usage("--lib needs the gpu probes: add gpu to --probes"));
+    }
+    if hold && !families.gpu {
+        return Err(CliError::usage("--hold needs the gpu probes: add gpu to --probes"));
+    }
+    Ok(())
+}
+
+/// The optional config file (TOML); flags override it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConfigFile {
+    pub listen: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: Option<String>,
+    pub track_label: Option<String>,
+    pub series_grace: Option<String>,
+    pub max_cgroups: Option<usize>,
+    pub stall_threshold: Option<String>,
+    pub libs: Vec<PathBuf>,
+    pub kubernetes: Option<bool>,
+    pub probes: Option<String>,
+    /// Hold a process that maps an unknown GPU runtime file until it is probed.
+    pub hold: Option<bool>,
+}
+
+impl ConfigFile {
+    pub fn read(path: &std::path::Path) -> Result<Self, CliError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::usage(format!("--config {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| {
+            CliError::usage(format!("--config {}: {}", path.display(), one_line(&e.to_string())))
+        })
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Everything the daemon runs with, after flags, environment and file.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: std::net::SocketAddr,
+    pub kube: Option<KubeOptions>,
+    pub series_grace: Duration,
+    pub max_cgroups: usize,
+    pub stall_threshold: Duration,
+    pub libs: Vec<PathBuf>,
+    pub probes: Families,
+    pub hold: bool,
+}
+
+impl Settings {
+    /// Merges the flags of `canaryscope run` over its config file.
+    pub fn from_run_args(args: &crate::run::Args) -> Result<Self, CliError> {
+        let file = match &args.config {
+            Some(path) => ConfigFile::read(path)?,
+            None => ConfigFile::default(),
+        };
+        let listen_text = args.listen.clone().or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let listen = server::parse_listen(&listen_text).map_err(CliError::usage)?;
+        let duration = |flag: &str, v: Option<String>, default: &str| -> Result<Duration, CliError> {
+            match v {
+                Some(s) => parse_duration(&s).map_err(|e| CliError::usage(format!("{flag}: {e}"))),
+                None => Ok(default_duration(default)),
+            }
+        };
+        let series_grace = duration(
+            "--series-grace",
+            args.series_grace.clone().or(file.series_grace),
+            DEFAULT_SERIES_GRACE,
+        )?;
+        let stall_threshold = duration(
+            "--stall-threshold",
+            args.stall_threshold.clone().or(file.stall_threshold),
+            DEFAULT_STALL_THRESHOLD,
+        )?;
+        let kubeconfig = args.kubeconfig.clone().or(file.kubeconfig);
+        if let Some(path) = &kubeconfig {
+            if let Err(e) = std::fs::File::open(path) {
+                return Err(CliError::usage(format!("--kubeconfig {}: {e}", path.display())));
+            }
+        }
+        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let kubernetes =
+            !args.no_kubernetes && file.kubernetes.unwrap_or(true) && (kubeconfig.is_some() || in_cluster);
+        let kube = kubernetes.then(|| KubeOptions {
+            kubeconfig,
+            node_name: args.node_name.clone().or(file.node_name),
+            track_label: args
+                .track_label
+                .clone()
+                .or(file.track_label)
+                .unwrap_or_else(|| DEFAULT_TRACK_LABEL.into()),
+        });
+        let mut libs = args.libs.clone();
+        libs.extend(file.libs);
+        let probes = match args.probes.clone().or(file.probes) {
+            Some(list) => Families::parse(&list).map_err(|e| CliError::usage(format!("--probes: {e}")))?,
+            None => Families::ALL,
+        };
+        let hold = args.hold || file.hold.unwrap_or(false);
+        check_gpu_options(&libs, hold, probes)?;
+        Ok(Self {
+            hold,
+            probes,
+            listen,
+            kube,
+            series_grace,
+            max_cgroups: args.max_cgroups.or(file.max_cgroups).unwrap_or(DEFAULT_MAX_CGROUPS),
+            stall_threshold,
+            libs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::Args;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn built_in_defaults_parse() {
+        assert_eq!(parse_duration(DEFAULT_STALL_THRESHOLD), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration(DEFAULT_SERIES_GRACE), Ok(Duration::from_secs(300)));
+        assert!(server::parse_listen(DEFAULT_LISTEN).is_ok());
+        let s = Settings::from_run_args(&Args::default()).expect("defaults are valid");
+        assert_eq!(
+            (s.stall_threshold, s.series_grace, s.max_cgroups),
+            (Duration::from_secs(10), Duration::from_secs(300), 5000)
+        );
+    }
+
+    #[test]
+    fn bad_listen_and_config_are_usage_errors() {
+        let mut a = Args { listen: Some("nonsense".into()), ..Args::default() };
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.contains("--listen nonsense"))
+        );
+        a = Args { config: Some("/nonexistent/canaryscope.toml".into()), ..Args::default() };
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.contains("--config /nonexistent"))
+        );
+        let file = std::env::temp_dir().join(format!("cs-config-{}", std::process::id()));
+        std::fs::write(&file, "listen = \":9999\"\nno_such_key = 1\n").expect("write");
+        a = Args { config: Some(file.clone()), ..Args::default() };
+        let err = Settings::from_run_args(&a).expect_err("unknown key");
+        assert!(
+            matches!(&err, CliError::Usage(m) if m.contains("no_such_key") && !m.contains('\n')),
+            "{err}"
+        );
+        std::fs::write(&file, "listen = \":9999\"\nseries_grace = \"30s\"\n").expect("write");
+        let s = Settings::from_run_args(&a).expect("valid config");
+        assert_eq!(s.listen.port(), 9999);
+        assert_eq!(s.series_grace, Duration::from_secs(30));
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[test]
+    fn unreadable_kubeconfig_is_named() {
+        let a = Args { kubeconfig: Some("/nonexistent/kubeconfig".into()), ..Args::default() };
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--kubeconfig /nonexistent/kubeconfig"))
+        );
+    }
+
+    #[test]
+    fn gpu_options_need_the_gpu_family() {
+        let no_gpu = Families::parse("cpu").expect("valid");
+        assert!(check_gpu_options(&[], true, no_gpu).is_err());
+        assert!(check_gpu_options(&["/bin/sh".into()], false, no_gpu).is_err());
+        assert!(check_gpu_options(&["/nonexistent/libcuda.so".into()], false, Families::ALL).is_err());
+        assert!(check_gpu_options(&[], true, Families::ALL).is_ok());
+    }
+}

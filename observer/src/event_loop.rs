@@ -1,0 +1,84 @@
+//! The event loop `trace` and `run` share: wake on ring-buffer records and
+//! on a tick, stop on Ctrl-C, SIGTERM, a deadline, or when the consumer says
+//! so. What happens to the events is the consumer's.
+use std::time::Duration;
+
+use tokio::signal::unix::SignalKind;
+
+use crate::{
+    cli::CliError,
+    events::Event,
+    pipeline::{
+        reader::{Ring, RingReader},
+        Pipeline,
+    },
+};
+
+/// Whether the loop goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// What `trace` and `run` do with what the pipeline yields.
+pub trait Consumer {
+    /// Events decoded from ring-buffer records.
+    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError>;
+    /// Periodic work after each tick's drain and housekeeping.
+    fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError>;
+}
+
+pub struct Schedule {
+    /// How often the consumer's periodic work runs.
+    pub tick: Duration,
+    /// Stop after this long (`trace --duration`).
+    pub deadline: Option<Duration>,
+}
+
+/// Runs until a signal, the deadline or the consumer stops it.
+pub async fn run(
+    pipeline: &mut Pipeline,
+    ring: Ring,
+    consumer: &mut impl Consumer,
+    schedule: Schedule,
+) -> Result<(), CliError> {
+    let mut reader = RingReader::new(ring).map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
+        .map_err(|e| CliError::runtime(format!("cannot handle SIGTERM: {e}")))?;
+    let mut tick = tokio::time::interval(schedule.tick);
+    let deadline = schedule.deadline.map(|d| tokio::time::Instant::now() + d);
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let flow = tokio::select! {
+            _ = tokio::signal::ctrl_c() => Flow::Stop,
+            _ = sigterm.recv() => Flow::Stop,
+            _ = until_deadline => {
+                let events = pipeline.handle(&reader.drain());
+                consumer.events(pipeline, events)?;
+                Flow::Stop
+            }
+            batch = reader.next_batch() => {
+                let records = batch.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
+                let events = pipeline.handle(&records);
+                consumer.events(pipeline, events)?
+            }
+            _ = tick.tick() => {
+                let events = pipeline.handle(&reader.drain());
+                pipeline.housekeeping();
+                match consumer.events(pipeline, events)? {
+                    Flow::Stop => Flow::Stop,
+                    Flow::Continue => consumer.tick(pipeline)?,
+                }
+            }
+        };
+        if flow == Flow::Stop {
+            return Ok(());
+        }
+    }
+}

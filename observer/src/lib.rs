@@ -1,0 +1,25 @@
+//! canaryscope's observer as a library: the `canaryscope` binary is a thin
+//! command line over it, and each subcommand module owns its arguments.
+//!
+//! Data flows one way. The kernel side writes records into a ring buffer and
+//! aggregates into maps ([`probes`] loads and attaches it); [`pipeline`] reads
+//! the records, decodes and attributes them to cgroups, probes GPU runtime
+//! libraries as processes reveal them ([`discovery`]), and returns events;
+//! [`event_loop`] drives it for [`trace`] (print) and [`run`] (count for
+//! Prometheus through [`metrics`]).
+pub mod attribution;
+pub mod check;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod cpu;
+pub mod discovery;
+pub mod event_loop;
+pub mod events;
+pub mod metrics;
+pub mod names;
+pub mod oom;
+pub mod pipeline;
+pub mod probes;
+pub mod run;
+pub mod trace;

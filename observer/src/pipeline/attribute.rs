@@ -1,0 +1,220 @@
+//! Decoding plus attribution: a ring-buffer record becomes an event with
+//! names, wall-clock time and a cgroup path. Also correlates the OOM
+//! killer's victim mark with the victim's exit, which arrive as two records.
+use std::collections::{BTreeMap, HashMap};
+
+use log::debug;
+use observer_common::{
+    comm_str,
+    gpu::Api,
+    kfd::KfdSource,
+    task::{
+        core_dumped, exit_signal, exit_status, in_call_api, is_abnormal_exit, CrashInfo, ExitEvent,
+        IpMapping, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
+    },
+    EventHeader,
+};
+
+use crate::{
+    attribution::CgroupResolver,
+    clock::BootClock,
+    events::{self, Detail, Event, Origin, Raw},
+    oom,
+    probes::gpu::GpuProbes,
+};
+
+/// Victims marked but never seen exiting (e.g. started mid-kill) are
+/// forgotten past this many.
+const MAX_OOM_VICTIMS: usize = 1024;
+
+pub struct Attributor {
+    cgroups: CgroupResolver,
+    clock: BootClock,
+    /// Where each marked OOM victim's memory is accounted, until it exits.
+    oom_scopes: HashMap<u32, &'static str>,
+    /// Ring-buffer records received, by kind.
+    records: BTreeMap<&'static str, u64>,
+    /// Records that could not be decoded (a layout mismatch between the two sides).
+    decode_errors: u64,
+}
+
+impl Default for Attributor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Attributor {
+    pub fn new() -> Self {
+        Self {
+            cgroups: CgroupResolver::new(),
+            clock: BootClock::new(),
+            oom_scopes: HashMap::new(),
+            records: BTreeMap::new(),
+            decode_errors: 0,
+        }
+    }
+
+    pub fn cgroups(&self) -> &CgroupResolver {
+        &self.cgroups
+    }
+
+    pub fn cgroups_mut(&mut self) -> &mut CgroupResolver {
+        &mut self.cgroups
+    }
+
+    pub fn records(&self) -> &BTreeMap<&'static str, u64> {
+        &self.records
+    }
+
+    pub fn decode_errors(&self) -> u64 {
+        self.decode_errors
+    }
+
+    /// Decodes one record, counting it by kind (or as a decode error).
+    pub fn decode(&mut self, data: &[u8]) -> Option<Raw> {
+        match events::decode(data) {
+            Ok(raw) => {
+                *self.records.entry(raw.name()).or_default() += 1;
+                Some(raw)
+            }
+            Err(e) => {
+                self.decode_errors += 1;
+                debug!("dropping record: {e}");
+                None
+            }
+        }
+    }
+
+    /// Where a record happened, with its cgroup path.
+    pub fn origin(&mut self, header: &EventHeader) -> Origin {
+        let mut origin = events::origin_of(header, self.clock);
+        origin.cgroup = self.cgroups.path(origin.cgroup_id);
+        origin
+    }
+
+    /// An origin at this moment, for what no record caused.
+    pub fn now(&self) -> Origin {
+        Origin { ts_ns: self.wall_now_ns(), ..Default::default() }
+    }
+
+    pub fn wall_now_ns(&self) -> u64 {
+        self.clock.to_unix_ns(BootClock::boot_now_ns())
+    }
+
+    /// The events of a record that is not about library discovery.
+    pub fn events(&mut self, raw: Raw, gpu: &GpuProbes) -> Vec<Event> {
+        match raw {
+            Raw::GpuCall(ev) => {
+                let Some(api) = Api::from_u32(ev.api) else { return Vec::new() };
+                vec![Event {
+                    origin: self.origin(&ev.header),
+                    detail: Detail::GpuCall {
+                        api,
+                        library: gpu.library_path(ev.library).to_string(),
+                        function: events::function_name(api, ev.function),
+                        result: ev.result,
+                        duration_ns: ev.duration_ns,
+                    },
+                }]
+            }
+            Raw::OomVictim(ev) => {
+                // The victim is still alive here: note where its memory is
+                // accounted, for telling a cgroup limit from a global OOM.
+                let scope = oom::victim_scope(ev.victim_pid, self.cgroups.root());
+                if self.oom_scopes.len() >= MAX_OOM_VICTIMS {
+                    self.oom_scopes.clear();
+                }
+                self.oom_scopes.insert(ev.victim_pid, scope);
+                Vec::new()
+            }
+            Raw::Exit(ev) => self.exit_events(&ev, gpu),
+            Raw::KfdIoctl(ev) => {
+                let via = KfdSource::from_u32(ev.source).map(KfdSource::as_str).unwrap_or("syscall");
+                vec![Event {
+                    origin: self.origin(&ev.header),
+                    detail: Detail::KfdIoctl {
+                        nr: observer_common::kfd::ioc_nr(ev.cmd),
+                        cmd: ev.cmd,
+                        result: ev.result,
+                        duration_ns: ev.duration_ns,
+                        via,
+                    },
+                }]
+            }
+            Raw::GpuHardware(ev) => {
+                let (kind, function, detail) = events::hw_detail(&ev);
+                vec![Event {
+                    origin: self.origin(&ev.header),
+                    detail: Detail::GpuHardware { kind, function, detail },
+                }]
+            }
+            // Discovery records are the library tracker's.
+            Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) => Vec::new(),
+        }
+    }
+
+    fn exit_events(&mut self, ev: &ExitEvent, gpu: &GpuProbes) -> Vec<Event> {
+        let origin = self.origin(&ev.header);
+        let mut out = Vec::new();
+        if ev.flags & EXIT_FLAG_CRASH != 0 {
+            let c = &ev.crash;
+            let (library, library_offset) = crash_library(c, gpu);
+            let in_call = (c.in_call_api != 0).then(|| {
+                let api = in_call_api(c.in_call_api).unwrap_or(Api::Hip);
+                events::function_name(api, c.in_call_function)
+            });
+            out.push(Event {
+                origin: origin.clone(),
+                detail: Detail::Crash {
+                    signal: c.signal,
+                    si_code: c.si_code,
+                    addr: c.addr,
+                    ip: c.ip,
+                    library,
+                    library_offset,
+                    in_call,
+                    crash_tid: c.tid,
+                },
+            });
+        }
+        if ev.flags & EXIT_FLAG_OOM_VICTIM != 0 {
+            let scope = self
+                .oom_scopes
+                .remove(&ev.header.pid)
+                .or_else(|| self.oom_scopes.remove(&ev.header.tid))
+                .unwrap_or_else(|| oom::scope_of_cgroup(self.cgroups.root(), origin.cgroup.as_deref()));
+            out.push(Event {
+                origin: origin.clone(),
+                detail: Detail::OomKill {
+                    scope,
+                    anon_rss_bytes: (ev.oom_anon_rss_kb != 0).then_some(ev.oom_anon_rss_kb * 1024),
+                },
+            });
+        }
+        if is_abnormal_exit(ev.exit_code) {
+            out.push(Event {
+                origin,
+                detail: Detail::Exit {
+                    signal: exit_signal(ev.exit_code) as i32,
+                    exit_code: exit_status(ev.exit_code) as i32,
+                    core_dumped: core_dumped(ev.exit_code),
+                },
+            });
+        }
+        out
+    }
+}
+
+/// The faulting object: the full path when it is a probed GPU library
+/// (matched by inode), else the file name the kernel recorded.
+fn crash_library(c: &CrashInfo, gpu: &GpuProbes) -> (Option<String>, Option<u64>) {
+    if IpMapping::from_u32(c.ip_mapping) != Some(IpMapping::File) {
+        return (None, None);
+    }
+    let offset = c.ip.checked_sub(c.vma_start).map(|d| d + c.vma_pgoff * PAGE_SIZE);
+    let known =
+        gpu.libraries().find(|l| l.library().id.ino == c.file_ino).map(|l| l.library().display_path.clone());
+    let name = comm_str(&c.file_name).to_string();
+    (known.or((!name.is_empty()).then_some(name)), offset)
+}

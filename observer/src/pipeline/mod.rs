@@ -1,0 +1,285 @@
+//! One observing pipeline. Records flow one way: the [`reader`] hands raw
+//! ring-buffer records to [`Pipeline::handle`], which decodes and attributes
+//! them ([`attribute`]) or passes discovery records to the library tracker;
+//! out come events. Stall scans and CPU samples return data that each
+//! consumer turns into what it needs.
+pub mod attribute;
+pub mod reader;
+pub mod stalls;
+
+use std::path::PathBuf;
+
+use crate::{
+    attribution::CgroupResolver,
+    cli::CliError,
+    config,
+    cpu::{CpuFinding, CpuMonitor},
+    discovery::{
+        hold::{Hold, HoldError},
+        tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
+    },
+    events::{Detail, Event, Origin, Raw},
+    metrics::CpuSnapshot,
+    probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
+};
+use attribute::Attributor;
+use reader::Ring;
+use stalls::{Stall, StallDetector};
+
+pub struct Options {
+    pub settings: KernelSettings,
+    /// Libraries named by the user; failing to probe one of them is an error.
+    pub explicit_libs: Vec<PathBuf>,
+    pub stall_threshold_ns: u64,
+    pub families: Families,
+    /// Stop a process that maps an unknown GPU runtime file until its
+    /// probes exist (`--hold`).
+    pub hold: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Library(#[from] ExplicitLibraryError),
+    #[error("--hold: {0}")]
+    Hold(#[from] HoldError),
+}
+
+impl From<StartError> for CliError {
+    /// A library the user named is their mistake to fix (exit 2); the
+    /// kernel or the machine refusing is not (exit 1).
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Library(_) => CliError::usage(e.to_string()),
+            _ => CliError::runtime(e.to_string()),
+        }
+    }
+}
+
+/// Counters about the pipeline itself, for the exporter.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    pub records: std::collections::BTreeMap<&'static str, u64>,
+    pub decode_errors: u64,
+    pub events_lost: u64,
+}
+
+pub struct Pipeline {
+    tracker: LibraryTracker,
+    attribution: Attributor,
+    stalls: StallDetector,
+    cpu: Option<CpuMonitor>,
+    /// Table-driven probes and the CPU monitor: attached or why not.
+    statuses: Vec<ProbeStatus>,
+    /// Dropped last, releasing every probe; by then the holding program is
+    /// unloaded (see `Drop`) and the hold has resumed what it held.
+    kernel: Loaded,
+}
+
+impl Pipeline {
+    /// Loads, attaches and probes what is already there; returns the
+    /// pipeline and its ring buffer, for the event loop to read.
+    pub fn start(options: Options) -> Result<(Self, Ring), StartError> {
+        let env = probes::environment();
+        let mut kernel = probes::load(&options.settings, &env)?;
+        let ring = kernel.take_ring().ok_or(LoadError::MissingMap(observer_common::EVENTS_MAP))?;
+        // The watchdog exists before any program that could hold a process.
+        // Without the hold the map stays with the object: a program loads
+        // only while every map it uses is still open.
+        let hold = match options.hold && options.families.gpu {
+            true => kernel.take_held_map().map(Hold::start).transpose()?,
+            false => None,
+        };
+        let mut statuses = table::attach_all(kernel.object_mut(), &env, options.families);
+        let attribution = Attributor::new();
+        let cpu = options.families.sched.then(|| {
+            let monitor = CpuMonitor::new(attribution.cgroups().root(), config::OVERSUBSCRIBED_AFTER);
+            statuses.push(ProbeStatus {
+                probe: "throttle",
+                target: "cpu.stat".into(),
+                attached: monitor.hierarchy().is_some(),
+                detail: monitor.hierarchy().map(|h| h.describe()).unwrap_or_else(|| {
+                    "no cgroup cpu controller found (kprobes on throttle_cfs_rq are unavailable here)".into()
+                }),
+            });
+            monitor
+        });
+        let mut pipeline = Self {
+            tracker: LibraryTracker::new(hold),
+            attribution,
+            stalls: StallDetector::new(options.stall_threshold_ns),
+            cpu,
+            statuses,
+            kernel,
+        };
+        if options.families.gpu {
+            pipeline.tracker.probe_explicit(&mut pipeline.kernel, &options.explicit_libs)?;
+            pipeline.tracker.probe_present(&mut pipeline.kernel);
+        }
+        Ok((pipeline, ring))
+    }
+
+    /// Turns records into events; libraries probed since the last call
+    /// come first.
+    pub fn handle(&mut self, records: &[Vec<u8>]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for record in records {
+            let Some(raw) = self.attribution.decode(record) else { continue };
+            match raw {
+                Raw::LibraryMap(ev) => self.tracker.code_mapped(ev.header.pid),
+                Raw::Exec(ev) => self.tracker.exec(&mut self.kernel, &ev.header),
+                Raw::GpuMap(ev) => self.tracker.gpu_file_mapped(&mut self.kernel, &ev),
+                other => {
+                    self.announce(&mut out);
+                    out.extend(self.attribution.events(other, self.tracker.probes()));
+                }
+            }
+        }
+        self.announce(&mut out);
+        out
+    }
+
+    fn announce(&mut self, out: &mut Vec<Event>) {
+        for a in self.tracker.take_announcements() {
+            let Announcement { library, flavor, functions, reason, held_ns, origin } = a;
+            let origin = match &origin {
+                Some(header) => self.attribution.origin(header),
+                None => self.attribution.now(),
+            };
+            out.push(Event {
+                origin,
+                detail: Detail::LibraryProbed {
+                    library,
+                    flavor: flavor.as_str(),
+                    functions,
+                    reason,
+                    held_ns,
+                },
+            });
+        }
+    }
+
+    /// Due map scans, expired holds, retired library files.
+    pub fn housekeeping(&mut self) {
+        self.tracker.housekeeping(&mut self.kernel);
+    }
+
+    /// Every GPU call stalled now.
+    pub fn stalls(&mut self) -> Vec<Stall> {
+        self.stalls.scan(&mut self.kernel)
+    }
+
+    /// A newly stalled call as an event (reads the thread's name).
+    pub fn stall_event(&mut self, stall: &Stall) -> Event {
+        let comm = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", stall.pid, stall.tid))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        Event {
+            origin: Origin {
+                ts_ns: self.attribution.wall_now_ns(),
+                pid: stall.pid,
+                tid: stall.tid,
+                comm,
+                cgroup_id: stall.cgroup_id,
+                cgroup: self.attribution.cgroups_mut().path(stall.cgroup_id),
+            },
+            detail: Detail::GpuStall {
+                api: stall.api,
+                library: self.tracker.probes().library_path(stall.library).to_string(),
+                function: stall.function.clone(),
+                elapsed_ns: stall.elapsed_ns,
+            },
+        }
+    }
+
+    /// Samples the CPU limits of cgroups; returns what a person should hear.
+    pub fn sample_cpu(&mut self) -> Vec<CpuFinding> {
+        self.cpu.as_mut().map(CpuMonitor::sample).unwrap_or_default()
+    }
+
+    /// A CPU finding as an event.
+    pub fn cpu_event(&self, finding: CpuFinding) -> Event {
+        let (rel, detail) = match finding {
+            CpuFinding::Throttled { rel, periods, total, throttled_ns } => {
+                (rel, Detail::CpuThrottle { throttled_ns, periods, total_periods: total })
+            }
+            CpuFinding::Oversubscribed { rel, runnable, quota_cores } => {
+                (rel, Detail::CpuOversubscribed { runnable_threads: runnable, quota_cores })
+            }
+        };
+        let cgroup_id = self.attribution.cgroups().id_of(&rel).unwrap_or(0);
+        Event { origin: Origin { cgroup_id, cgroup: Some(rel), ..self.attribution.now() }, detail }
+    }
+
+    /// Limited cgroups as of the last sample, by cgroup id.
+    pub fn cpu_snapshots(&self) -> Vec<(u64, CpuSnapshot)> {
+        let Some(cpu) = &self.cpu else { return Vec::new() };
+        cpu.cgroups()
+            .map(|c| {
+                let id = self.attribution.cgroups().id_of(&c.rel).unwrap_or(0);
+                let snapshot = CpuSnapshot {
+                    periods: c.stat.nr_periods,
+                    throttled_periods: c.stat.nr_throttled,
+                    throttled_ns: c.stat.throttled_ns,
+                    runnable: c.runnable,
+                    quota_cores: c.quota_cores,
+                };
+                (id, snapshot)
+            })
+            .collect()
+    }
+
+    /// The kernel's aggregates.
+    pub fn kernel(&self) -> &Loaded {
+        &self.kernel
+    }
+
+    pub fn cgroups_mut(&mut self) -> &mut CgroupResolver {
+        self.attribution.cgroups_mut()
+    }
+
+    /// Drops the kernel aggregates and cached paths of cgroups that are gone.
+    pub fn purge_cgroups(&mut self, cgroups: &[u64]) {
+        if cgroups.is_empty() {
+            return;
+        }
+        self.kernel.purge_cgroups(cgroups);
+        for c in cgroups {
+            self.attribution.cgroups_mut().forget(*c);
+        }
+    }
+
+    /// Table-driven probes, then every GPU library file found so far.
+    pub fn statuses(&self) -> Vec<ProbeStatus> {
+        let mut all = self.statuses.clone();
+        all.extend(self.tracker.probes().status());
+        all
+    }
+
+    /// Probed GPU library files.
+    pub fn gpu(&self) -> &GpuProbes {
+        self.tracker.probes()
+    }
+
+    pub fn hold_watchdog(&self) -> Option<u32> {
+        self.tracker.hold_watchdog()
+    }
+
+    pub fn counters(&self) -> Counters {
+        Counters {
+            records: self.attribution.records().clone(),
+            decode_errors: self.attribution.decode_errors(),
+            events_lost: self.kernel.events_lost(),
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // Stop holding and resume what is held first: releasing every
+        // uprobe link afterwards takes the kernel a grace period each.
+        self.tracker.stop_holding(&mut self.kernel);
+    }
+}

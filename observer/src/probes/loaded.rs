@@ -1,0 +1,168 @@
+//! The loaded eBPF object and typed handles on every map userspace reads,
+//! taken once at load: a map missing from the object is a load error that
+//! names it, never an empty result later.
+use aya::{
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{ProgramError, UProbe},
+    Ebpf,
+};
+use observer_common::{
+    discovery::{GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP},
+    gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
+    kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
+    sched::{RunqHistogram, RUNQ_MAP},
+    LatencyHistogram, EVENTS_MAP, LOST_MAP,
+};
+
+use super::gpu::{ENTER_PROGRAM, EXIT_PROGRAM};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF object failed: {0} (is this kernel built with BPF and BTF, and are we root?)")]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF map {0} is missing from the object")]
+    MissingMap(&'static str),
+    #[error("eBPF map {name}: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+}
+
+type Aggregate<K> = PerCpuHashMap<MapData, K, LatencyHistogram>;
+
+/// The object and its maps. Programs stay in the object; attaching them is
+/// the probe table's and the GPU tracker's business.
+pub struct Loaded {
+    ebpf: Ebpf,
+    ring: Option<RingBuf<MapData>>,
+    held: Option<Map>,
+    lost: PerCpuArray<MapData, u64>,
+    gpu_stats: Aggregate<GpuStatsKey>,
+    kfd_stats: Aggregate<KfdStatsKey>,
+    runq: Aggregate<u64>,
+    inflight: BpfHashMap<MapData, InflightKey, InflightStack>,
+    known_files: BpfHashMap<MapData, GpuFileKey, u32>,
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
+    ebpf.take_map(name).ok_or(LoadError::MissingMap(name))
+}
+
+fn typed<T: TryFrom<Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, LoadError> {
+    T::try_from(take(ebpf, name)?).map_err(|source| LoadError::Map { name, source })
+}
+
+impl Loaded {
+    pub fn new(mut ebpf: Ebpf) -> Result<Self, LoadError> {
+        Ok(Self {
+            ring: Some(typed(&mut ebpf, EVENTS_MAP)?),
+            held: Some(take(&mut ebpf, HELD_MAP)?),
+            lost: typed(&mut ebpf, LOST_MAP)?,
+            gpu_stats: typed(&mut ebpf, STATS_MAP)?,
+            kfd_stats: typed(&mut ebpf, KFD_STATS_MAP)?,
+            runq: typed(&mut ebpf, RUNQ_MAP)?,
+            inflight: typed(&mut ebpf, INFLIGHT_MAP)?,
+            known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
+            ebpf,
+        })
+    }
+
+    /// The programs, for attaching.
+    pub fn object_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// The events ring buffer, handed to the reader once.
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// The held-process map, handed to the hold once. Whoever takes it
+    /// keeps it open for as long as the programs may still be loaded.
+    pub fn take_held_map(&mut self) -> Option<Map> {
+        self.held.take()
+    }
+
+    /// Loads the two GPU uprobe programs; attaching comes per library.
+    pub fn load_gpu_programs(&mut self) -> Result<(), ProgramError> {
+        for name in [ENTER_PROGRAM, EXIT_PROGRAM] {
+            let program: &mut UProbe =
+                self.ebpf.program_mut(name).ok_or(ProgramError::UnexpectedProgramType)?.try_into()?;
+            program.load()?;
+        }
+        Ok(())
+    }
+
+    /// Events the kernel side dropped because the ring buffer was full.
+    pub fn events_lost(&self) -> u64 {
+        self.lost.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
+    }
+
+    /// GPU call aggregates, summed over CPUs.
+    pub fn gpu_stats(&self) -> Vec<(GpuStatsKey, GpuStats)> {
+        sum_per_cpu(&self.gpu_stats)
+    }
+
+    /// KFD ioctl aggregates, summed over CPUs.
+    pub fn kfd_stats(&self) -> Vec<(KfdStatsKey, KfdStats)> {
+        sum_per_cpu(&self.kfd_stats)
+    }
+
+    /// Run-queue latency histograms per cgroup, summed over CPUs.
+    pub fn runq_stats(&self) -> Vec<(u64, RunqHistogram)> {
+        sum_per_cpu(&self.runq)
+    }
+
+    /// Removes the aggregates of cgroups that are gone, so the maps return
+    /// to their baseline under pod churn.
+    pub fn purge_cgroups(&mut self, cgroups: &[u64]) {
+        remove_keys(&mut self.gpu_stats, |k| cgroups.contains(&k.cgroup_id));
+        remove_keys(&mut self.kfd_stats, |k| cgroups.contains(&k.cgroup_id));
+        remove_keys(&mut self.runq, |k| cgroups.contains(k));
+    }
+
+    /// Threads with GPU calls recorded in flight (depth 0 between calls).
+    pub fn inflight(&self) -> Vec<(InflightKey, InflightStack)> {
+        self.inflight.iter().flatten().collect()
+    }
+
+    /// Forgets the in-flight entry of a thread that exited.
+    pub fn forget_inflight(&mut self, key: &InflightKey) {
+        let _ = self.inflight.remove(key);
+    }
+
+    /// Tells the kernel side that this file is handled, so mapping it
+    /// neither raises an event nor holds a process.
+    pub fn mark_known(&mut self, key: GpuFileKey) {
+        // A full map only costs a report (or hold) per mapping of a later file.
+        if let Err(e) = self.known_files.insert(key, 1, 0) {
+            log::debug!("{GPU_FILES_KNOWN_MAP}: {e}");
+        }
+    }
+
+    /// The reverse, for a file whose probes were removed.
+    pub fn forget_known(&mut self, key: GpuFileKey) {
+        let _ = self.known_files.remove(&key);
+    }
+}
+
+fn sum_per_cpu<K: aya::Pod>(map: &Aggregate<K>) -> Vec<(K, LatencyHistogram)> {
+    map.iter()
+        .flatten()
+        .map(|(k, per_cpu)| {
+            let mut total = LatencyHistogram::default();
+            for v in per_cpu.iter() {
+                total.add(v);
+            }
+            (k, total)
+        })
+        .collect()
+}
+
+fn remove_keys<K: aya::Pod>(map: &mut Aggregate<K>, doomed: impl Fn(&K) -> bool) {
+    let keys: Vec<K> = map.keys().flatten().filter(|k| doomed(k)).collect();
+    for key in keys {
+        let _ = map.remove(&key);
+    }
+}
