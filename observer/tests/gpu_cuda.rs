@@ -165,21 +165,24 @@ fn successful_calls_are_aggregated_in_the_kernel_exactly() {
     });
     assert_eq!(metric_value(&line), 100000.0, "exact count: {line}");
     let after = ring_records(&daemon);
-    // The failures of cuInit/hipInit and the process's own exit events are
-    // all that may cross; 100,000 successes must not.
-    assert!(after - before < 20.0, "{} ring-buffer records for 100,000 calls", after - before);
+    // The failures of cuInit/hipInit beneath are all that may cross;
+    // 100,000 successes must not.
+    assert!(after - before < 20.0, "{} GPU call records for 100,000 calls", after - before);
     let lost = daemon.wait_metric("events lost", Duration::from_secs(1), |l| {
         l.starts_with("canaryscope_events_lost_total")
     });
     assert_eq!(metric_value(&lost), 0.0);
 }
 
+/// GPU call records that crossed the ring buffer. Only that kind: every
+/// exec on the node crosses too, and other work on the machine must not
+/// decide this test.
 fn ring_records(daemon: &Daemon) -> f64 {
     std::thread::sleep(Duration::from_millis(700));
     daemon
         .metrics()
         .lines()
-        .filter(|l| l.starts_with("canaryscope_ring_events_total{"))
+        .filter(|l| l.starts_with("canaryscope_ring_events_total{") && l.contains("kind=\"gpu_call\""))
         .map(metric_value)
         .sum()
 }
@@ -204,7 +207,11 @@ fn a_call_hanging_past_the_threshold_is_reported_once_then_on_return() {
     assert!(stall["elapsed_ns"].as_u64() >= Some(500_000_000), "{stall}");
     // Where HIP has /dev/kfd but no GPU (the VM), the synchronisation
     // beneath may crash instead of returning: then the crash is the end.
-    if std::os::unix::process::ExitStatusExt::signal(&out.status).is_some() {
+    // Without /dev/kfd the runtime never reaches the device: the call must
+    // return, and the process exit cleanly.
+    let kfd = std::path::Path::new("/dev/kfd").exists();
+    assert!(kfd || out.status.success(), "without /dev/kfd the fixture exits 0: {out:?}");
+    if kfd && std::os::unix::process::ExitStatusExt::signal(&out.status).is_some() {
         let crash =
             tracer.wait_for("the crash ending the stall", WAIT, |e| e["kind"] == "crash" && e["pid"] == pid);
         assert!(crash["in_call"].as_str().is_some(), "{crash}");

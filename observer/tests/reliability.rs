@@ -11,26 +11,42 @@ use std::{
 
 use support::*;
 
-/// Programs and maps of canaryscope's object loaded in the kernel right
-/// now (names as the kernel keeps them: at most 15 characters).
+/// Every program and map of canaryscope's eBPF object, taken from the
+/// object the binary embeds, with the names the kernel keeps (at most 15
+/// characters). The maps aya makes for `.rodata`/`.bss` are left out: their
+/// names are the section's, shared with any other loader's.
+fn object_names() -> (Vec<String>, Vec<String>) {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+    let file = object::File::parse(observer::probes::EBPF_OBJECT).expect("the embedded eBPF object parses");
+    let (mut programs, mut maps) = (Vec::new(), Vec::new());
+    for symbol in file.symbols().filter(|s| s.is_global()) {
+        let Some(section) = symbol.section_index().and_then(|i| file.section_by_index(i).ok()) else {
+            continue;
+        };
+        let (Ok(name), Ok(section)) = (symbol.name(), section.name()) else { continue };
+        let kernel_name: String = name.chars().take(15).collect();
+        match symbol.kind() {
+            SymbolKind::Text if section != ".text" => programs.push(kernel_name),
+            SymbolKind::Data if section == "maps" || section == ".maps" => maps.push(kernel_name),
+            _ => {}
+        }
+    }
+    assert!(programs.len() >= 20 && maps.len() >= 10, "object lists {programs:?} and {maps:?}");
+    (programs, maps)
+}
+
+/// How many of canaryscope's programs and maps are loaded in the kernel now.
 fn loaded() -> (usize, usize) {
-    const PROGRAMS: &[&str] =
-        &["gpu_enter", "gpu_exit", "process_exit", "signal_generat", "oom_mark_victim", "mmap_exec"];
-    const MAPS: &[&str] =
-        &["GPU_INFLIGHT", "GPU_STATS", "RUNQ_LATENCY", "RUNQ_WAKEUPS", "CRASHES", "OOM_VICTIMS"];
-    let count = |kind: &str, names: &[&str]| {
+    let (programs, maps) = object_names();
+    let count = |kind: &str, names: &[String]| {
         let out =
             Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (Debian package)");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|p| p["name"].as_str().is_some_and(|n| names.iter().any(|w| n.starts_with(w))))
-                    .count()
-            })
-            .unwrap_or(0)
+        assert!(out.status.success(), "bpftool {kind} show: {out:?}");
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+        let listed = listed.as_array().unwrap_or_else(|| panic!("bpftool {kind} show: not a list: {listed}"));
+        listed.iter().filter(|p| p["name"].as_str().is_some_and(|n| names.iter().any(|w| w == n))).count()
     };
-    (count("prog", PROGRAMS), count("map", MAPS))
+    (count("prog", &programs), count("map", &maps))
 }
 
 /// What is loaded once the kernel has finished freeing what earlier tests'
