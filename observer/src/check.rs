@@ -172,6 +172,7 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
         stall_threshold_ns: u64::MAX,
         families: Families::ALL,
         hold: false,
+        kfd_syscall_fallback: false,
     };
     match Pipeline::start(options) {
         // The same statuses the daemon exports, GPU library files included.

@@ -78,6 +78,9 @@ pub enum Detail {
         kind: HwKind,
         function: &'static str,
         detail: String,
+        /// Whether the origin is the process the event belongs to (found
+        /// by its pasid or pid), rather than the driver's context.
+        attributed: bool,
     },
     /// A cgroup was throttled in consecutive samples.
     CpuThrottle {
@@ -134,6 +137,22 @@ pub fn hw_detail(ev: &HwEvent) -> (HwKind, &'static str, String) {
         HwArg::None => String::new(),
     };
     (hook.kind, hook.function, detail)
+}
+
+/// Whose a hardware event is, where the hooked function says: a pasid or
+/// a pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HwCulprit {
+    Pasid(u32),
+    Pid(u32),
+}
+
+pub fn hw_culprit(ev: &HwEvent) -> Option<HwCulprit> {
+    match HW_HOOKS.get(ev.hook as usize)?.arg {
+        HwArg::Pasid => Some(HwCulprit::Pasid((ev.arg1 & 0xffff) as u32)),
+        HwArg::Pid => Some(HwCulprit::Pid(ev.arg1 as u32)),
+        HwArg::Trigger | HwArg::None => None,
+    }
 }
 
 /// `SIGSEGV`, or `SIG<n>` for numbers without a name.
@@ -307,9 +326,10 @@ impl Event {
                 m.insert("duration_ns".into(), json!(duration_ns));
                 m.insert("via".into(), json!(via));
             }
-            Detail::GpuHardware { function, detail, .. } => {
+            Detail::GpuHardware { function, detail, attributed, .. } => {
                 m.insert("function".into(), json!(function));
                 m.insert("detail".into(), json!(detail));
+                m.insert("attributed".into(), json!(attributed));
             }
             Detail::CpuThrottle { throttled_ns, periods, total_periods } => {
                 m.insert("throttled_ns".into(), json!(throttled_ns));
@@ -387,6 +407,12 @@ mod tests {
         // kfd_process_evict_queues(process, trigger)
         assert_eq!(hw_detail(&ev(5, 3, 0)).2, "trigger SUSPEND");
         assert_eq!(hw_detail(&ev(2, 0, 0)).0, HwKind::Reset);
+        // Whose event it is: the faulting pasid, the evicted pid, or nobody.
+        assert_eq!(hw_culprit(&ev(0, 0x1_0042, 0)), Some(HwCulprit::Pasid(0x42)));
+        assert_eq!(hw_culprit(&ev(4, 4242, 2)), Some(HwCulprit::Pid(4242)));
+        assert_eq!(hw_culprit(&ev(5, 3, 0)), None);
+        assert_eq!(hw_culprit(&ev(2, 0, 0)), None);
+        assert_eq!(hw_culprit(&ev(99, 1, 1)), None);
         assert_eq!(kfd_ioctl_label(0x21), "SET_XNACK_MODE");
         assert_eq!(kfd_ioctl_label(0xfe), "0xfe");
     }

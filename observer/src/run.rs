@@ -103,6 +103,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: settings.probes,
         hold: settings.hold,
+        kfd_syscall_fallback: false,
     })?;
 
     let pods: Option<PodCache> = match &settings.kube {

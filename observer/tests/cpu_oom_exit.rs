@@ -30,8 +30,8 @@ fn threads_beyond_a_small_quota_are_throttled_oversubscribed_and_wait() {
     let daemon = Daemon::start(&["--no-kubernetes"]);
     let mut limited = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     // The incident: a runtime starts one thread per host core (32) inside a
-    // 2-core limit. Scaled to this machine: one thread per CPU here, inside
-    // a limit of 2/32 of the machine. Without the limit the same threads
+    // 2-core limit. Scaled to whatever runs the test: one thread per CPU,
+    // inside a limit of 2/32 of the machine. Without the limit the same threads
     // have a CPU each and barely wait; with it they wait out most periods.
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let quota = cpus as f64 * 2.0 / 32.0;

@@ -118,7 +118,12 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         ),
     )
     .expect("kubeconfig");
+    // The ZLUDA-shaped fixture library: the stable pod's calls to it succeed.
+    fixture("cuda_app");
+    let zluda = fixtures_dir().join("zluda/libcuda.so.1");
     let daemon = Daemon::start(&[
+        "--lib",
+        zluda.to_str().expect("utf8"),
         "--kubeconfig",
         kubeconfig.to_str().expect("utf8"),
         "--node-name",
@@ -127,11 +132,29 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         "3s",
     ]);
 
-    // The canary's HIP runtime fails to initialise; the stable one is healthy.
+    // The canary's HIP runtime fails to initialise; the stable one makes
+    // real GPU calls that succeed.
     let out = canary_cg.command(&fixture("hip_probe")).output().expect("canary");
     assert!(out.status.success());
-    let out = stable_cg.command(Path::new("/bin/true")).output().expect("stable");
-    assert!(out.status.success());
+    let out = stable_cg
+        .command(&fixture("cuda_app"))
+        .args(["--version-loop", "1000"])
+        .env("ZLUDA_FIXTURE_HEALTHY", "1")
+        .output()
+        .expect("stable");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=0 "), "a healthy runtime: {out:?}");
+    let stable_calls =
+        daemon.wait_metric("the stable pod's successful calls", Duration::from_secs(10), |l| {
+            l.starts_with("canaryscope_gpu_api_calls_total{")
+                && l.contains("pod=\"infer-stablehash-fghij\"")
+                && l.contains("function=\"cuDriverGetVersion\"")
+                && l.contains("result=\"CUDA_SUCCESS\"")
+        });
+    for label in ["revision=\"stablehash\"", "track=\"stable\"", "workload=\"infer\""] {
+        assert!(stable_calls.contains(label), "{label} missing in {stable_calls}");
+    }
+    assert_eq!(metric_value(&stable_calls), 1000.0, "{stable_calls}");
 
     let line = daemon.wait_metric("canary init failure", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_init_failures_total{")
@@ -153,9 +176,11 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         .lines()
         .filter(|l| l.contains("pod=\"infer-stablehash-fghij\""))
         .filter(|l| {
-            ["gpu_init_failures", "native_crashes", "oom_kills", "abnormal_exits", "gpu_api_calls_total"]
+            ["gpu_init_failures", "native_crashes", "oom_kills", "abnormal_exits"]
                 .iter()
                 .any(|f| l.starts_with(&format!("canaryscope_{f}")))
+                || (l.starts_with("canaryscope_gpu_api_calls_total{")
+                    && !l.contains("result=\"CUDA_SUCCESS\""))
         })
         .collect();
     assert!(
@@ -254,11 +279,23 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
 
     // Deleting the canary pod drops its series after the grace period.
     control(api_port, "DELETE", &format!("/control/pods/{NS}/infer-canaryhash-abcde"), "");
+    // Every scrape on the way must be answered: a daemon that died here
+    // would otherwise pass as "series gone".
     let deadline = Instant::now() + Duration::from_secs(30);
-    while daemon.metrics().contains("pod=\"infer-canaryhash-abcde\"") {
+    loop {
+        let (code, body) = daemon.get("/metrics").expect("the daemon serves while the pod is deleted");
+        assert_eq!(code, 200, "{body}");
+        if !body.contains("pod=\"infer-canaryhash-abcde\"") {
+            assert!(body.contains("canaryscope_probe_attached"), "a real exposition: {body}");
+            break;
+        }
         assert!(Instant::now() < deadline, "series of the deleted pod are still exported");
         thread::sleep(Duration::from_millis(250));
     }
+    // Our child: a daemon that died would linger as a zombie until reaped.
+    let status = fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap_or_default();
+    let state = status.lines().find(|l| l.starts_with("State:")).unwrap_or("State: gone");
+    assert!(!state.contains("zombie") && !state.contains("gone"), "the daemon after the deletion: {state}");
     drop(api);
     let _ = fs::remove_dir_all(&dir);
 }

@@ -23,7 +23,7 @@ fn hip_init_failures_are_traced_with_pid_and_cgroup() {
     assert!(out.status.success(), "hip_probe failed: {out:?}");
     let pid = out_pid(&out.stdout);
 
-    // Without /dev/kfd (this host) hipInit itself fails; with it (the
+    // Without /dev/kfd hipInit itself fails; with it (the
     // VM's CPU-only KFD node) hipInit succeeds, is not reported, and the
     // runtime first fails when it counts devices.
     if Path::new("/dev/kfd").exists() {

@@ -7,17 +7,13 @@ use std::{path::Path, process::Command, time::Duration};
 
 use support::*;
 
-fn in_vm() -> bool {
-    std::env::var_os("CANARYSCOPE_IN_VM").is_some()
-}
-
 #[test]
 #[ignore = "needs root and /dev/kfd; run in the VM by `cargo xtask test`"]
 fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
     assert_root();
     if !Path::new("/dev/kfd").exists() {
         assert!(!in_vm(), "the VM must have /dev/kfd (amdgpu loaded)");
-        eprintln!("no /dev/kfd on this machine: this test runs in the VM");
+        eprintln!("no /dev/kfd: this test runs in the VM");
         return;
     }
     let probe = fixture("hip_probe");
@@ -45,7 +41,11 @@ fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
     assert!(failed["errno"].as_str().is_some_and(|e| e.starts_with('E')), "{failed}");
     assert_eq!(failed["cgroup"], pod.rel.as_str());
 
-    if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(11) {
+    // The VM's node has no GPU: hipMalloc crashes there, every time. On a
+    // machine with a real GPU the allocation may succeed.
+    let crashed = std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(11);
+    assert!(crashed || !in_vm(), "in the VM hip_probe --malloc dies of SIGSEGV: {:?}", out.status);
+    if crashed {
         let crash = tracer.wait_for("crash in hipMalloc", Duration::from_secs(20), |e| {
             e["kind"] == "crash" && e["pid"] == pid
         });

@@ -110,17 +110,46 @@ pub const KFD_IOCTLS: MetricDecl =
     decl("kfd_ioctls_total", "AMD KFD driver ioctls by result.", Counter, Workload, &["ioctl", "result"]);
 pub const KFD_IOCTL_DURATION: MetricDecl =
     decl("kfd_ioctl_duration_seconds", "Duration of AMD KFD driver ioctls.", Histogram, Workload, &["ioctl"]);
-// Hardware events happen in a driver worker, not in the workload: node-level.
+// Hardware events are reported from a driver worker: they count under the
+// workload whose process the driver names (by pasid or pid), and at node
+// level when it names none (a whole-device reset).
 pub const GPU_MEMORY_FAULTS: MetricDecl = decl(
     "gpu_memory_faults_total",
-    "GPU memory faults seen by the KFD driver on this node.",
+    "GPU memory faults of the workload's processes, found by their pasid.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const GPU_RESETS: MetricDecl = decl(
+    "gpu_resets_total",
+    "GPU resets the driver attributed to the workload's processes.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const GPU_QUEUE_EVICTIONS: MetricDecl = decl(
+    "gpu_queue_evictions_total",
+    "KFD queue evictions of the workload's processes.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const NODE_GPU_MEMORY_FAULTS: MetricDecl = decl(
+    "node_gpu_memory_faults_total",
+    "GPU memory faults on this node that name no process canaryscope could find.",
     Counter,
     Node,
     &[],
 );
-pub const GPU_RESETS: MetricDecl = decl("gpu_resets_total", "GPU resets on this node.", Counter, Node, &[]);
-pub const GPU_QUEUE_EVICTIONS: MetricDecl =
-    decl("gpu_queue_evictions_total", "KFD queue evictions on this node.", Counter, Node, &[]);
+pub const NODE_GPU_RESETS: MetricDecl =
+    decl("node_gpu_resets_total", "GPU resets on this node that name no process.", Counter, Node, &[]);
+pub const NODE_GPU_QUEUE_EVICTIONS: MetricDecl = decl(
+    "node_gpu_queue_evictions_total",
+    "KFD queue evictions on this node that name no process.",
+    Counter,
+    Node,
+    &[],
+);
 pub const CPU_RUNQUEUE_LATENCY: MetricDecl =
     decl("cpu_runqueue_latency_seconds", "Time runnable threads waited for a CPU.", Histogram, Workload, &[]);
 pub const CPU_PERIODS: MetricDecl =
@@ -190,6 +219,9 @@ pub const CATALOG: &[&MetricDecl] = &[
     &GPU_MEMORY_FAULTS,
     &GPU_RESETS,
     &GPU_QUEUE_EVICTIONS,
+    &NODE_GPU_MEMORY_FAULTS,
+    &NODE_GPU_RESETS,
+    &NODE_GPU_QUEUE_EVICTIONS,
     &CPU_RUNQUEUE_LATENCY,
     &CPU_PERIODS,
     &CPU_THROTTLED_PERIODS,

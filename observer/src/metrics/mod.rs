@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Node-level hardware events by kind (the driver context is a kernel
     /// worker, not the workload).
     hardware: BTreeMap<u32, u64>,
+    /// Hardware events the driver attributed to a workload's process.
+    hardware_by_cgroup: BTreeMap<(u64, u32), u64>,
     kfd: Vec<(KfdStatsKey, KfdStats)>,
     gpu: Vec<(GpuStatsKey, GpuStats)>,
     runq: Vec<(u64, RunqHistogram)>,
@@ -120,8 +122,12 @@ impl Metrics {
                     *self.exits.entry((cgroup, label)).or_default() += 1;
                 }
             }
-            Detail::GpuHardware { kind, .. } => {
-                *self.hardware.entry(*kind as u32).or_default() += 1;
+            Detail::GpuHardware { kind, attributed, .. } => {
+                if *attributed && cgroup != 0 && self.admit(cgroup) {
+                    *self.hardware_by_cgroup.entry((cgroup, *kind as u32)).or_default() += 1;
+                } else {
+                    *self.hardware.entry(*kind as u32).or_default() += 1;
+                }
             }
             Detail::GpuStall { .. }
             | Detail::KfdIoctl { .. }
@@ -187,6 +193,7 @@ impl Metrics {
         }
         for cgroup in &purged {
             self.attribution.remove(cgroup);
+            self.hardware_by_cgroup.retain(|k, _| k.0 != *cgroup);
             self.init_failures.retain(|k, _| k.0 != *cgroup);
             self.crashes.retain(|k, _| k.0 != *cgroup);
             self.ooms.retain(|k, _| k.0 != *cgroup);
@@ -289,12 +296,15 @@ impl Metrics {
             fams.get(&KFD_IOCTL_DURATION).latency(&self.vals(*cgroup, &[&ioctl]), merged);
         }
 
-        for (kind, decl) in [
-            (HwKind::MemoryFault, &GPU_MEMORY_FAULTS),
-            (HwKind::Reset, &GPU_RESETS),
-            (HwKind::QueueEviction, &GPU_QUEUE_EVICTIONS),
+        for (kind, workload, node) in [
+            (HwKind::MemoryFault, &GPU_MEMORY_FAULTS, &NODE_GPU_MEMORY_FAULTS),
+            (HwKind::Reset, &GPU_RESETS, &NODE_GPU_RESETS),
+            (HwKind::QueueEviction, &GPU_QUEUE_EVICTIONS, &NODE_GPU_QUEUE_EVICTIONS),
         ] {
-            fams.get(decl).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
+            for ((cgroup, _), n) in self.hardware_by_cgroup.iter().filter(|((_, k), _)| *k == kind as u32) {
+                fams.get(workload).value(&self.vals(*cgroup, &[]), *n as f64);
+            }
+            fams.get(node).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
         }
 
         for (cgroup, h) in &self.runq {
@@ -443,11 +453,15 @@ mod tests {
         m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1) }));
         m.record(&event(1, Detail::Exit { signal: 9, exit_code: 0, core_dumped: false }));
         m.record(&event(2, Detail::Exit { signal: 0, exit_code: 137, core_dumped: false }));
-        let hw = |kind| Detail::GpuHardware { kind, function: "f", detail: String::new() };
-        m.record(&event(0, hw(HwKind::MemoryFault)));
-        m.record(&event(0, hw(HwKind::MemoryFault)));
-        m.record(&event(0, hw(HwKind::Reset)));
-        m.record(&event(0, hw(HwKind::QueueEviction)));
+        let hw =
+            |kind, attributed| Detail::GpuHardware { kind, function: "f", detail: String::new(), attributed };
+        m.record(&event(0, hw(HwKind::MemoryFault, false)));
+        m.record(&event(0, hw(HwKind::MemoryFault, false)));
+        m.record(&event(0, hw(HwKind::Reset, false)));
+        m.record(&event(0, hw(HwKind::QueueEviction, false)));
+        m.record(&event(1, hw(HwKind::MemoryFault, true)));
+        m.record(&event(2, hw(HwKind::QueueEviction, true)));
+        m.record(&event(2, hw(HwKind::Reset, true)));
         m.set_stalled([(1, Api::Hip, "hipMemcpy".to_string()), (1, Api::Hip, "hipMemcpy".to_string())]);
         let gk = |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
         m.set_gpu(vec![

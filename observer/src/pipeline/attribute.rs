@@ -16,9 +16,12 @@ use observer_common::{
 };
 
 use crate::{
-    attribution::CgroupResolver,
+    attribution::{
+        kfd_procs::{KfdProcess, KfdProcesses},
+        CgroupResolver,
+    },
     clock::BootClock,
-    events::{self, Detail, Event, Origin, Raw},
+    events::{self, Detail, Event, HwCulprit, Origin, Raw},
     oom,
     probes::gpu::GpuProbes,
 };
@@ -36,6 +39,8 @@ pub struct Attributor {
     records: BTreeMap<&'static str, u64>,
     /// Records that could not be decoded (a layout mismatch between the two sides).
     decode_errors: u64,
+    /// KFD's processes by pasid, for attributing GPU hardware events.
+    kfd: KfdProcesses,
 }
 
 impl Default for Attributor {
@@ -52,6 +57,7 @@ impl Attributor {
             oom_scopes: HashMap::new(),
             records: BTreeMap::new(),
             decode_errors: 0,
+            kfd: KfdProcesses::default(),
         }
     }
 
@@ -91,6 +97,29 @@ impl Attributor {
         let mut origin = events::origin_of(header, self.clock);
         origin.cgroup = self.cgroups.path(origin.cgroup_id);
         origin
+    }
+
+    /// The origin of a hardware event that belongs to `process`: its pid
+    /// and cgroup, at the time the driver reported it.
+    fn origin_of_process(&mut self, header: &EventHeader, process: &KfdProcess) -> Origin {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
+            .map(|c| c.trim_end().to_string())
+            .unwrap_or_default();
+        let cgroup_id = process.cgroup.as_deref().and_then(|c| self.cgroups.id_of(c)).unwrap_or(0);
+        Origin {
+            ts_ns: self.clock.to_unix_ns(header.ts_boot_ns),
+            pid: process.pid,
+            tid: process.pid,
+            comm,
+            cgroup_id,
+            cgroup: process.cgroup.clone(),
+        }
+    }
+
+    /// Notes which processes have KFD open now, so a fault reported after
+    /// its process died is still attributed.
+    pub fn refresh_kfd_processes(&mut self) {
+        self.kfd.refresh();
     }
 
     /// An origin at this moment, for what no record caused.
@@ -144,10 +173,18 @@ impl Attributor {
             }
             Raw::GpuHardware(ev) => {
                 let (kind, function, detail) = events::hw_detail(&ev);
-                vec![Event {
-                    origin: self.origin(&ev.header),
-                    detail: Detail::GpuHardware { kind, function, detail },
-                }]
+                let culprit = match events::hw_culprit(&ev) {
+                    Some(HwCulprit::Pasid(pasid)) => self.kfd.by_pasid(pasid),
+                    Some(HwCulprit::Pid(pid)) => self.kfd.by_pid(pid),
+                    None => None,
+                };
+                let origin = match &culprit {
+                    Some(process) => self.origin_of_process(&ev.header, process),
+                    // The driver's own context: a kernel worker, not a workload.
+                    None => self.origin(&ev.header),
+                };
+                let attributed = culprit.is_some();
+                vec![Event { origin, detail: Detail::GpuHardware { kind, function, detail, attributed } }]
             }
             // Discovery records are the library tracker's.
             Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) => Vec::new(),

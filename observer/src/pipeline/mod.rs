@@ -26,6 +26,10 @@ use attribute::Attributor;
 use reader::Ring;
 use stalls::{Stall, StallDetector};
 
+/// How often KFD's process table is read (a process that faults and dies
+/// within this after opening /dev/kfd is attributed only if still listed).
+const KFD_REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct Options {
     pub settings: KernelSettings,
     /// Libraries named by the user; failing to probe one of them is an error.
@@ -35,6 +39,9 @@ pub struct Options {
     /// Stop a process that maps an unknown GPU runtime file until its
     /// probes exist (`--hold`).
     pub hold: bool,
+    /// See KFD ioctls through the syscall fallback even where the
+    /// `kfd_ioctl` kprobe would work (tests of the fallback).
+    pub kfd_syscall_fallback: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +80,7 @@ pub struct Pipeline {
     cpu: Option<CpuMonitor>,
     /// Table-driven probes and the CPU monitor: attached or why not.
     statuses: Vec<ProbeStatus>,
+    last_kfd_refresh: std::time::Instant,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -82,7 +90,10 @@ impl Pipeline {
     /// Loads, attaches and probes what is already there; returns the
     /// pipeline and its ring buffer, for the event loop to read.
     pub fn start(options: Options) -> Result<(Self, Ring), StartError> {
-        let env = probes::environment();
+        let mut env = probes::environment();
+        if options.kfd_syscall_fallback {
+            env.kernel.hide(table::KFD_IOCTL);
+        }
         let mut kernel = probes::load(&options.settings, &env)?;
         let ring = kernel.take_ring().ok_or(LoadError::MissingMap(observer_common::EVENTS_MAP))?;
         // The watchdog exists before any program that could hold a process.
@@ -112,6 +123,7 @@ impl Pipeline {
             stalls: StallDetector::new(options.stall_threshold_ns),
             cpu,
             statuses,
+            last_kfd_refresh: std::time::Instant::now(),
             kernel,
         };
         if options.families.gpu {
@@ -161,9 +173,14 @@ impl Pipeline {
         }
     }
 
-    /// Due map scans, expired holds, retired library files.
+    /// Due map scans, expired holds, retired library files, and KFD's
+    /// current processes.
     pub fn housekeeping(&mut self) {
         self.tracker.housekeeping(&mut self.kernel);
+        if self.last_kfd_refresh.elapsed() >= KFD_REFRESH_EVERY {
+            self.last_kfd_refresh = std::time::Instant::now();
+            self.attribution.refresh_kfd_processes();
+        }
     }
 
     /// Every GPU call stalled now.

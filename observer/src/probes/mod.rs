@@ -86,6 +86,12 @@ impl KernelFunctions {
         Self { kprobes: kfd::kprobes_supported(), present: kfd::functions_in(&kallsyms, &wanted) }
     }
 
+    /// Acts as if the kernel lacked `function` (tests force a fallback
+    /// with it on kernels that have the preferred hook).
+    pub fn hide(&mut self, function: &str) {
+        self.present.remove(function);
+    }
+
     /// Whether a table entry applies to this kernel.
     pub fn uses(&self, used: table::Use) -> bool {
         match used {

@@ -170,7 +170,7 @@ impl Probe {
 pub const HOLDING_PROGRAM: &str = "mmap_exec_exit";
 
 /// The kernel function whose presence picks the KFD ioctl path.
-const KFD_IOCTL: &str = "kfd_ioctl";
+pub const KFD_IOCTL: &str = "kfd_ioctl";
 
 /// Every table-driven hook, in the order statuses are listed.
 pub const PROBES: &[Probe] = &[

@@ -62,6 +62,10 @@ pub struct Args {
     /// no kprobes (default /dev/kfd; tests point it at another device).
     #[arg(long, value_name = "PATH", hide = true)]
     pub kfd_device: Option<PathBuf>,
+    /// Count KFD ioctls through the syscall fallback even where the
+    /// kfd_ioctl kprobe works (tests run the fallback on such kernels).
+    #[arg(long, hide = true)]
+    pub kfd_syscall_fallback: bool,
 }
 
 /// What `canaryscope` alone runs: the flags' defaults.
@@ -145,6 +149,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: args.probes,
         hold: args.hold,
+        kfd_syscall_fallback: args.kfd_syscall_fallback,
     })?;
     greet(&pipeline);
     let mut printer = Printer {

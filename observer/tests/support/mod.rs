@@ -259,7 +259,7 @@ impl PodCgroup {
     }
 
     /// Pure cgroup v2 hosts (the VM) put limits in the same directory;
-    /// hybrid hosts (this machine's kind) in a v1 controller directory at
+    /// hybrid hosts in a v1 controller directory at
     /// the same relative path, as kubelet does.
     fn v1_dir(&mut self, controller: &str) -> Option<PathBuf> {
         let v2_has = fs::read_to_string(cgroup2_root().join("cgroup.controllers"))

@@ -57,7 +57,7 @@ fn hip_trials(env: &Env, plan: &Plan, d: &Daemon) -> Result<Vec<Row>> {
     let mut from_exit = Vec::new();
     let mut from_spawn = Vec::new();
     let mut run_ms = Vec::new();
-    let mut hip_notes = Vec::new();
+    let mut hip_missed = Vec::new();
     for trial in 0..plan.hip_trials {
         tick_jitter(trial);
         let before = metric_sum(&d.metrics()?, hip_name, &hip_labels);
@@ -75,7 +75,7 @@ fn hip_trials(env: &Env, plan: &Plan, d: &Daemon) -> Result<Vec<Row>> {
                 from_spawn.push(seen.duration_since(spawned).as_secs_f64() * 1e3);
                 run_ms.push(exited.duration_since(spawned).as_secs_f64() * 1e3);
             }
-            None => hip_notes
+            None => hip_missed
                 .push(format!("trial {}: no hipInit failure on /metrics within 5 s ({status})", trial + 1)),
         }
     }
@@ -98,7 +98,9 @@ fn hip_trials(env: &Env, plan: &Plan, d: &Daemon) -> Result<Vec<Row>> {
         opt(percentile(&from_spawn, 50.0)),
         opt(percentile(&from_spawn, 99.0)),
     ));
-    hip_p50.notes.extend(hip_notes);
+    for missed in hip_missed {
+        hip_p50.wrong(missed);
+    }
     hip_p99.samples.push(("from_exit_ms".into(), from_exit));
     Ok(vec![hip_p50, hip_p99])
 }
@@ -158,7 +160,7 @@ fn oom_trials(env: &Env, plan: &Plan, d: &Daemon) -> Vec<Row> {
             }
             match poll_increase(d, name, &[], before, Duration::from_secs(5)) {
                 Some(seen) => lat.push(seen.saturating_duration_since(died).as_secs_f64() * 1e3),
-                None => p50.notes.push(format!("trial {}: no OOM kill on /metrics within 5 s", trial + 1)),
+                None => p50.wrong(format!("trial {}: no OOM kill on /metrics within 5 s", trial + 1)),
             }
         }
         Ok(lat)

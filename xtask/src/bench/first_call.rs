@@ -158,6 +158,10 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
         "{} of {trials} processes held; first call seen in {held_seen} of {trials}",
         held_ms.len()
     ));
+    // The hold exists so that no first call is missed.
+    if held_seen != trials {
+        row.wrong(format!("with --hold, the first call was seen in only {held_seen} of {trials} processes"));
+    }
     out.push(row);
 
     let mut row = Row::new("first_call_process_wall_ms", "ms");

@@ -91,8 +91,8 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
                 let v = cuda_loop(env, n)?;
                 let seen =
                     d.wait_metric(name, &labels, Duration::from_secs(5), |c| c >= before + n as f64) - before;
-                if seen < n as f64 {
-                    row.notes.push(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
+                if seen != n as f64 {
+                    row.wrong(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
                 }
                 if last {
                     diag.measure(env, cfg, d.pid(), "canaryscope programs that ran", |c| cuda_loop(env, c))?;

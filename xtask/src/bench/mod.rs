@@ -33,8 +33,10 @@
 //! the timed runs are not disturbed by the statistics themselves.
 //!
 //! Nothing here asserts a time: the targets are printed next to the
-//! measured values ("met" / "missed by X"). The task fails only when a case
-//! could not run at all; a missing peer tool is a note.
+//! measured values ("met" / "missed by X"). The task fails when a case could
+//! not run at all, or when canaryscope got a result wrong while measured (a
+//! detection that never showed, a miscounted call, a first call missed under
+//! the hold); a missing peer tool is a note.
 use std::{
     fs,
     path::PathBuf,
@@ -287,6 +289,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !failed.is_empty() {
         bail!("could not run: {}", failed.join(", "));
     }
+    let wrong: Vec<String> =
+        rows.iter().flat_map(|r| r.wrong.iter().map(move |w| format!("{}: {w}", r.name))).collect();
+    if !wrong.is_empty() {
+        bail!("canaryscope got results wrong while measured:\n  {}", wrong.join("\n  "));
+    }
     Ok(())
 }
 
@@ -306,11 +313,20 @@ struct Row {
     samples: Vec<(String, Vec<f64>)>,
     target: Option<Target>,
     notes: Vec<String>,
+    /// What the observer got wrong while being measured (a missed
+    /// detection, a miscount): the run fails on any, whatever the timings.
+    wrong: Vec<String>,
 }
 
 impl Row {
     fn new(name: &str, unit: &str) -> Row {
         Row { name: name.into(), unit: unit.into(), ..Row::default() }
+    }
+
+    /// Notes a wrong result; it also fails the run.
+    fn wrong(&mut self, what: String) {
+        self.notes.push(what.clone());
+        self.wrong.push(what);
     }
 
     fn ratio(&mut self, name: &str, v: Option<f64>) {
