@@ -7,9 +7,8 @@
 #   jsonschema          Debian package `python3-jsonschema` (or PyPI `jsonschema`)
 #   kubernetes-validate PyPI only: `pip install kubernetes-validate` (bundles the
 #                       Kubernetes JSON schemas, works offline)
-#   kubectl or kustomize, optional: renders the kustomizations (base and base + the
-#                       secure/ component); without it the listed files are validated
-#                       with patches unapplied.
+#   (no kubectl or kustomize: deploycheck.py renders the kustomizations itself,
+#   base and base + the secure/ component with its patches applied)
 # CRD schemas (Argo Rollouts, Flagger, Prometheus Operator) are vendored in
 # deploy/schemas/, so no network is needed.
 #

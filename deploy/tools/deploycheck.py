@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 try:
@@ -551,47 +550,109 @@ def find_nulls(obj, path=""):
     return []
 
 
-def kustomize_build(directory, component=None):
-    """Rendered docs of a kustomization (plus a component, through a throw-away overlay
-    outside deploy/, since kustomize rejects a base containing its overlay), or None
-    when neither kustomize nor kubectl is available."""
-    if component is not None:
-        import tempfile
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
-                yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                                "resources": [os.path.relpath(directory, tmp)],
-                                "components": [os.path.relpath(component, tmp)]}, f)
-            return kustomize_build(tmp)
-    for cmd in (["kustomize", "build", directory], ["kubectl", "kustomize", directory]):
-        # DEPLOYCHECK_NO_KUSTOMIZE=1 exercises the fallback on a machine that has one
-        if shutil.which(cmd[0]) is None or os.environ.get("DEPLOYCHECK_NO_KUSTOMIZE"):
-            continue
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            err("%s failed: %s" % (" ".join(cmd), p.stderr.strip()))
-            return []
-        return [d for d in yaml.safe_load_all(p.stdout) if d is not None]
+# Kinds whose patches kustomize applies as strategic merges; every other kind (the
+# CRDs: ServiceMonitor, PrometheusRule, ...) gets an RFC 7386 JSON merge patch.
+BUILTIN_API_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1")
+
+
+def merge_key(field, items):
+    """The strategic-merge key of a list field (Kubernetes' patchMergeKey), or None
+    when the list is replaced whole."""
+    if field in ("containers", "initContainers", "volumes", "env", "imagePullSecrets"):
+        return "name"
+    if field == "volumeMounts":
+        return "mountPath"
+    if field == "ports":
+        # Container ports merge on containerPort, Service ports on port.
+        return "containerPort" if any("containerPort" in i for i in items if isinstance(i, dict)) else "port"
     return None
 
 
-def files_of_kustomization(directory, component=None):
-    """Fallback without kustomize: the resources listed, namespace applied, no patches."""
+def strategic_merge(target, patch):
+    out = dict(target)
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = strategic_merge(out[k], v)
+        elif isinstance(v, list) and isinstance(out.get(k), list) and merge_key(k, v + out[k]):
+            key = merge_key(k, v + out[k])
+            merged = list(out[k])
+            for item in v:
+                item = dict(item)
+                delete = item.pop("$patch", None) == "delete"
+                at = next((i for i, t in enumerate(merged) if t.get(key) == item.get(key)), None)
+                if delete:
+                    if at is None:
+                        err("patch deletes %s=%r, which is not there" % (key, item.get(key)))
+                    else:
+                        del merged[at]
+                elif at is None:
+                    merged.append(item)
+                else:
+                    merged[at] = strategic_merge(merged[at], item)
+            out[k] = merged
+        else:
+            out[k] = v
+    return out
+
+
+def json_merge(target, patch):
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = json_merge(out.get(k), v)
+    return out
+
+
+def set_images(docs, images):
+    """kustomize's images transformer: newName/newTag by image name."""
+    for d in docs:
+        spec = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            name = c.get("image", "").split("@")[0].rsplit(":", 1)[0]
+            for img in images:
+                if img.get("name") == name:
+                    c["image"] = "%s:%s" % (img.get("newName", name),
+                                            img.get("newTag", c["image"].rsplit(":", 1)[-1]))
+
+
+def render_kustomization(directory, component=None):
+    """What `kustomize build` makes of deploy/ (and a component): resources, namespace,
+    patches and images, for the subset of kustomize these manifests use. Needs no
+    kustomize or kubectl, so the patched manifests are validated on every machine."""
     k = load_yaml(os.path.join(directory, "kustomization.yaml"))
-    resources = [os.path.join(directory, r) for r in k.get("resources", [])]
+    docs = []
+    for r in k.get("resources", []):
+        path = os.path.join(directory, r)
+        docs += render_kustomization(path) if os.path.isdir(path) else load_all(path)
+    images = list(k.get("images", []))
+    layers = [(directory, k)]
     if component is not None:
         c = load_yaml(os.path.join(component, "kustomization.yaml"))
-        resources += [os.path.join(component, r) for r in c.get("resources", [])]
-    docs = []
-    for p in resources:
-        if os.path.isdir(p):
-            docs += files_of_kustomization(p)
-        else:
-            docs += load_all(p)
+        for r in c.get("resources", []):
+            docs += load_all(os.path.join(component, r))
+        images += c.get("images", [])
+        layers.append((component, c))
+    docs = [d for d in docs if d is not None]
     ns = k.get("namespace")
     for d in docs:
         if ns and d.get("kind") not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             d.setdefault("metadata", {})["namespace"] = ns
+    for base, layer in layers:
+        for entry in layer.get("patches", []):
+            for patch in load_all(os.path.join(base, entry["path"])):
+                name = patch["metadata"]["name"]
+                at = [i for i, d in enumerate(docs)
+                      if d.get("kind") == patch["kind"] and d["metadata"].get("name") == name]
+                if len(at) != 1:
+                    err("%s: patch of %s/%s matches %d resources" % (entry["path"], patch["kind"], name, len(at)))
+                    continue
+                merge = strategic_merge if patch.get("apiVersion") in BUILTIN_API_GROUPS else json_merge
+                docs[at[0]] = merge(docs[at[0]], patch)
+    set_images(docs, images)
     return docs
 
 
@@ -856,19 +917,13 @@ def cmd_validate(_):
     sets = []
     secure_dir = os.path.join(DEPLOY, "secure")
     for component, secure in ((None, False), (secure_dir, True)):
-        docs = kustomize_build(DEPLOY, component)
-        label = "deploy/" + (" + component secure/" if secure else "") + " (kustomize build)"
-        if docs is None:
-            print("  note: neither kustomize nor kubectl found: validating the listed files "
-                  "without applying patches")
-            docs = files_of_kustomization(DEPLOY, component)
-            label = "deploy/" + (" + secure/" if secure else "") + " (files, patches not applied)"
-        sets.append((label, docs, secure, docs is not None))
-    for label, docs, secure, _ in sets:
+        docs = render_kustomization(DEPLOY, component)
+        label = "deploy/" + (" + component secure/" if secure else "") + " (rendered, patches applied)"
+        sets.append((label, docs, secure))
+    for label, docs, secure in sets:
         for d in docs:
             validate_doc("%s %s/%s" % (label, d.get("kind"), d.get("metadata", {}).get("name")), d, crds, kv)
-        if "patches not applied" not in label or not secure:
-            check_daemonset_policy(label, docs, secure)
+        check_daemonset_policy(label, docs, secure)
     for path in (ARGO, FLAGGER):
         for d in load_all(path):
             validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)
