@@ -15,7 +15,9 @@
 # Steps
 #   1 rules-equal   spec of prometheusrule.yaml == prometheus/rules.yaml
 #   2 contract      metric names and labels in rules, tests, Argo and Flagger queries are
-#                   those of the metric contract (docs/ARCHITECTURE.md)
+#                   those of the metric contract (deploy/metric-contract.json, generated
+#                   from the exporter's catalog; the integration test metric_contract
+#                   also checks them against a real daemon's scrape)
 #   3 coverage      every alert fires in a test and stays silent in another; every Argo
 #                   metric / Flagger template is exercised by an analysis test
 #   4 promtool check rules prometheus/rules.yaml

@@ -4,8 +4,10 @@
 Subcommands
   sync-rules            rewrite deploy/prometheusrule.yaml from deploy/prometheus/rules.yaml
   rules-equal           PrometheusRule spec == plain rule file
-  contract              metric names / labels used by rules, tests and templates are the
-                        ones of the metric contract (docs/ARCHITECTURE.md)
+  contract [--scrape F] metric names / labels used by rules, tests and templates are the
+                        ones of the metric contract (deploy/metric-contract.json, generated
+                        from the exporter's catalog); with --scrape, also a real daemon's
+                        /metrics output checked against it
   coverage              every alert has a firing and a non-firing promtool test, canary
                         alerts a test with stable series; every Argo metric and Flagger
                         template is exercised by an analysis test
@@ -17,7 +19,8 @@ Subcommands
                         is built without Kubernetes service discovery) + rules.yaml, for
                         `promtool check config`
   validate              Kubernetes + CRD schema validation and structural checks of the
-                        manifests (kustomize output when kubectl/kustomize is available)
+                        manifests, base and base + secure/, rendered here with their
+                        patches applied (no kubectl or kustomize needed)
   extract-schemas ...   regenerate deploy/schemas/*.json from upstream CRD files
 
 Needs: python3 with PyYAML (Debian: python3-yaml); for `validate` also jsonschema
@@ -52,36 +55,15 @@ SCHEMAS = os.path.join(DEPLOY, "schemas")
 K8S_VERSIONS = ["1.28", "1.37"]
 
 # ---------------------------------------------------------------------------------
-# Metric contract (docs/ARCHITECTURE.md, "Metric names"). Keep in step with it.
+# The metric contract, generated from the exporter's catalog
+# (observer/src/metrics/catalog.rs; a unit test keeps the file equal to it).
 # name (without prefix) -> (type, extra labels, carries workload labels)
-CONTRACT = {
-    "gpu_api_calls_total": ("counter", ["api", "function", "result"], True),
-    "gpu_api_call_duration_seconds": ("histogram", ["api", "function"], True),
-    "gpu_init_failures_total": ("counter", ["api", "function", "result"], True),
-    "gpu_api_stalled_calls": ("gauge", ["api", "function"], True),
-    "native_crashes_total": ("counter", ["signal", "library"], True),
-    "kfd_ioctls_total": ("counter", ["ioctl", "result"], True),
-    "kfd_ioctl_duration_seconds": ("histogram", ["ioctl"], True),
-    "gpu_memory_faults_total": ("counter", [], True),
-    "gpu_resets_total": ("counter", [], True),
-    "gpu_queue_evictions_total": ("counter", [], True),
-    "node_gpu_memory_faults_total": ("counter", [], False),
-    "node_gpu_resets_total": ("counter", [], False),
-    "node_gpu_queue_evictions_total": ("counter", [], False),
-    "cpu_runqueue_latency_seconds": ("histogram", [], True),
-    "cpu_throttled_periods_total": ("counter", [], True),
-    "cpu_periods_total": ("counter", [], True),
-    "cpu_throttled_seconds_total": ("counter", [], True),
-    "cpu_runnable_threads": ("gauge", [], True),
-    "cpu_quota_cores": ("gauge", [], True),
-    "oom_kills_total": ("counter", ["scope"], True),
-    "abnormal_exits_total": ("counter", ["signal"], True),
-    "probe_attached": ("gauge", ["probe", "target"], False),
-    "events_lost_total": ("counter", [], False),
-    "decode_errors_total": ("counter", [], False),
-}
-PREFIX = "canaryscope_"
-WORKLOAD_LABELS = ["namespace", "pod", "container", "workload", "revision", "track"]
+CONTRACT_FILE = os.path.join(DEPLOY, "metric-contract.json")
+with open(CONTRACT_FILE) as _f:
+    _CONTRACT = json.load(_f)
+CONTRACT = {name: (f["type"], f["labels"], f["workload"]) for name, f in _CONTRACT["families"].items()}
+PREFIX = _CONTRACT["prefix"]
+WORKLOAD_LABELS = _CONTRACT["workload_labels"]
 # Added by the scrape (job, instance) and by the ServiceMonitor relabelling (node).
 TARGET_LABELS = ["job", "instance", "node"]
 
@@ -309,8 +291,54 @@ def cmd_rules_equal(_):
 # contract
 
 
-def cmd_contract(_):
+SAMPLE_RE = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+\S+")
+LABEL_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="(?:[^"\\]|\\.)*"')
+
+
+def scraped_series(path):
+    """Series name -> the label-name sets its samples carry, from an exposition."""
+    seen = {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            m = SAMPLE_RE.match(line)
+            if not m:
+                err("%s: cannot parse sample line %r" % (path, line.strip()))
+                continue
+            seen.setdefault(m.group(1), set()).add(frozenset(LABEL_RE.findall(m.group(2) or "")))
+    return seen
+
+
+def check_scrape(path):
+    """The exporter's real output against the contract: every series it produced is
+    declared, with exactly the declared labels. The rule checks then use what was
+    scraped for those series."""
+    global ALL_LABELS
+    scraped = scraped_series(path)
+    for name, label_sets in sorted(scraped.items()):
+        if not name.startswith(PREFIX):
+            continue
+        declared = SERIES.get(name)
+        if declared is None:
+            err("%s: %s is exported but not in the metric contract" % (rel(path), name))
+            continue
+        want = declared - set(TARGET_LABELS)
+        for labels in label_sets:
+            if set(labels) != want:
+                err("%s: %s carries labels %s, the contract declares %s"
+                    % (rel(path), name, sorted(labels), sorted(want)))
+        SERIES[name] = set().union(*label_sets) | set(TARGET_LABELS)
+    ALL_LABELS = set().union(*SERIES.values()) | {"le"}
+    if not ERRORS:
+        ok("%s: %d series names, each with the labels the contract declares"
+           % (rel(path), sum(1 for n in scraped if n.startswith(PREFIX))))
+
+
+def cmd_contract(ns):
     print("metric contract (names and labels)")
+    if getattr(ns, "scrape", None):
+        check_scrape(ns.scrape)
     rules = load_yaml(RULES)
     for g in rules["groups"]:
         for r in g["rules"]:
@@ -1015,7 +1043,9 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("sync-rules").set_defaults(fn=cmd_sync_rules)
     sub.add_parser("rules-equal").set_defaults(fn=cmd_rules_equal)
-    sub.add_parser("contract").set_defaults(fn=cmd_contract)
+    p = sub.add_parser("contract")
+    p.add_argument("--scrape", help="a /metrics exposition of a real daemon to check against too")
+    p.set_defaults(fn=cmd_contract)
     sub.add_parser("coverage").set_defaults(fn=cmd_coverage)
     p = sub.add_parser("render-analysis")
     p.add_argument("dir")

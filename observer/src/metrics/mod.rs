@@ -2,6 +2,7 @@
 //! labelled by workload, with gone pods dropped after a grace period and a
 //! cap that protects Prometheus from a cardinality explosion.
 pub mod catalog;
+pub mod contract;
 pub mod families;
 pub mod server;
 
