@@ -231,6 +231,14 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
     }
 }
 
+/// A live thread's name (empty once it is gone), for what the kernel
+/// record did not carry.
+pub fn thread_comm(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_default()
+}
+
 pub fn origin_of(h: &EventHeader, clock: crate::clock::BootClock) -> Origin {
     Origin {
         ts_ns: clock.to_unix_ns(h.ts_boot_ns),

@@ -118,12 +118,10 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         ),
     )
     .expect("kubeconfig");
-    // The ZLUDA-shaped fixture library: the stable pod's calls to it succeed.
-    fixture("cuda_app");
-    let zluda = fixtures_dir().join("zluda/libcuda.so.1");
+    // The stable pod's ZLUDA-shaped library is found as a user's would be,
+    // when its process starts; --hold makes its first calls count too.
     let daemon = Daemon::start(&[
-        "--lib",
-        zluda.to_str().expect("utf8"),
+        "--hold",
         "--kubeconfig",
         kubeconfig.to_str().expect("utf8"),
         "--node-name",
@@ -150,6 +148,9 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
                 && l.contains("pod=\"infer-stablehash-fghij\"")
                 && l.contains("function=\"cuDriverGetVersion\"")
                 && l.contains("result=\"CUDA_SUCCESS\"")
+                // Series are refreshed twice a second: wait for the one taken
+                // after the process ended.
+                && metric_value(l) >= 1000.0
         });
     for label in ["revision=\"stablehash\"", "track=\"stable\"", "workload=\"infer\""] {
         assert!(stable_calls.contains(label), "{label} missing in {stable_calls}");

@@ -102,9 +102,7 @@ impl Attributor {
     /// The origin of a hardware event that belongs to `process`: its pid
     /// and cgroup, at the time the driver reported it.
     fn origin_of_process(&mut self, header: &EventHeader, process: &KfdProcess) -> Origin {
-        let comm = std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
-            .map(|c| c.trim_end().to_string())
-            .unwrap_or_default();
+        let comm = events::thread_comm(process.pid, process.pid);
         let cgroup_id = process.cgroup.as_deref().and_then(|c| self.cgroups.id_of(c)).unwrap_or(0);
         Origin {
             ts_ns: self.clock.to_unix_ns(header.ts_boot_ns),

@@ -190,9 +190,7 @@ impl Pipeline {
 
     /// A newly stalled call as an event (reads the thread's name).
     pub fn stall_event(&mut self, stall: &Stall) -> Event {
-        let comm = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", stall.pid, stall.tid))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_default();
+        let comm = crate::events::thread_comm(stall.pid, stall.tid);
         Event {
             origin: Origin {
                 ts_ns: self.attribution.wall_now_ns(),
