@@ -28,6 +28,16 @@ pub const HELD_MAP: &str = "HELD_PIDS";
 /// Capacity of [`HELD_MAP`]; once full, a process is reported without
 /// being held.
 pub const MAX_HELD: u32 = 4096;
+/// Cgroups selected for hot-call probes: hash cgroup id -> 1. A process in
+/// one of them that maps a GPU runtime file, known or not, is reported (and
+/// held, with the hold), so its own hot-call probes exist before its first
+/// launch.
+pub const HOT_CGROUPS_MAP: &str = "HOT_CGROUPS";
+/// Processes selected for hot-call probes (by `trace --pid`/`--comm`): hash
+/// tgid -> 1, with the same effect.
+pub const HOT_TGIDS_MAP: &str = "HOT_TGIDS";
+/// Capacity of each of [`HOT_CGROUPS_MAP`] and [`HOT_TGIDS_MAP`].
+pub const MAX_HOT_SCOPES: u32 = 4096;
 /// Load-time global: non-zero when the hold is enabled (`--hold`).
 pub const GLOBAL_HOLD: &str = "HOLD_ENABLED";
 
@@ -68,6 +78,10 @@ pub struct GpuMapEvent {
     pub held_at_ns: u64,
     /// Base name of the file.
     pub name: [u8; LIBRARY_NAME_LEN],
+    /// Non-zero when the file was known already and is reported because
+    /// the process is selected for hot-call probes.
+    pub known: u32,
+    pub _pad: u32,
 }
 
 /// A file's identity as the kernel sees it: the superblock's device
@@ -96,7 +110,8 @@ impl GpuFileKey {
 pub struct PendingGpuMap {
     pub key: GpuFileKey,
     pub fd: i32,
-    pub _pad: u32,
+    /// See [`GpuMapEvent::known`].
+    pub known: u32,
     pub name: [u8; LIBRARY_NAME_LEN],
 }
 

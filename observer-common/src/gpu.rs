@@ -38,7 +38,7 @@ impl Api {
         }
     }
 
-    pub fn functions(self) -> &'static [&'static str] {
+    pub fn functions(self) -> &'static [GpuFunction] {
         match self {
             Self::Hip => HIP_FUNCTIONS,
             Self::Cuda => CUDA_FUNCTIONS,
@@ -46,46 +46,126 @@ impl Api {
     }
 }
 
+wire_enum! {
+    /// How often a workload calls a function, and so where it is probed.
+    pub enum Tier {
+        /// Init, device and context set-up, module loading, allocation,
+        /// synchronous copies and synchronisations: rare, or already
+        /// blocking on the GPU. Probed in every process. Errors of
+        /// asynchronous work surface here, at the next synchronisation.
+        Cold = 0,
+        /// Kernel launches, asynchronous copies and allocations, error
+        /// polling: called per operation. Probed only in selected processes
+        /// (per-process uprobes), so no other process takes a trap.
+        Hot = 1,
+    }
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cold => "cold",
+            Self::Hot => "hot",
+        }
+    }
+}
+
+/// One probed entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuFunction {
+    pub name: &'static str,
+    pub tier: Tier,
+}
+
+const fn cold(name: &'static str) -> GpuFunction {
+    GpuFunction { name, tier: Tier::Cold }
+}
+
+const fn hot(name: &'static str) -> GpuFunction {
+    GpuFunction { name, tier: Tier::Hot }
+}
+
 /// HIP entry points probed. The index is the function id carried in the
 /// attach cookie; append only, never reorder (ids appear in kernel maps).
-pub const HIP_FUNCTIONS: &[&str] = &[
-    "hipInit",
-    "hipGetDeviceCount",
-    "hipSetDevice",
-    "hipMalloc",
-    "hipMallocManaged",
-    "hipFree",
-    "hipMemcpy",
-    "hipMemcpyAsync",
-    "hipModuleLoadData",
-    "hipModuleLaunchKernel",
-    "hipLaunchKernel",
-    "hipDeviceSynchronize",
-    "hipStreamSynchronize",
-    "hipGetLastError",
-    "hipCtxCreate",
-    "hipDeviceReset",
+pub const HIP_FUNCTIONS: &[GpuFunction] = &[
+    cold("hipInit"),
+    cold("hipGetDeviceCount"),
+    cold("hipSetDevice"),
+    cold("hipMalloc"),
+    cold("hipMallocManaged"),
+    cold("hipFree"),
+    cold("hipMemcpy"),
+    hot("hipMemcpyAsync"),
+    cold("hipModuleLoadData"),
+    hot("hipModuleLaunchKernel"),
+    hot("hipLaunchKernel"),
+    cold("hipDeviceSynchronize"),
+    cold("hipStreamSynchronize"),
+    hot("hipGetLastError"),
+    cold("hipCtxCreate"),
+    cold("hipDeviceReset"),
+    // Appended with the tiers: entry points current runtimes and
+    // frameworks call, per-thread-stream (`_spt`) variants included.
+    hot("hipMallocAsync"),
+    hot("hipFreeAsync"),
+    hot("hipExtLaunchKernel"),
+    hot("hipGraphLaunch"),
+    hot("hipLaunchKernel_spt"),
+    hot("hipMemcpyAsync_spt"),
+    hot("hipPeekAtLastError"),
+    hot("hipMemsetAsync"),
+    hot("hipMemcpyHtoDAsync"),
+    hot("hipMemcpyDtoHAsync"),
+    hot("hipMemcpyDtoDAsync"),
+    hot("hipLaunchCooperativeKernel"),
+    cold("hipMemcpy_spt"),
+    cold("hipStreamSynchronize_spt"),
+    cold("hipEventSynchronize"),
+    cold("hipModuleLoad"),
 ];
 
-/// CUDA driver API entry points probed (the ones ZLUDA implements).
-pub const CUDA_FUNCTIONS: &[&str] = &[
-    "cuInit",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuCtxCreate_v2",
-    "cuDevicePrimaryCtxRetain",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuModuleLoadData",
-    "cuModuleLoadDataEx",
-    "cuModuleGetFunction",
-    "cuLaunchKernel",
-    "cuStreamSynchronize",
-    "cuCtxSynchronize",
+/// CUDA driver API entry points probed (the ones ZLUDA implements, and the
+/// versioned and per-thread-stream variants the CUDA 12 runtime gets
+/// through `cuGetProcAddress`). Same rule: append only.
+pub const CUDA_FUNCTIONS: &[GpuFunction] = &[
+    cold("cuInit"),
+    cold("cuDeviceGet"),
+    cold("cuDeviceGetCount"),
+    cold("cuCtxCreate_v2"),
+    cold("cuDevicePrimaryCtxRetain"),
+    cold("cuMemAlloc_v2"),
+    cold("cuMemFree_v2"),
+    cold("cuMemcpyHtoD_v2"),
+    cold("cuMemcpyDtoH_v2"),
+    cold("cuModuleLoadData"),
+    cold("cuModuleLoadDataEx"),
+    cold("cuModuleGetFunction"),
+    hot("cuLaunchKernel"),
+    cold("cuStreamSynchronize"),
+    cold("cuCtxSynchronize"),
     // Cheap, and called by frameworks at start-up (torch's CUDA init).
-    "cuDriverGetVersion",
+    cold("cuDriverGetVersion"),
+    // Appended with the tiers.
+    hot("cuLaunchKernelEx"),
+    hot("cuLaunchKernel_ptsz"),
+    hot("cuLaunchKernelEx_ptsz"),
+    hot("cuLaunchCooperativeKernel"),
+    hot("cuGraphLaunch"),
+    hot("cuMemcpyAsync"),
+    hot("cuMemcpyHtoDAsync_v2"),
+    hot("cuMemcpyDtoHAsync_v2"),
+    hot("cuMemcpyAsync_ptsz"),
+    hot("cuMemcpyHtoDAsync_v2_ptsz"),
+    hot("cuMemcpyDtoHAsync_v2_ptsz"),
+    hot("cuMemAllocAsync"),
+    hot("cuMemFreeAsync"),
+    cold("cuCtxCreate_v4"),
+    cold("cuLibraryLoadData"),
+    cold("cuLibraryGetKernel"),
+    cold("cuMemcpyHtoD_v2_ptds"),
+    cold("cuMemcpyDtoH_v2_ptds"),
+    cold("cuStreamSynchronize_ptsz"),
+    cold("cuGetProcAddress_v2"),
 ];
 
 /// Functions whose failure means the runtime could not start at all.
@@ -99,8 +179,14 @@ pub fn is_init_function(name: &str) -> bool {
             | "cuDeviceGet"
             | "cuDeviceGetCount"
             | "cuCtxCreate_v2"
+            | "cuCtxCreate_v4"
             | "cuDevicePrimaryCtxRetain"
     )
+}
+
+/// The tier of a probed function by name; `None` for a name not probed.
+pub fn tier_of(name: &str) -> Option<Tier> {
+    HIP_FUNCTIONS.iter().chain(CUDA_FUNCTIONS).find(|f| f.name == name).map(|f| f.tier)
 }
 
 /// Attach cookie: library index (userspace's table) in bits 32..64, API in
@@ -192,12 +278,36 @@ mod tests {
     }
 
     #[test]
+    fn per_operation_calls_are_hot_and_failures_still_surface_cold() {
+        for name in [
+            "hipLaunchKernel",
+            "hipModuleLaunchKernel",
+            "hipMemcpyAsync",
+            "hipGetLastError",
+            "cuLaunchKernel",
+        ] {
+            assert_eq!(tier_of(name), Some(Tier::Hot), "{name}");
+        }
+        // Sticky errors of asynchronous work are returned by the next
+        // synchronisation, which every process keeps probed.
+        for name in ["hipInit", "cuInit", "hipStreamSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"] {
+            assert_eq!(tier_of(name), Some(Tier::Cold), "{name}");
+        }
+        // Every init function is cold: a failed start is seen in every process.
+        for f in HIP_FUNCTIONS.iter().chain(CUDA_FUNCTIONS) {
+            if is_init_function(f.name) {
+                assert_eq!(f.tier, Tier::Cold, "{}", f.name);
+            }
+        }
+    }
+
+    #[test]
     fn function_tables_fit_the_cookie_and_have_no_duplicates() {
         for api in [Api::Hip, Api::Cuda] {
             let f = api.functions();
             assert!(f.len() < 0xffff);
             for (i, a) in f.iter().enumerate() {
-                assert!(!f[i + 1..].contains(a), "{a} twice");
+                assert!(!f[i + 1..].iter().any(|b| b.name == a.name), "{} twice", a.name);
             }
         }
     }

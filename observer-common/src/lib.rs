@@ -55,6 +55,8 @@ pub const USERSPACE_MAPS: &[&str] = &[
     sched::RUNQ_MAP,
     discovery::GPU_FILES_KNOWN_MAP,
     discovery::HELD_MAP,
+    discovery::HOT_CGROUPS_MAP,
+    discovery::HOT_TGIDS_MAP,
 ];
 
 /// Every load-time global userspace sets (`EbpfLoader::override_global`):

@@ -9,7 +9,7 @@
 //!   it. Other executable mappings raise one coalesced event per process.
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns,
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns,
         bpf_probe_read_kernel_str_bytes, bpf_send_signal,
     },
     macros::{map, raw_tracepoint, tracepoint},
@@ -19,7 +19,7 @@ use aya_ebpf::{
 use observer_common::{
     discovery::{
         ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MAX_GPU_FILES_KNOWN,
-        MAX_HELD, MMAP_COALESCE_NS,
+        MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
     },
     task::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
@@ -47,7 +47,15 @@ static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(MAX
 #[map(name = "HELD_PIDS")] // observer_common::discovery::HELD_MAP
 static HELD_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_HELD, 0);
 
-/// An unknown GPU runtime file being mapped, from `mmap` entry to return.
+/// Cgroups whose processes get hot-call probes: cgroup id -> 1.
+#[map(name = "HOT_CGROUPS")] // observer_common::discovery::HOT_CGROUPS_MAP
+static HOT_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_HOT_SCOPES, 0);
+
+/// Processes that get hot-call probes: tgid -> 1.
+#[map(name = "HOT_TGIDS")] // observer_common::discovery::HOT_TGIDS_MAP
+static HOT_TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_HOT_SCOPES, 0);
+
+/// A GPU runtime file being reported, from `mmap` entry to return.
 #[map(name = "PENDING_GPU_MAPS")]
 static PENDING_GPU_MAPS: HashMap<u32, PendingGpuMap> = HashMap::with_max_entries(1024, 0);
 
@@ -76,7 +84,7 @@ pub fn mmap_exec(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // A GPU runtime file is told by its name here, so that its report is
     // never held back by the coalescing below.
-    if let Ok(pending) = unknown_gpu_file(fd as u64) {
+    if let Ok(pending) = gpu_file_to_report(fd as u64, pid_tgid) {
         let _ = PENDING_GPU_MAPS.insert(&(pid_tgid as u32), &pending, 0);
         return 0;
     }
@@ -97,13 +105,15 @@ pub fn mmap_exec(ctx: TracePointContext) -> u32 {
 }
 
 /// The file behind `fd` when its name is a GPU runtime's and userspace has
-/// not handled its inode yet.
+/// not handled its inode yet, or has but the process is selected for
+/// hot-call probes (those are per process, so each selected process's
+/// mapping is news).
 ///
 /// match-proto: struct inode *file::f_inode; unsigned long inode::i_ino;
 /// struct super_block *inode::i_sb; dev_t super_block::s_dev; struct dentry
 /// *file::f_path.dentry; const unsigned char *dentry::d_name.name.
 #[inline(always)]
-fn unknown_gpu_file(fd: u64) -> Result<PendingGpuMap, i64> {
+fn gpu_file_to_report(fd: u64, pid_tgid: u64) -> Result<PendingGpuMap, i64> {
     let o = offsets();
     if o.have_vma == 0 || o.inode_i_sb == 0 {
         return Err(-1);
@@ -115,18 +125,29 @@ fn unknown_gpu_file(fd: u64) -> Result<PendingGpuMap, i64> {
     let dev: u32 = read(sb, o.super_block_s_dev)?;
     let key = GpuFileKey { dev, _pad: 0, ino };
     // SAFETY: read-only map lookup.
-    if unsafe { GPU_FILES_KNOWN.get(&key) }.is_some() {
+    let known = unsafe { GPU_FILES_KNOWN.get(&key) }.is_some();
+    if known && !selected_for_hot_calls(pid_tgid) {
         return Err(0);
     }
     let dentry: *const u8 = read(file, o.file_f_path_dentry)?;
     let name_ptr: *const u8 = read(dentry, o.dentry_d_name_name)?;
-    let mut pending = PendingGpuMap { key, fd: fd as i32, _pad: 0, name: [0; LIBRARY_NAME_LEN] };
+    let mut pending = PendingGpuMap { key, fd: fd as i32, known: known as u32, name: [0; LIBRARY_NAME_LEN] };
     // SAFETY: reads a NUL-terminated kernel string into our buffer.
     unsafe { bpf_probe_read_kernel_str_bytes(name_ptr, &mut pending.name) }.map_err(|e| e as i64)?;
     if !GPU_LIBRARY_PREFIXES.iter().any(|p| starts_with(&pending.name, p)) {
         return Err(0);
     }
     Ok(pending)
+}
+
+/// Whether the current process is in a cgroup, or is a process, that
+/// userspace selected for hot-call probes.
+#[inline(always)]
+fn selected_for_hot_calls(pid_tgid: u64) -> bool {
+    // SAFETY: helper without arguments.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: read-only map lookups.
+    unsafe { HOT_CGROUPS.get(&cgroup).is_some() || HOT_TGIDS.get(&((pid_tgid >> 32) as u32)).is_some() }
 }
 
 #[inline(always)]
@@ -183,6 +204,8 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
         held,
         held_at_ns,
         name: pending.name,
+        known: pending.known,
+        _pad: 0,
     });
     0
 }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::{
     attribution::cgroups::cgroup2_root,
     cli::CliError,
+    discovery::hot::Policy,
     pipeline::{Options, Pipeline},
     probes::{
         gpu::{self, Flavor},
@@ -173,6 +174,11 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
         families: Families::ALL,
         hold: false,
         kfd_syscall_fallback: false,
+        // What the daemon would do by default; nothing is troubled yet.
+        hot_policy: Policy::for_daemon(
+            crate::config::HotCalls::Selected,
+            crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default(),
+        ),
     };
     match Pipeline::start(options) {
         // The same statuses the daemon exports, GPU library files included.

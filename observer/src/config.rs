@@ -17,6 +17,11 @@ pub const DEFAULT_SERIES_GRACE: &str = "5m";
 pub const DEFAULT_MAX_CGROUPS: usize = 5000;
 /// Pod label whose value becomes the `track` label.
 pub const DEFAULT_TRACK_LABEL: &str = "track";
+/// Which processes take traps on hot GPU calls (see [`HotCalls`]).
+pub const DEFAULT_HOT_CALLS: &str = "selected";
+/// How long a cgroup stays selected for hot-call probes after its last GPU
+/// failure, stall or crash.
+pub const DEFAULT_HOT_WINDOW: &str = "10m";
 /// How long a cgroup must stay oversubscribed before it is reported.
 pub const OVERSUBSCRIBED_AFTER: Duration = Duration::from_secs(2);
 
@@ -76,6 +81,60 @@ pub fn check_gpu_options(libs: &[PathBuf], hold: bool, families: Families) -> Re
     Ok(())
 }
 
+/// Where the hot tier of GPU functions (launches, asynchronous copies, error
+/// polling) is probed. The cold tier is probed in every process whatever
+/// this says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HotCalls {
+    /// Only in selected processes, with per-process uprobes: `trace`'s
+    /// filtered processes (all without a filter); `run`'s canary pods and
+    /// cgroups that had a GPU failure, stall or crash within the hot window.
+    Selected,
+    /// In every process (a trap pair per call everywhere).
+    All,
+    /// Nowhere.
+    None,
+}
+
+impl HotCalls {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Selected => "selected",
+            Self::All => "all",
+            Self::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for HotCalls {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "selected" => Ok(Self::Selected),
+            "all" => Ok(Self::All),
+            "none" => Ok(Self::None),
+            other => Err(format!("`{other}` is not a mode (use selected, all or none)")),
+        }
+    }
+}
+
+/// `--hot-calls` as clap parses it.
+pub fn parse_hot_calls(s: &str) -> Result<HotCalls, String> {
+    s.parse()
+}
+
+/// `--hot-window`: a duration of at least one second (a shorter one would
+/// add and remove probes on every failure).
+pub fn parse_hot_window(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("`{s}` is shorter than 1s"));
+    }
+    Ok(d)
+}
+
 /// The optional config file (TOML); flags override it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -92,6 +151,10 @@ pub struct ConfigFile {
     pub probes: Option<String>,
     /// Hold a process that maps an unknown GPU runtime file until it is probed.
     pub hold: Option<bool>,
+    /// `selected`, `all` or `none` (`--hot-calls`).
+    pub hot_calls: Option<String>,
+    /// `--hot-window`.
+    pub hot_window: Option<String>,
 }
 
 impl ConfigFile {
@@ -119,6 +182,8 @@ pub struct Settings {
     pub libs: Vec<PathBuf>,
     pub probes: Families,
     pub hold: bool,
+    pub hot_calls: HotCalls,
+    pub hot_window: Duration,
 }
 
 impl Settings {
@@ -172,8 +237,20 @@ impl Settings {
         };
         let hold = args.hold || file.hold.unwrap_or(false);
         check_gpu_options(&libs, hold, probes)?;
+        let hot_calls = match args.hot_calls.clone().or(file.hot_calls) {
+            Some(text) => parse_hot_calls(&text).map_err(|e| CliError::usage(format!("--hot-calls: {e}")))?,
+            None => HotCalls::Selected,
+        };
+        let hot_window = match args.hot_window.clone().or(file.hot_window) {
+            Some(text) => {
+                parse_hot_window(&text).map_err(|e| CliError::usage(format!("--hot-window: {e}")))?
+            }
+            None => default_duration(DEFAULT_HOT_WINDOW),
+        };
         Ok(Self {
             hold,
+            hot_calls,
+            hot_window,
             probes,
             listen,
             kube,
@@ -204,6 +281,8 @@ mod tests {
     fn built_in_defaults_parse() {
         assert_eq!(parse_duration(DEFAULT_STALL_THRESHOLD), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration(DEFAULT_SERIES_GRACE), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_hot_window(DEFAULT_HOT_WINDOW), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_hot_calls(DEFAULT_HOT_CALLS), Ok(HotCalls::Selected));
         assert!(server::parse_listen(DEFAULT_LISTEN).is_ok());
         let s = Settings::from_run_args(&Args::default()).expect("defaults are valid");
         assert_eq!(
@@ -234,6 +313,29 @@ mod tests {
         let s = Settings::from_run_args(&a).expect("valid config");
         assert_eq!(s.listen.port(), 9999);
         assert_eq!(s.series_grace, Duration::from_secs(30));
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[test]
+    fn hot_call_settings_come_from_flags_or_file() {
+        let s = Settings::from_run_args(&Args::default()).expect("defaults");
+        assert_eq!((s.hot_calls, s.hot_window), (HotCalls::Selected, Duration::from_secs(600)));
+        let file = std::env::temp_dir().join(format!("cs-hot-{}", std::process::id()));
+        std::fs::write(&file, "hot_calls = \"none\"\nhot_window = \"30s\"\n").expect("write");
+        let mut a = Args { config: Some(file.clone()), ..Args::default() };
+        let s = Settings::from_run_args(&a).expect("valid config");
+        assert_eq!((s.hot_calls, s.hot_window), (HotCalls::None, Duration::from_secs(30)));
+        a.hot_calls = Some("all".into());
+        assert_eq!(Settings::from_run_args(&a).expect("flag wins").hot_calls, HotCalls::All);
+        a.hot_calls = Some("some".into());
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--hot-calls: `some`"))
+        );
+        a.hot_calls = None;
+        a.hot_window = Some("200ms".into());
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--hot-window: "))
+        );
         let _ = std::fs::remove_file(file);
     }
 

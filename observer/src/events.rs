@@ -161,7 +161,7 @@ pub fn signal_label(signal: i32) -> String {
 }
 
 pub fn function_name(api: Api, index: u32) -> String {
-    api.functions().get(index as usize).map(|s| s.to_string()).unwrap_or_else(|| format!("fn#{index}"))
+    api.functions().get(index as usize).map(|f| f.name.to_string()).unwrap_or_else(|| format!("fn#{index}"))
 }
 
 /// A raw record as it left the kernel, before paths and names are attached.

@@ -18,6 +18,7 @@ use crate::{
     },
     cli::{require_root, CliError},
     config::{self, Settings},
+    discovery::hot::Policy,
     event_loop::{self, Consumer, Flow, Schedule},
     events::{Detail, Event},
     metrics::{
@@ -73,6 +74,14 @@ pub struct Args {
     /// its probes are attached, so its first call is seen (see README: the hold).
     #[arg(long)]
     pub hold: bool,
+    /// Where launches, asynchronous copies and other per-operation GPU calls
+    /// are trapped: selected (canary pods, and cgroups with a GPU failure,
+    /// stall or crash within --hot-window), all, or none.
+    #[arg(long, value_name = "MODE", help = config::with_default("Where per-operation GPU calls (launches, async copies) are trapped: selected (canary pods and cgroups with a recent GPU failure, stall or crash), all, or none", config::DEFAULT_HOT_CALLS))]
+    pub hot_calls: Option<String>,
+    /// How long a cgroup stays selected after its last GPU failure, stall or crash.
+    #[arg(long, value_name = "DURATION", help = config::with_default("How long a cgroup stays selected for hot-call probes after its last GPU failure, stall or crash", config::DEFAULT_HOT_WINDOW))]
+    pub hot_window: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -104,6 +113,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         families: settings.probes,
         hold: settings.hold,
         kfd_syscall_fallback: false,
+        hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
     })?;
 
     let pods: Option<PodCache> = match &settings.kube {
@@ -115,6 +125,15 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
             None
         }
     };
+
+    if let Some(pods) = &pods {
+        let pods = pods.clone();
+        // Processes of canary pods get hot-call probes from their start.
+        pipeline.set_canary_judge(Box::new(move |path| {
+            let (labels, _) = labels_for(Some(path), Some(&pods));
+            (labels.track == "canary").then_some("track label")
+        }));
+    }
 
     let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
     tokio::spawn(server::serve(listener, shared.clone()));
@@ -189,6 +208,7 @@ impl Exporter {
         let metrics = &mut self.metrics;
         // Libraries found since the start (a pod's own copy) show up too.
         metrics.probes = pipeline.statuses();
+        metrics.hot = pipeline.hot_counts();
         metrics.set_stalled(pipeline.stalls().into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
         let kernel = pipeline.kernel();
         let (gpu, runq, kfd) = (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats());

@@ -2,8 +2,10 @@
 //! time from what a process's loader could find (`ahead`, `ldcache`), at
 //! the mapping of an unknown runtime file, and, opt-in, by holding the
 //! mapping process until its probes exist (`hold`). `tracker` decides what
-//! to probe and keeps the kernel side's list of known files current.
+//! to probe and keeps the kernel side's list of known files current; `hot`
+//! decides which processes also get the hot tier of GPU functions.
 pub mod ahead;
 pub mod hold;
+pub mod hot;
 pub mod ldcache;
 pub mod tracker;

@@ -4,21 +4,25 @@
 //! processes the hold stopped. Each newly probed file becomes an
 //! [`Announcement`], data that the pipeline turns into an event.
 use std::{
-    collections::HashSet,
+    collections::{BTreeSet, HashMap, HashSet},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
-use log::{debug, warn};
+use log::{debug, info, warn};
 use observer_common::{
     comm_str,
     discovery::{is_gpu_library_name, GpuFileKey, GpuMapEvent, MAP_SCAN_DELAY_MS},
     EventHeader,
 };
 
-use super::{ahead::AheadOfTime, hold::Hold};
+use super::{
+    ahead::AheadOfTime,
+    hold::Hold,
+    hot::{process_cgroup, Candidate, ExitWatch, HotCounts, KernelScope, Policy, Reason, Selection},
+};
 use crate::probes::{
-    gpu::{self, Flavor, GpuProbes},
+    gpu::{self, Flavor, GpuAttachError, GpuProbes, HotPlacement},
     Loaded,
 };
 
@@ -26,6 +30,23 @@ use crate::probes::{
 const RETIRE_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Files found not to be GPU runtimes are remembered up to this many.
 const MAX_REJECTED: usize = 65536;
+/// How often hot-call selection is re-evaluated when nothing asked for it
+/// sooner (canary pods promoted, windows passed, processes gone).
+const RESELECT_EVERY: Duration = Duration::from_millis(500);
+/// A process selected at exec has this long to map a GPU runtime while the
+/// kernel side reports its mappings; later ones are found by the map scan.
+const EXEC_SCOPE_LIFETIME: Duration = Duration::from_secs(60);
+
+/// A process that maps at least one probed GPU runtime file.
+struct GpuProcess {
+    comm: String,
+    cgroup_id: u64,
+    cgroup_path: Option<String>,
+    libraries: BTreeSet<gpu::FileId>,
+    exit: ExitWatch,
+    /// Why it carries hot-call probes, when it does.
+    reason: Option<Reason>,
+}
 
 /// A library newly probed, and why it was chosen.
 #[derive(Clone, Debug)]
@@ -55,12 +76,33 @@ pub struct LibraryTracker {
     last_retire_check: Instant,
     announcements: Vec<Announcement>,
     hold: Option<Hold>,
+    selection: Selection,
+    processes: HashMap<u32, GpuProcess>,
+    /// What the kernel side reports mappings for (see `set_hot_cgroup`).
+    scopes: HashSet<KernelScope>,
+    /// Scopes added at exec, until when they stay without a GPU process.
+    exec_scopes: HashMap<KernelScope, Instant>,
+    cgroup_root: Option<PathBuf>,
+    last_reselect: Instant,
+    reselect_now: bool,
 }
 
 impl LibraryTracker {
-    pub fn new(hold: Option<Hold>) -> Self {
+    pub fn new(hold: Option<Hold>, policy: Policy, cgroup_root: Option<PathBuf>) -> Self {
+        let placement = match policy {
+            Policy::Everyone => HotPlacement::Everywhere,
+            Policy::Nobody => HotPlacement::Nowhere,
+            Policy::Filter { .. } | Policy::Daemon { .. } => HotPlacement::PerProcess,
+        };
         Self {
-            probes: GpuProbes::default(),
+            selection: Selection::new(policy),
+            processes: HashMap::new(),
+            scopes: HashSet::new(),
+            exec_scopes: HashMap::new(),
+            cgroup_root,
+            last_reselect: Instant::now(),
+            reselect_now: false,
+            probes: GpuProbes::new(placement),
             ahead: AheadOfTime::default(),
             rejected: HashSet::new(),
             pending_scans: Vec::new(),
@@ -100,12 +142,50 @@ impl LibraryTracker {
     /// What the observer's own root (the node's, in a DaemonSet) could
     /// load, then what running processes (and their containers) already map.
     pub fn probe_present(&mut self, kernel: &mut Loaded) {
+        for pid in self.selection.initial_pids().to_vec() {
+            self.add_scope(kernel, KernelScope::Process(pid));
+        }
         for c in self.ahead.for_process(std::process::id(), "the host") {
             self.consider(kernel, c.open_path, c.display, &c.reason, None);
         }
         for pid in gpu::all_pids() {
             self.scan_process(kernel, pid, None);
         }
+    }
+
+    /// Lets `run` tell canary pods by their cgroup path.
+    pub fn set_canary_judge(&mut self, judge: super::hot::CanaryJudge) {
+        self.selection.set_canary_judge(judge);
+        self.reselect_now = true;
+    }
+
+    /// A GPU failure, stall or crash in a cgroup: with the daemon's policy
+    /// its processes get hot-call probes for the window from now.
+    pub fn note_trouble(&mut self, kernel: &mut Loaded, cgroup_id: u64) {
+        if self.selection.note_trouble(cgroup_id, Instant::now()) {
+            debug!("cgroup {cgroup_id} had GPU trouble: selecting its processes for hot-call probes");
+            self.add_scope(kernel, KernelScope::Cgroup(cgroup_id));
+            self.reselect_now = true;
+        }
+    }
+
+    /// GPU processes with hot-call probes, by reason.
+    pub fn hot_counts(&self) -> HotCounts {
+        let mut counts = HotCounts::new();
+        for reason in self.processes.values().filter_map(|p| p.reason) {
+            *counts.entry(reason).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Processes that map a probed GPU runtime file.
+    pub fn gpu_processes(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// Why a process carries hot-call probes, if it does.
+    pub fn hot_reason(&self, pid: u32) -> Option<Reason> {
+        self.processes.get(&pid).and_then(|p| p.reason)
     }
 
     /// A process mapped code: read its maps a little later, as the loader
@@ -118,9 +198,22 @@ impl LibraryTracker {
     }
 
     /// A program was exec'd: probe what its loader could find before it runs.
-    pub fn exec(&mut self, kernel: &mut Loaded, header: &EventHeader) {
+    pub fn exec(&mut self, kernel: &mut Loaded, header: &EventHeader, cgroup_path: Option<&str>) {
         let pid = header.pid;
         let started = Instant::now();
+        // A selected process's mappings of runtime files it has not mapped
+        // yet are reported by the kernel side from now on (and held, with
+        // the hold), so its hot-call probes exist before its first launch.
+        if self.selection.per_process() {
+            let candidate =
+                Candidate { pid, comm: comm_str(&header.comm), cgroup_id: header.cgroup_id, cgroup_path };
+            if self.selection.reason(&candidate, started).is_some() {
+                if let Some(scope) = self.selection.kernel_scope(&candidate) {
+                    self.add_scope(kernel, scope);
+                    self.exec_scopes.insert(scope, started + EXEC_SCOPE_LIFETIME);
+                }
+            }
+        }
         let who = format!("{}[{pid}]", comm_str(&header.comm));
         for c in self.ahead.for_process(pid, &who) {
             self.consider(kernel, c.open_path, c.display, &c.reason, Some(header));
@@ -143,10 +236,14 @@ impl LibraryTracker {
             let display = std::fs::read_link(&via_fd).map(|p| p.display().to_string()).unwrap_or(name);
             if is_gpu_library_name(display.rsplit('/').next().unwrap_or_default().as_bytes()) {
                 let reason = format!("mapped by {}[{pid}]", comm_str(&ev.header.comm));
-                self.consider(kernel, via_fd, display, &reason, Some(&ev.header));
+                if let Some(id) = self.consider(kernel, via_fd, display, &reason, Some(&ev.header)) {
+                    self.register(pid, BTreeSet::from([id]));
+                }
             }
         }
         kernel.mark_known(ev.key);
+        // Its hot-call probes too, before it runs again.
+        self.apply(kernel, pid, Instant::now());
         if ev.held == 0 {
             return;
         }
@@ -170,6 +267,9 @@ impl LibraryTracker {
         self.pending_scans.retain(|(t, _)| *t > now);
         for pid in due {
             self.scan_process(kernel, pid, None);
+        }
+        if self.reselect_now || self.last_reselect.elapsed() >= RESELECT_EVERY {
+            self.reselect(kernel);
         }
         if let Some(hold) = self.hold.as_mut() {
             for pid in hold.resume_expired() {
@@ -210,8 +310,140 @@ impl LibraryTracker {
             Some(h) => format!("mapped by {}[{pid}]", comm_str(&h.comm)),
             None => "mapped by a running process".to_string(),
         };
+        let mut probed = BTreeSet::new();
         for (path, display) in gpu::process_libraries(pid) {
-            self.consider(kernel, path, display, &reason, origin);
+            if let Some(id) = self.consider(kernel, path, display, &reason, origin) {
+                probed.insert(id);
+            }
+        }
+        if !probed.is_empty() {
+            self.register(pid, probed);
+            self.apply(kernel, pid, Instant::now());
+        }
+    }
+
+    /// Records that `pid` maps these probed files.
+    fn register(&mut self, pid: u32, libraries: BTreeSet<gpu::FileId>) {
+        if let Some(known) = self.processes.get_mut(&pid) {
+            known.libraries.extend(libraries);
+            return;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let (cgroup_id, cgroup_path) = match process_cgroup(pid, self.cgroup_root.as_deref()) {
+            Some((id, path)) => (id, Some(path)),
+            None => (0, None),
+        };
+        let process = GpuProcess {
+            comm: comm.trim_end().to_string(),
+            cgroup_id,
+            cgroup_path,
+            libraries,
+            exit: ExitWatch::open(pid),
+            reason: None,
+        };
+        self.processes.insert(pid, process);
+    }
+
+    /// Gives `pid` the hot-call probes its selection asks for, or takes
+    /// them away.
+    fn apply(&mut self, kernel: &mut Loaded, pid: u32, now: Instant) {
+        let Some(process) = self.processes.get_mut(&pid) else { return };
+        let candidate = Candidate {
+            pid,
+            comm: &process.comm,
+            cgroup_id: process.cgroup_id,
+            cgroup_path: process.cgroup_path.as_deref(),
+        };
+        let want = self.selection.reason(&candidate, now);
+        let scope = self.selection.kernel_scope(&candidate);
+        if self.selection.per_process() {
+            match want {
+                Some(reason) => {
+                    for id in &process.libraries {
+                        match self.probes.attach_hot(kernel.object_mut(), id, pid) {
+                            Ok(0) => {}
+                            Ok(n) => info!(
+                                "hot-call probes on {n} functions for {}[{pid}] ({})",
+                                process.comm,
+                                reason.as_str()
+                            ),
+                            Err(GpuAttachError::Gone(what)) => debug!("{what}: gone while attaching"),
+                            Err(e) => warn!("cannot probe hot calls: {e}"),
+                        }
+                    }
+                }
+                None if process.reason.is_some() => {
+                    self.probes.release_hot(kernel.object_mut(), pid);
+                    info!("hot-call probes removed from {}[{pid}]: no longer selected", process.comm);
+                }
+                None => {}
+            }
+        }
+        process.reason = want;
+        if let (Some(_), Some(scope)) = (want, scope) {
+            self.add_scope(kernel, scope);
+        }
+    }
+
+    /// Re-evaluates every GPU process: exits, windows that passed, pods
+    /// that stopped (or started) being canaries; then the kernel's scopes.
+    fn reselect(&mut self, kernel: &mut Loaded) {
+        let now = Instant::now();
+        self.last_reselect = now;
+        self.reselect_now = false;
+        let exited: Vec<u32> =
+            self.processes.iter().filter(|(pid, p)| p.exit.exited(**pid)).map(|(pid, _)| *pid).collect();
+        for pid in exited {
+            self.processes.remove(&pid);
+            if self.probes.release_hot(kernel.object_mut(), pid) {
+                debug!("pid {pid} exited: its hot-call probes are gone");
+            }
+        }
+        self.selection.expire(now);
+        self.exec_scopes.retain(|_, until| *until > now);
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            self.apply(kernel, pid, now);
+        }
+        // The kernel reports mappings for selected processes' cgroups (or
+        // the processes), troubled cgroups, and what exec selected lately.
+        let mut wanted: HashSet<KernelScope> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.reason.is_some())
+            .filter_map(|(pid, p)| {
+                self.selection.kernel_scope(&Candidate {
+                    pid: *pid,
+                    comm: &p.comm,
+                    cgroup_id: p.cgroup_id,
+                    cgroup_path: p.cgroup_path.as_deref(),
+                })
+            })
+            .collect();
+        wanted.extend(self.selection.troubled_cgroups().map(KernelScope::Cgroup));
+        wanted.extend(self.selection.initial_pids().iter().map(|p| KernelScope::Process(*p)));
+        wanted.extend(self.exec_scopes.keys().copied());
+        let stale: Vec<KernelScope> = self.scopes.difference(&wanted).copied().collect();
+        for scope in stale {
+            self.remove_scope(kernel, scope);
+        }
+    }
+
+    fn add_scope(&mut self, kernel: &mut Loaded, scope: KernelScope) {
+        if self.scopes.insert(scope) {
+            match scope {
+                KernelScope::Cgroup(id) => kernel.set_hot_cgroup(id, true),
+                KernelScope::Process(pid) => kernel.set_hot_tgid(pid, true),
+            }
+        }
+    }
+
+    fn remove_scope(&mut self, kernel: &mut Loaded, scope: KernelScope) {
+        if self.scopes.remove(&scope) {
+            match scope {
+                KernelScope::Cgroup(id) => kernel.set_hot_cgroup(id, false),
+                KernelScope::Process(pid) => kernel.set_hot_tgid(pid, false),
+            }
         }
     }
 
@@ -224,18 +456,18 @@ impl LibraryTracker {
         display: String,
         reason: &str,
         origin: Option<&EventHeader>,
-    ) {
+    ) -> Option<gpu::FileId> {
         use std::os::{fd::AsRawFd, unix::fs::MetadataExt};
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
             Err(e) => {
                 debug!("{display} (via {}): {e}", path.display());
-                return;
+                return None;
             }
         };
         let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
         if self.probes.is_attached(&id) || self.rejected.contains(&id) {
-            return;
+            return self.probes.is_probed(&id).then_some(id);
         }
         // A path through /proc/PID/root lasts only as long as that process,
         // which may exit mid-attach. An open descriptor keeps the file
@@ -244,7 +476,7 @@ impl LibraryTracker {
             Ok(file) => file,
             Err(e) => {
                 debug!("{display} (via {}): {e}", path.display());
-                return;
+                return None;
             }
         };
         let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -279,5 +511,6 @@ impl LibraryTracker {
         drop(file);
         // Probed, failed or not a runtime: mapping it again is no news.
         kernel.mark_known(GpuFileKey::from_stat(id.dev, id.ino));
+        self.probes.is_probed(&id).then_some(id)
     }
 }

@@ -174,6 +174,13 @@ pub const PROBE_ATTACHED: MetricDecl = decl(
     Node,
     &["probe", "target"],
 );
+pub const GPU_HOT_PROBED_PROCESSES: MetricDecl = decl(
+    "gpu_hot_probed_processes",
+    "Processes whose hot GPU calls (launches, asynchronous copies) are trapped, by why they were selected: canary, gpu_trouble (a GPU failure, stall or crash in their cgroup within the hot window) or all.",
+    Gauge,
+    Node,
+    &["reason"],
+);
 pub const EVENTS_LOST: MetricDecl = decl(
     "events_lost_total",
     "Events dropped in the kernel because the ring buffer was full.",
@@ -229,6 +236,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &CPU_RUNNABLE_THREADS,
     &CPU_QUOTA_CORES,
     &PROBE_ATTACHED,
+    &GPU_HOT_PROBED_PROCESSES,
     &EVENTS_LOST,
     &DECODE_ERRORS,
     &RING_EVENTS,

@@ -59,6 +59,8 @@ pub struct Metrics {
     runq: Vec<(u64, RunqHistogram)>,
     cpu: Vec<(u64, CpuSnapshot)>,
     pub probes: Vec<ProbeStatus>,
+    /// GPU processes with hot-call probes, by reason (set by the daemon loop).
+    pub hot: crate::discovery::hot::HotCounts,
     pub events_lost: u64,
     /// Ring-buffer records that failed to decode (set by the daemon loop).
     pub decode_errors: u64,
@@ -322,6 +324,17 @@ impl Metrics {
 
         for p in &self.probes {
             fams.get(&PROBE_ATTACHED).value(&[p.probe, &p.target], if p.attached { 1.0 } else { 0.0 });
+        }
+        // The daemon's two reasons always have a series, so a rule can
+        // tell "none selected" from "not exported".
+        use crate::discovery::hot::Reason;
+        for reason in [Reason::Canary, Reason::GpuTrouble] {
+            if !self.hot.contains_key(&reason) {
+                fams.get(&GPU_HOT_PROBED_PROCESSES).value(&[reason.as_str()], 0.0);
+            }
+        }
+        for (reason, n) in &self.hot {
+            fams.get(&GPU_HOT_PROBED_PROCESSES).value(&[reason.as_str()], *n as f64);
         }
         fams.get(&EVENTS_LOST).value(&[], self.events_lost as f64);
         fams.get(&DECODE_ERRORS).value(&[], self.decode_errors as f64);

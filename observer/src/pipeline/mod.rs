@@ -16,6 +16,7 @@ use crate::{
     cpu::{CpuFinding, CpuMonitor},
     discovery::{
         hold::{Hold, HoldError},
+        hot::{CanaryJudge, HotCounts, Policy},
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
     events::{Detail, Event, Origin, Raw},
@@ -42,6 +43,8 @@ pub struct Options {
     /// See KFD ioctls through the syscall fallback even where the
     /// `kfd_ioctl` kprobe would work (tests of the fallback).
     pub kfd_syscall_fallback: bool,
+    /// Which processes get the hot tier of GPU functions.
+    pub hot_policy: Policy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,7 @@ impl Pipeline {
         };
         let mut statuses = table::attach_all(kernel.object_mut(), &env, options.families);
         let attribution = Attributor::new();
+        let cgroup_root = attribution.cgroups().root().map(std::path::Path::to_path_buf);
         let cpu = options.families.sched.then(|| {
             let monitor = CpuMonitor::new(attribution.cgroups().root(), config::OVERSUBSCRIBED_AFTER);
             statuses.push(ProbeStatus {
@@ -118,7 +122,7 @@ impl Pipeline {
             monitor
         });
         let mut pipeline = Self {
-            tracker: LibraryTracker::new(hold),
+            tracker: LibraryTracker::new(hold, options.hot_policy, cgroup_root),
             attribution,
             stalls: StallDetector::new(options.stall_threshold_ns),
             cpu,
@@ -141,16 +145,40 @@ impl Pipeline {
             let Some(raw) = self.attribution.decode(record) else { continue };
             match raw {
                 Raw::LibraryMap(ev) => self.tracker.code_mapped(ev.header.pid),
-                Raw::Exec(ev) => self.tracker.exec(&mut self.kernel, &ev.header),
+                Raw::Exec(ev) => {
+                    let cgroup = self.attribution.cgroups_mut().path(ev.header.cgroup_id);
+                    self.tracker.exec(&mut self.kernel, &ev.header, cgroup.as_deref())
+                }
                 Raw::GpuMap(ev) => self.tracker.gpu_file_mapped(&mut self.kernel, &ev),
                 other => {
                     self.announce(&mut out);
+                    let first = out.len();
                     out.extend(self.attribution.events(other, self.tracker.probes()));
+                    for event in &out[first..] {
+                        if is_gpu_trouble(event) {
+                            self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
+                        }
+                    }
                 }
             }
         }
         self.announce(&mut out);
         out
+    }
+
+    /// Lets `run` tell canary pods (hot-call selection) by cgroup path.
+    pub fn set_canary_judge(&mut self, judge: CanaryJudge) {
+        self.tracker.set_canary_judge(judge);
+    }
+
+    /// GPU processes with hot-call probes, by reason.
+    pub fn hot_counts(&self) -> HotCounts {
+        self.tracker.hot_counts()
+    }
+
+    /// Processes that map a probed GPU runtime file.
+    pub fn gpu_processes(&self) -> usize {
+        self.tracker.gpu_processes()
     }
 
     fn announce(&mut self, out: &mut Vec<Event>) {
@@ -183,9 +211,14 @@ impl Pipeline {
         }
     }
 
-    /// Every GPU call stalled now.
+    /// Every GPU call stalled now. A stall is trouble: its cgroup's
+    /// processes are selected for hot-call probes.
     pub fn stalls(&mut self) -> Vec<Stall> {
-        self.stalls.scan(&mut self.kernel)
+        let stalls = self.stalls.scan(&mut self.kernel);
+        for stall in &stalls {
+            self.tracker.note_trouble(&mut self.kernel, stall.cgroup_id);
+        }
+        stalls
     }
 
     /// A newly stalled call as an event (reads the thread's name).
@@ -288,6 +321,16 @@ impl Pipeline {
             decode_errors: self.attribution.decode_errors(),
             events_lost: self.kernel.events_lost(),
         }
+    }
+}
+
+/// A GPU failure, stall, crash or hardware fault: what selects a cgroup's
+/// processes for hot-call probes under the daemon's policy.
+fn is_gpu_trouble(event: &Event) -> bool {
+    match &event.detail {
+        Detail::GpuCall { result, .. } => *result != 0,
+        Detail::GpuStall { .. } | Detail::Crash { .. } | Detail::GpuHardware { .. } => true,
+        _ => false,
     }
 }
 

@@ -20,7 +20,7 @@ use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::AttachError;
-use observer_common::gpu::{cookie, Api};
+use observer_common::gpu::{cookie, Api, GpuFunction, Tier};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
 pub const EXIT_PROGRAM: &str = "gpu_exit";
@@ -84,6 +84,9 @@ pub struct GpuLibrary {
     pub flavor: Flavor,
     /// Function name -> file offset of its entry point.
     pub functions: BTreeMap<&'static str, u64>,
+    /// Exported names at an entry point already probed under another name
+    /// (alias -> probed name): one address takes one probe.
+    pub aliases: Vec<(&'static str, &'static str)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +124,7 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         Api::Cuda if needs_library(&file, "libamdhip64") => Flavor::Zluda,
         Api::Cuda => Flavor::Nvidia,
     };
-    let functions = resolve_functions(&file, api.functions());
+    let (functions, aliases) = resolve_functions(&file, api.functions());
     if functions.is_empty() {
         return Err(LibraryError::NoFunctions { path: display_path.to_string(), api: api.as_str() });
     }
@@ -131,6 +134,7 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         id: FileId { dev: meta.dev(), ino: meta.ino() },
         flavor,
         functions,
+        aliases,
     })
 }
 
@@ -176,18 +180,20 @@ fn dt_needed(file: &object::File<'_>) -> Vec<String> {
 }
 
 /// File offsets of the wanted functions. Uprobes attach at file offsets, so
-/// each symbol's virtual address is translated through its section.
+/// each symbol's virtual address is translated through its section. Where
+/// two wanted names share an entry point, the one listed first is probed and
+/// the other is returned as its alias.
 fn resolve_functions(
     file: &object::File<'_>,
-    wanted: &'static [&'static str],
-) -> BTreeMap<&'static str, u64> {
-    let mut found = BTreeMap::new();
+    wanted: &'static [GpuFunction],
+) -> (BTreeMap<&'static str, u64>, Vec<(&'static str, &'static str)>) {
+    let mut offsets: HashMap<&'static str, u64> = HashMap::new();
     for symbol in file.dynamic_symbols() {
         if !symbol.is_definition() || symbol.address() == 0 {
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
-        let Some(&want) = wanted.iter().find(|w| **w == name) else {
+        let Some(want) = wanted.iter().find(|w| w.name == name) else {
             continue;
         };
         let Some(section) = symbol.section_index().and_then(|i| file.section_by_index(i).ok()) else {
@@ -199,10 +205,23 @@ fn resolve_functions(
         if let Ok(UProbeAttachLocation::AbsoluteOffset(offset)) =
             UProbeAttachLocation::from_virtual_address(symbol.address(), section.address(), section_offset)
         {
-            found.insert(want, offset);
+            offsets.insert(want.name, offset);
         }
     }
-    found
+    let mut found = BTreeMap::new();
+    let mut aliases = Vec::new();
+    let mut by_offset: HashMap<u64, &'static str> = HashMap::new();
+    for function in wanted {
+        let Some(&offset) = offsets.get(function.name) else { continue };
+        match by_offset.get(&offset) {
+            Some(first) => aliases.push((function.name, *first)),
+            None => {
+                by_offset.insert(offset, function.name);
+                found.insert(function.name, offset);
+            }
+        }
+    }
+    (found, aliases)
 }
 
 /// Libraries in the host's standard directories.
@@ -265,9 +284,22 @@ pub fn all_pids() -> Vec<u32> {
     entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
 }
 
+/// Where the hot tier goes (see `config::HotCalls`), as the probes see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HotPlacement {
+    /// Per process, on request ([`GpuProbes::attach_hot`]).
+    PerProcess,
+    /// With the cold tier, in every process.
+    Everywhere,
+    /// Not at all.
+    Nowhere,
+}
+
+type Links = Vec<(&'static str, UProbeLinkId)>;
+
 /// The attached state: which files carry probes and on which functions.
-#[derive(Default)]
 pub struct GpuProbes {
+    hot: HotPlacement,
     attached: HashMap<FileId, AttachedLibrary>,
     /// Files that failed to attach (display path, reason), so they are not
     /// retried on every event.
@@ -276,13 +308,25 @@ pub struct GpuProbes {
     table: Vec<String>,
 }
 
+impl Default for GpuProbes {
+    fn default() -> Self {
+        Self::new(HotPlacement::Everywhere)
+    }
+}
+
 pub struct AttachedLibrary {
     library: GpuLibrary,
+    /// Index carried in this file's attach cookies.
+    index: u32,
+    /// Functions probed in every process.
     functions: usize,
-    links: Vec<(&'static str, UProbeLinkId)>,
+    links: Links,
+    /// Hot-tier probes scoped to one process each, by pid.
+    hot: HashMap<u32, Links>,
     /// An O_PATH handle on the probed file. It tells whether the file was
     /// deleted (no links left) whatever mount namespace its path was in,
-    /// even after the process whose /proc/PID/root led to it is gone.
+    /// even after the process whose /proc/PID/root led to it is gone, and
+    /// it is the path per-process probes attach through later.
     handle: Option<fs::File>,
 }
 
@@ -291,14 +335,32 @@ impl AttachedLibrary {
         &self.library
     }
 
-    /// How many functions carry probes.
+    /// How many functions carry probes in every process.
     pub fn functions(&self) -> usize {
         self.functions
+    }
+
+    /// Hot-tier functions this file exports (probed per selected process).
+    pub fn hot_functions(&self) -> usize {
+        self.library.functions.keys().filter(|f| tier(self.library.flavor.api(), f) == Tier::Hot).count()
     }
 
     fn deleted(&self) -> bool {
         self.handle.as_ref().and_then(|h| h.metadata().ok()).is_some_and(|m| m.nlink() == 0)
     }
+
+    /// A path that reaches the file for as long as it is probed.
+    fn attach_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        match &self.handle {
+            Some(h) => PathBuf::from(format!("/proc/self/fd/{}", h.as_raw_fd())),
+            None => self.library.path.clone(),
+        }
+    }
+}
+
+fn tier(api: Api, name: &str) -> Tier {
+    api.functions().iter().find(|f| f.name == name).map(|f| f.tier).unwrap_or(Tier::Cold)
 }
 
 /// Why a library file got no probes.
@@ -311,17 +373,39 @@ pub enum GpuAttachError {
 }
 
 impl GpuProbes {
+    pub fn new(hot: HotPlacement) -> Self {
+        Self { hot, attached: HashMap::new(), failed: HashMap::new(), table: Vec::new() }
+    }
+
+    pub fn hot_placement(&self) -> HotPlacement {
+        self.hot
+    }
+
     pub fn is_attached(&self, id: &FileId) -> bool {
         self.attached.contains_key(id) || self.failed.contains_key(id)
     }
 
+    /// Whether a file carries probes (not merely failed).
+    pub fn is_probed(&self, id: &FileId) -> bool {
+        self.attached.contains_key(id)
+    }
+
     /// One line per library file: probed, or why not.
     pub fn status(&self) -> Vec<crate::probes::ProbeStatus> {
-        let attached = self.attached.values().map(|l| crate::probes::ProbeStatus {
-            probe: "gpu",
-            target: l.library.display_path.clone(),
-            attached: true,
-            detail: format!("{:?}: {} functions", l.library.flavor, l.functions),
+        let attached = self.attached.values().map(|l| {
+            let hot = match self.hot {
+                HotPlacement::Everywhere => " (hot tier included)".to_string(),
+                HotPlacement::Nowhere => format!(", {} hot not probed", l.hot_functions()),
+                HotPlacement::PerProcess => {
+                    format!(", {} hot in {} selected processes", l.hot_functions(), l.hot.len())
+                }
+            };
+            crate::probes::ProbeStatus {
+                probe: "gpu",
+                target: l.library.display_path.clone(),
+                attached: true,
+                detail: format!("{:?}: {} functions{hot}", l.library.flavor, l.functions),
+            }
         });
         let failed = self.failed.values().map(|(path, reason)| crate::probes::ProbeStatus {
             probe: "gpu",
@@ -343,38 +427,32 @@ impl GpuProbes {
         self.attached.values()
     }
 
-    /// Attaches entry and return probes to every resolved function of `library`.
+    /// Processes that carry hot-tier probes on at least one file.
+    pub fn hot_pids(&self) -> std::collections::BTreeSet<u32> {
+        self.attached.values().flat_map(|l| l.hot.keys().copied()).collect()
+    }
+
+    /// Whether `pid` carries the hot-tier probes of file `id`.
+    pub fn has_hot(&self, id: &FileId, pid: u32) -> bool {
+        self.attached.get(id).is_some_and(|l| l.hot.contains_key(&pid))
+    }
+
+    /// Attaches entry and return probes to every resolved function of
+    /// `library` in its tier: cold ones for every process, hot ones too
+    /// when they go everywhere.
     pub fn attach(&mut self, ebpf: &mut Ebpf, library: GpuLibrary) -> Result<usize, GpuAttachError> {
         if self.is_attached(&library.id) {
             return Ok(0);
         }
         let api = library.flavor.api();
         let library_index = self.table.len() as u32;
-        let mut links: Vec<(&'static str, UProbeLinkId)> = Vec::new();
-        let mut count = 0;
-        let mut first_error = None;
+        let everywhere = self.hot == HotPlacement::Everywhere;
+        let wanted = |f: &GpuFunction| f.tier == Tier::Cold || everywhere;
         let started = std::time::Instant::now();
-        for (index, name) in api.functions().iter().enumerate() {
-            let Some(&offset) = library.functions.get(name) else {
-                continue;
-            };
-            let point_cookie = cookie(library_index, api, index as u32);
-            let mut ok = true;
-            for program_name in [ENTER_PROGRAM, EXIT_PROGRAM] {
-                match attach_point(ebpf, program_name, &library, offset, point_cookie) {
-                    Ok(link) => links.push((program_name, link)),
-                    Err(e) => {
-                        debug!("attach {} {name}: {e}", library.display_path);
-                        first_error.get_or_insert(e);
-                        ok = false;
-                    }
-                }
-            }
-            if ok {
-                count += 1;
-            }
-            debug!("attached {name} of {} at {:?}", library.display_path, started.elapsed());
-        }
+        let attached =
+            attach_functions(ebpf, &library.path, &library, library_index, wanted, UProbeScope::AllProcesses);
+        debug!("attached {} in {:?}", library.display_path, started.elapsed());
+        let AttachOutcome { links, count, first_error } = attached;
         // The path went away while attaching (usually through
         // /proc/PID/root of a process that just exited): undo, and do not
         // remember the file as failed, so the next process that maps it
@@ -383,11 +461,17 @@ impl GpuProbes {
             detach_links(ebpf, links);
             return Err(GpuAttachError::Gone(library.display_path));
         }
-        if count == 0 {
+        let hot_only = count == 0
+            && first_error.is_none()
+            && library.functions.keys().any(|f| tier(api, f) == Tier::Hot);
+        if count == 0 && !hot_only {
             let reason =
                 first_error.map(|e| e.to_string()).unwrap_or_else(|| "no probed function found".into());
             self.failed.insert(library.id, (library.display_path.clone(), reason.clone()));
             return Err(GpuAttachError::Failed { library: library.display_path, reason });
+        }
+        for (alias, probed) in &library.aliases {
+            debug!("{}: {alias} is {probed}, probed once", library.display_path);
         }
         info!("probing {} ({:?}): {count} functions", library.display_path, library.flavor);
         self.table.push(library.display_path.clone());
@@ -396,8 +480,72 @@ impl GpuProbes {
             .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
             .open(&library.path)
             .ok();
-        self.attached.insert(library.id, AttachedLibrary { library, functions: count, links, handle });
+        let id = library.id;
+        self.attached.insert(
+            id,
+            AttachedLibrary {
+                library,
+                index: library_index,
+                functions: count,
+                links,
+                hot: HashMap::new(),
+                handle,
+            },
+        );
         Ok(count)
+    }
+
+    /// Attaches the hot tier of file `id` for process `pid` alone: the
+    /// kernel plants its breakpoints in that process's memory only. Returns
+    /// how many functions were probed (0 when they already were, or when
+    /// the hot tier is not placed per process).
+    pub fn attach_hot(&mut self, ebpf: &mut Ebpf, id: &FileId, pid: u32) -> Result<usize, GpuAttachError> {
+        if self.hot != HotPlacement::PerProcess {
+            return Ok(0);
+        }
+        let Some(scope_pid) = std::num::NonZeroU32::new(pid) else { return Ok(0) };
+        let Some(library) = self.attached.get_mut(id) else { return Ok(0) };
+        if library.hot.contains_key(&pid) {
+            return Ok(0);
+        }
+        let path = library.attach_path();
+        let outcome = attach_functions(
+            ebpf,
+            &path,
+            &library.library,
+            library.index,
+            |f| f.tier == Tier::Hot,
+            UProbeScope::OneProcess(scope_pid),
+        );
+        let AttachOutcome { links, count, first_error } = outcome;
+        if let Some(e) = first_error {
+            // A process that exited meanwhile is no failure of the file.
+            let gone = !Path::new(&format!("/proc/{pid}")).exists();
+            detach_links(ebpf, links);
+            let display = library.library.display_path.clone();
+            return Err(match gone {
+                true => GpuAttachError::Gone(format!("{display} in pid {pid}")),
+                false => GpuAttachError::Failed {
+                    library: format!("{display} in pid {pid}"),
+                    reason: e.to_string(),
+                },
+            });
+        }
+        library.hot.insert(pid, links);
+        Ok(count)
+    }
+
+    /// Removes every hot-tier probe of `pid`; returns whether it had any.
+    pub fn release_hot(&mut self, ebpf: &mut Ebpf, pid: u32) -> bool {
+        let mut links = Vec::new();
+        for library in self.attached.values_mut() {
+            if let Some(l) = library.hot.remove(&pid) {
+                links.extend(l);
+            }
+        }
+        let had = !links.is_empty();
+        detach_links(ebpf, links);
+        had
     }
 
     /// Removes the probes of library files that were deleted (or replaced
@@ -424,7 +572,9 @@ impl GpuProbes {
                 continue;
             }
             if let Some(library) = self.attached.remove(&id) {
-                detach_links(ebpf, library.links);
+                let mut links = library.links;
+                links.extend(library.hot.into_values().flatten());
+                detach_links(ebpf, links);
                 info!("no longer probing {path}: deleted, and no process maps it any more");
                 retired.push((path, id));
             }
@@ -454,12 +604,59 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut UProb
     found.try_into().map_err(|source| AttachError::WrongType { program, expected: "uprobe", source })
 }
 
+/// What attaching a set of functions gave.
+struct AttachOutcome {
+    links: Links,
+    /// Functions with both probes in place.
+    count: usize,
+    first_error: Option<AttachError>,
+}
+
+/// Attaches the entry and return programs to each resolved function of
+/// `library` that `wanted` picks, through `path`, for `scope`.
+fn attach_functions(
+    ebpf: &mut Ebpf,
+    path: &Path,
+    library: &GpuLibrary,
+    library_index: u32,
+    wanted: impl Fn(&GpuFunction) -> bool,
+    scope: UProbeScope,
+) -> AttachOutcome {
+    let api = library.flavor.api();
+    let mut outcome = AttachOutcome { links: Vec::new(), count: 0, first_error: None };
+    for (index, function) in api.functions().iter().enumerate() {
+        if !wanted(function) {
+            continue;
+        }
+        let Some(&offset) = library.functions.get(function.name) else {
+            continue;
+        };
+        let point_cookie = cookie(library_index, api, index as u32);
+        let mut ok = true;
+        for program_name in [ENTER_PROGRAM, EXIT_PROGRAM] {
+            match attach_point(ebpf, program_name, path, offset, point_cookie, scope) {
+                Ok(link) => outcome.links.push((program_name, link)),
+                Err(e) => {
+                    debug!("attach {} {}: {e}", library.display_path, function.name);
+                    outcome.first_error.get_or_insert(e);
+                    ok = false;
+                }
+            }
+        }
+        if ok {
+            outcome.count += 1;
+        }
+    }
+    outcome
+}
+
 fn attach_point(
     ebpf: &mut Ebpf,
     program_name: &'static str,
-    library: &GpuLibrary,
+    path: &Path,
     offset: u64,
     point_cookie: u64,
+    scope: UProbeScope,
 ) -> Result<UProbeLinkId, AttachError> {
     uprobe(ebpf, program_name)?
         .attach(
@@ -467,8 +664,8 @@ fn attach_point(
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(point_cookie),
             },
-            &library.path,
-            UProbeScope::AllProcesses,
+            path,
+            scope,
         )
         .map_err(AttachError::Attach)
 }

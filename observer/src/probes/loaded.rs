@@ -7,7 +7,7 @@ use aya::{
     Ebpf,
 };
 use observer_common::{
-    discovery::{GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP},
+    discovery::{GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP},
     gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
     sched::{RunqHistogram, RUNQ_MAP},
@@ -40,6 +40,8 @@ pub struct Loaded {
     runq: Aggregate<u64>,
     inflight: BpfHashMap<MapData, InflightKey, InflightStack>,
     known_files: BpfHashMap<MapData, GpuFileKey, u32>,
+    hot_cgroups: BpfHashMap<MapData, u64, u32>,
+    hot_tgids: BpfHashMap<MapData, u32, u32>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
@@ -64,6 +66,8 @@ impl Loaded {
             runq: typed(&mut ebpf, RUNQ_MAP)?,
             inflight: typed(&mut ebpf, INFLIGHT_MAP)?,
             known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
+            hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
+            hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
             ebpf,
         })
     }
@@ -138,6 +142,31 @@ impl Loaded {
         // A full map only costs a report (or hold) per mapping of a later file.
         if let Err(e) = self.known_files.insert(key, 1, 0) {
             log::debug!("{GPU_FILES_KNOWN_MAP}: {e}");
+        }
+    }
+
+    /// Tells the kernel side whether processes of a cgroup are selected for
+    /// hot-call probes, so their mappings of GPU runtime files are reported.
+    pub fn set_hot_cgroup(&mut self, cgroup_id: u64, selected: bool) {
+        let result = match selected {
+            true => self.hot_cgroups.insert(cgroup_id, 1, 0),
+            false => self.hot_cgroups.remove(&cgroup_id),
+        };
+        // A full map costs the selected process only the head start: its
+        // probes then come from the map scan after its loader is done.
+        if let Err(e) = result {
+            log::debug!("{HOT_CGROUPS_MAP}: {e}");
+        }
+    }
+
+    /// The same for one process.
+    pub fn set_hot_tgid(&mut self, pid: u32, selected: bool) {
+        let result = match selected {
+            true => self.hot_tgids.insert(pid, 1, 0),
+            false => self.hot_tgids.remove(&pid),
+        };
+        if let Err(e) = result {
+            log::debug!("{HOT_TGIDS_MAP}: {e}");
         }
     }
 

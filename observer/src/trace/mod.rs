@@ -14,9 +14,11 @@ use log::warn;
 use crate::{
     cli::{require_root, CliError},
     config::{self, parse_duration},
+    discovery::hot::Policy,
     event_loop::{self, Consumer, Flow, Schedule},
     events::Event,
     pipeline::{Options, Pipeline},
+    probes::gpu::HotPlacement,
     probes::{Families, KernelSettings},
 };
 
@@ -58,6 +60,11 @@ pub struct Args {
     /// its probes are attached, so its first call is seen (see README: the hold).
     #[arg(long)]
     pub hold: bool,
+    /// Where launches, asynchronous copies and other per-operation GPU calls
+    /// are trapped: selected (the processes --pid, --comm and --cgroup match;
+    /// every process without a filter), all, or none.
+    #[arg(long, value_name = "MODE", value_parser = config::parse_hot_calls, default_value = config::DEFAULT_HOT_CALLS)]
+    pub hot_calls: config::HotCalls,
     /// Character device whose ioctls count as KFD ioctls when the kernel has
     /// no kprobes (default /dev/kfd; tests point it at another device).
     #[arg(long, value_name = "PATH", hide = true)]
@@ -150,8 +157,14 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
         families: args.probes,
         hold: args.hold,
         kfd_syscall_fallback: args.kfd_syscall_fallback,
+        hot_policy: Policy::for_trace(
+            args.hot_calls,
+            &args.pids,
+            args.comm.as_deref(),
+            args.cgroup.as_deref(),
+        ),
     })?;
-    greet(&pipeline);
+    greet(&pipeline, &args);
     let mut printer = Printer {
         out: io::BufWriter::new(io::stdout().lock()),
         filter: Filter::from_args(&args),
@@ -169,8 +182,23 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The filter flags given, as the user typed them.
+fn filter_flags(args: &Args) -> String {
+    let mut flags = Vec::new();
+    if !args.pids.is_empty() {
+        flags.push("--pid");
+    }
+    if args.comm.is_some() {
+        flags.push("--comm");
+    }
+    if args.cgroup.is_some() {
+        flags.push("--cgroup");
+    }
+    flags.join(" and ")
+}
+
 /// What is probed and what is not, before the first event.
-fn greet(pipeline: &Pipeline) {
+fn greet(pipeline: &Pipeline, args: &Args) {
     let libraries: Vec<String> = pipeline
         .gpu()
         .libraries()
@@ -184,6 +212,16 @@ fn greet(pipeline: &Pipeline) {
     for p in pipeline.statuses().iter().filter(|p| !p.attached) {
         eprintln!("canaryscope: not watching {} ({}): {}", p.probe, p.target, p.detail);
     }
+    let hot = match pipeline.gpu().hot_placement() {
+        HotPlacement::Everywhere => "in every process".to_string(),
+        HotPlacement::Nowhere => "nowhere (--hot-calls none): launch errors are seen at the next synchronisation".into(),
+        HotPlacement::PerProcess => format!(
+            "only in the processes {} match ({} now); others' launch errors are seen at their next synchronisation",
+            filter_flags(args),
+            pipeline.hot_counts().values().sum::<usize>()
+        ),
+    };
+    eprintln!("canaryscope: hot GPU calls (launches, async copies) probed {hot}");
     if let Some(watchdog) = pipeline.hold_watchdog() {
         eprintln!(
             "canaryscope: --hold: a process mapping a GPU runtime file never seen before waits until it is probed (watchdog pid {watchdog})"
