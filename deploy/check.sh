@@ -29,7 +29,9 @@
 #   8 validate      Kubernetes schemas (1.28 and 1.37, strict) for built-in kinds, vendored
 #                   CRD schemas (strict) for ServiceMonitor, PrometheusRule,
 #                   AnalysisTemplate, MetricTemplate and the commented Rollout / Canary
-#                   examples, plus the privilege policy and cross-references
+#                   examples, plus the privilege policy (capabilities, mounts; RBAC: the
+#                   daemon reads pods and argoproj.io rollouts, nothing else) and
+#                   cross-references
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

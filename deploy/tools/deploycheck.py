@@ -827,6 +827,70 @@ def check_daemonset_policy(where, docs, secure):
         ok("%s: DaemonSet/Service/ServiceMonitor/RBAC structure and privilege policy" % where)
 
 
+# Least privilege for the daemon's service account: each (API group, resource) it may
+# read, and why. Only get, list and watch; no other resource, no wildcard, no
+# nonResourceURLs. rbac.yaml and deploy/README.md say the same in words.
+DAEMON_RBAC = {
+    ("", "pods"): "pod metadata for attribution (its own node's pods, by field selector)",
+    ("argoproj.io", "rollouts"): "an Argo Rollout's status.stableRS, to tell its canary pods from the stable ones",
+}
+READ_VERBS = {"get", "list", "watch"}
+# Built-in ClusterRoles the daemon's service account may be bound to, and in which
+# rendering: kube-rbac-proxy's TokenReview / SubjectAccessReview, secure/ only.
+BUILTIN_DAEMON_ROLES = {"system:auth-delegator": True}
+
+
+def check_rbac_policy(where, docs, secure):
+    ds = by_kind(docs, "DaemonSet", "canaryscope")
+    if len(ds) != 1:
+        return  # check_daemonset_policy has said so
+    before = len(ERRORS)
+    sa = ds[0]["spec"]["template"]["spec"].get("serviceAccountName")
+    sa_ns = ds[0]["metadata"].get("namespace")
+    granted = {key: set() for key in DAEMON_RBAC}
+    for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace") == sa_ns
+                   for s in b.get("subjects", [])):
+            continue
+        ref = b.get("roleRef", {})
+        bw = "%s: %s/%s" % (where, b["kind"], b["metadata"]["name"])
+        if ref.get("kind") == "ClusterRole" and ref.get("name") in BUILTIN_DAEMON_ROLES:
+            if BUILTIN_DAEMON_ROLES[ref["name"]] and not secure:
+                err("%s binds the daemon to %s, which only the secure/ component needs" % (bw, ref["name"]))
+            continue
+        roles = by_kind(docs, ref.get("kind"), ref.get("name"))
+        if ref.get("kind") == "Role":
+            roles = [r for r in roles if r["metadata"].get("namespace") == b["metadata"].get("namespace")]
+        if len(roles) != 1:
+            err("%s binds the daemon to %s %s, which is not defined here, so its rules cannot be checked"
+                % (bw, ref.get("kind"), ref.get("name")))
+            continue
+        role = roles[0]
+        for i, rule in enumerate(role.get("rules") or []):
+            rw = "%s: %s/%s rule %d" % (where, role["kind"], role["metadata"]["name"], i + 1)
+            if rule.get("nonResourceURLs"):
+                err("%s: nonResourceURLs %s: the daemon needs none" % (rw, rule["nonResourceURLs"]))
+            verbs = set(rule.get("verbs") or [])
+            if not verbs <= READ_VERBS:
+                err("%s: verbs %s: the daemon only reads (get, list, watch)" % (rw, sorted(verbs - READ_VERBS)))
+            for group in rule.get("apiGroups") or []:
+                for resource in rule.get("resources") or []:
+                    if (group, resource) not in DAEMON_RBAC:
+                        err("%s: %s in API group %r is not allowed; the daemon may read only %s"
+                            % (rw, resource, group,
+                               ", ".join("%s (%s)" % (r, g or "core") for g, r in DAEMON_RBAC)))
+                    else:
+                        granted[(group, resource)] |= verbs & READ_VERBS
+    for (group, resource), why in DAEMON_RBAC.items():
+        missing = READ_VERBS - granted[(group, resource)]
+        if missing:
+            err("%s: the daemon's service account lacks %s on %s in API group %r: needed for %s"
+                % (where, ", ".join(sorted(missing)), resource, group or "core", why))
+    if len(ERRORS) == before:
+        ok("%s: the daemon's RBAC is read-only %s, nothing else"
+           % (where, " and ".join("%s (%s)" % (r, g or "core") for g, r in DAEMON_RBAC)))
+
+
 def check_capability_comments():
     with open(os.path.join(DEPLOY, "daemonset.yaml")) as f:
         lines = f.read().splitlines()
@@ -952,6 +1016,7 @@ def cmd_validate(_):
         for d in docs:
             validate_doc("%s %s/%s" % (label, d.get("kind"), d.get("metadata", {}).get("name")), d, crds, kv)
         check_daemonset_policy(label, docs, secure)
+        check_rbac_policy(label, docs, secure)
     for path in (ARGO, FLAGGER):
         for d in load_all(path):
             validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)

@@ -13,7 +13,31 @@ What it serves (Python 3 standard library only):
   GET /api/v1/pods                         list or watch, all namespaces
   GET /api/v1/namespaces/{ns}/pods         list or watch, one namespace
   GET /api/v1/namespaces/{ns}/pods/{name}  one pod
-  GET /version, /api, /api/v1, /apis, /healthz, /readyz, /livez
+  GET /apis/argoproj.io/v1alpha1/rollouts  Argo Rollouts: list or watch, all
+                                           namespaces
+  GET /apis/argoproj.io/v1alpha1/namespaces/{ns}/rollouts
+                                           list or watch, one namespace
+  GET /apis/argoproj.io/v1alpha1/namespaces/{ns}/rollouts/{name}
+                                           one Rollout
+  GET /version, /api, /api/v1, /apis, /apis/argoproj.io,
+      /apis/argoproj.io/v1alpha1, /healthz, /readyz, /livez
+
+Rollouts are served like pods, from the Rollouts the test gives (--rollouts,
+POST /control/rollouts); only their metadata is looked at, so any status
+(status.stableRS, say) comes back as given. Whether the Rollout endpoints
+answer at all is the "rollouts access", --rollouts-access or POST
+/control/rollouts-access:
+
+  200  served (the default)
+  403  every Rollout request is answered 403 Forbidden, as to a service
+       account without RBAC on rollouts.argoproj.io; discovery still lists
+       the group, since the CRD exists
+  404  every Rollout request, and the argoproj.io discovery endpoints, are
+       answered 404 NotFound, as when the Argo Rollouts CRD is not installed
+
+Changing the access ends every open Rollout watch (the stream closes, with no
+ERROR event), so a client's next request meets the new answer, as after a
+CRD is deleted; pod watches are not touched.
 
 Query parameters of list and watch:
 
@@ -22,7 +46,8 @@ Query parameters of list and watch:
                       spec.serviceAccountName, spec.restartPolicy,
                       status.phase, status.podIP, status.nominatedNodeName
                       with =, == and !=; any other field is a 400, as on the
-                      real server
+                      real server. Rollouts, like every custom resource,
+                      only know metadata.name and metadata.namespace
   labelSelector       equality (k=v, k==v, k!=v) and existence (k, !k);
                       set-based terms (in, notin) are a 400 here
   watch=1|true        newline-delimited JSON watch events (ADDED, MODIFIED,
@@ -36,6 +61,8 @@ Query parameters of list and watch:
                       with a single ERROR event of code 410 Gone, which is
                       what makes kube-rs relist. List: always the current
                       state (which satisfies every resourceVersionMatch).
+                      Pods and Rollouts have separate version counters and
+                      histories.
   allowWatchBookmarks BOOKMARK events every --bookmark-interval seconds
   sendInitialEvents   streaming list: ADDED for every pod, then a BOOKMARK
                       annotated k8s.io/initial-events-end
@@ -59,24 +86,40 @@ Control API for tests (not part of Kubernetes):
   DELETE /control/pods/{ns}/{name}   removes a pod, emitting DELETED; 404 if
                                      there is no such pod
   GET    /control/pods               every stored pod, as a PodList
+  POST   /control/rollouts           the same for Rollouts: body a Rollout,
+                                     a list of Rollouts or a RolloutList
+                                     (apiVersion argoproj.io/v1alpha1 and
+                                     kind Rollout are set here)
+  DELETE /control/rollouts/{ns}/{name}
+                                     removes a Rollout, emitting DELETED
+  GET    /control/rollouts           every stored Rollout, as a RolloutList
+  POST   /control/rollouts-access    body {"code": 200|403|404}: how the
+                                     Rollout endpoints answer from now on
+                                     (see above); answers {"ok": true,
+                                     "code": N}
   GET    /control/health             {"ok": true, "resourceVersion": ...,
-                                      "pods": N, "watches": N}
-  POST   /control/compact            forgets all history: every open watch
-                                     gets ERROR 410 Gone and ends, and
-                                     resuming from an older version fails,
-                                     so clients relist (as after an etcd
-                                     compaction or a watch cache reset)
+                                      "pods": N, "watches": N,
+                                      "rollouts": N, "rolloutWatches": N,
+                                      "rolloutsAccess": 200|403|404}
+  POST   /control/compact            forgets all history, of pods and
+                                     Rollouts: every open watch gets ERROR
+                                     410 Gone and ends, and resuming from an
+                                     older version fails, so clients relist
+                                     (as after an etcd compaction or a watch
+                                     cache reset)
 
 Command line:
 
   fake_apiserver.py [--host 127.0.0.1] [--port 0] [--port-file FILE]
-                    [--pods FILE] [--start-rv N] [--bookmark-interval S]
-                    [--quiet]
+                    [--pods FILE] [--rollouts FILE]
+                    [--rollouts-access 200|403|404] [--start-rv N]
+                    [--bookmark-interval S] [--quiet]
 
 --port 0 binds a free port; --port-file then receives the bound port number
 (written atomically, so a reader never sees a partial file), and the URL is
 printed on stdout. --pods loads initial pods from a JSON file holding a Pod,
-a list of Pods or a PodList. Resource versions start at --start-rv, by
+a list of Pods or a PodList; --rollouts likewise loads Rollouts (a Rollout,
+a list or a RolloutList). Resource versions start at --start-rv, by
 default the current Unix time in milliseconds, so that a restarted server
 never accepts a version handed out by the previous run: a client resuming a
 watch across the restart is told 410 Gone and relists, as it would be by a
@@ -103,9 +146,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 HISTORY_LIMIT = 10000
 DEFAULT_WATCH_TIMEOUT = 1800
 
-SUPPORTED_FIELDS = {
+METADATA_FIELDS = {
     "metadata.name": lambda p: p.get("metadata", {}).get("name", ""),
     "metadata.namespace": lambda p: p.get("metadata", {}).get("namespace", ""),
+}
+
+SUPPORTED_FIELDS = {
+    **METADATA_FIELDS,
     "spec.nodeName": lambda p: p.get("spec", {}).get("nodeName", ""),
     "spec.schedulerName": lambda p: p.get("spec", {}).get("schedulerName", ""),
     "spec.serviceAccountName": lambda p: p.get("spec", {}).get("serviceAccountName", ""),
@@ -114,6 +161,14 @@ SUPPORTED_FIELDS = {
     "status.podIP": lambda p: p.get("status", {}).get("podIP", ""),
     "status.nominatedNodeName": lambda p: p.get("status", {}).get("nominatedNodeName", ""),
 }
+
+
+ARGO_GROUP = {
+    "name": "argoproj.io",
+    "versions": [{"groupVersion": "argoproj.io/v1alpha1", "version": "v1alpha1"}],
+    "preferredVersion": {"groupVersion": "argoproj.io/v1alpha1", "version": "v1alpha1"},
+}
+ROLLOUTS_ACCESS_CODES = (200, 403, 404)
 
 
 class BadRequest(Exception):
@@ -136,8 +191,9 @@ def status_object(code, reason, message):
     }
 
 
-def parse_field_selector(text):
-    """Returns a predicate on pods, or raises BadRequest."""
+def parse_field_selector(text, supported=SUPPORTED_FIELDS):
+    """Returns a predicate on objects, or raises BadRequest. `supported` maps
+    the field names the kind knows to their getters."""
     terms = []
     for raw in filter(None, (t.strip() for t in (text or "").split(","))):
         if "!=" in raw:
@@ -152,9 +208,9 @@ def parse_field_selector(text):
         else:
             raise BadRequest(f"invalid field selector: {raw!r}: expected key=value or key!=value")
         key = key.strip()
-        if key not in SUPPORTED_FIELDS:
-            raise BadRequest(f'"{key}" is not a known field selector: only "{", ".join(sorted(SUPPORTED_FIELDS))}"')
-        terms.append((SUPPORTED_FIELDS[key], value.strip(), negate))
+        if key not in supported:
+            raise BadRequest(f'"{key}" is not a known field selector: only "{", ".join(sorted(supported))}"')
+        terms.append((supported[key], value.strip(), negate))
 
     def matches(pod):
         return all((get(pod) == value) != negate for get, value, negate in terms)
@@ -198,20 +254,38 @@ def parse_label_selector(text):
     return matches
 
 
-class Store:
-    """Pods, the resource version counter and the watch event history."""
+class Kind:
+    """What differs between the kinds served: names and field selectors."""
 
-    def __init__(self, start_rv):
+    def __init__(self, api_version, kind, fields):
+        self.api_version = api_version
+        self.kind = kind
+        self.list_kind = kind + "List"
+        self.fields = fields
+
+
+POD = Kind("v1", "Pod", SUPPORTED_FIELDS)
+ROLLOUT = Kind("argoproj.io/v1alpha1", "Rollout", METADATA_FIELDS)
+
+
+class Store:
+    """Objects of one kind, the resource version counter and the watch event
+    history."""
+
+    def __init__(self, start_rv, kind=POD):
+        self.kind = kind
         self.cond = threading.Condition()
         self.rv = start_rv
         # Versions <= history_floor cannot be resumed from; the server's
         # history starts after it.
         self.history_floor = start_rv
-        self.pods = {}  # (namespace, name) -> pod
+        self.pods = {}  # (namespace, name) -> object (pods or, in the Rollout store, Rollouts)
         self.events = []  # (rv, type, object, previous object or None)
         self.watches = 0
         # Bumped by compact(); open watches compare it to end themselves.
         self.epoch = 0
+        # Bumped by close_watches(); open watches end cleanly when it moves.
+        self.closings = 0
 
     def _next_rv(self):
         self.rv += 1
@@ -227,18 +301,19 @@ class Store:
 
     def put(self, pod):
         if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-            raise BadRequest("a pod must be a JSON object with metadata")
+            raise BadRequest(f"a {self.kind.kind} must be a JSON object with metadata")
         meta = pod["metadata"]
         if not meta.get("name"):
             raise BadRequest("metadata.name is required")
         pod = json.loads(json.dumps(pod))  # private deep copy
-        pod["apiVersion"] = "v1"
-        pod["kind"] = "Pod"
+        pod["apiVersion"] = self.kind.api_version
+        pod["kind"] = self.kind.kind
         meta = pod["metadata"]
         meta.setdefault("namespace", "default")
         meta.setdefault("creationTimestamp", now_rfc3339())
-        pod.setdefault("spec", {})
-        pod.setdefault("status", {})
+        if self.kind is POD:
+            pod.setdefault("spec", {})
+            pod.setdefault("status", {})
         key = (meta["namespace"], meta["name"])
         with self.cond:
             old = self.pods.get(key)
@@ -278,6 +353,11 @@ class Store:
             self.epoch += 1
             self.cond.notify_all()
 
+    def close_watches(self):
+        with self.cond:
+            self.closings += 1
+            self.cond.notify_all()
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -285,6 +365,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # Set on the class by main().
     store = None
+    rollouts = None  # the Rollout store
+    rollouts_access = 200  # 200, 403 or 404; see the module docstring
     bookmark_interval = 15.0
     quiet = False
 
@@ -359,7 +441,10 @@ class Handler(BaseHTTPRequestHandler):
                 }],
             })
         elif parts == ["apis"]:
-            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            groups = [] if Handler.rollouts_access == 404 else [ARGO_GROUP]
+            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        elif parts[:2] == ["apis", "argoproj.io"]:
+            self.route_rollouts(parts[2:], query)
         elif parts == ["api", "v1", "pods"]:
             self.list_or_watch(None, query)
         elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
@@ -373,30 +458,94 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_json(200, pod)
         elif parts == ["control", "health"]:
             with self.store.cond:
-                self.send_json(200, {
+                health = {
                     "ok": True, "resourceVersion": str(self.store.rv),
                     "pods": len(self.store.pods), "watches": self.store.watches,
+                }
+            with self.rollouts.cond:
+                health.update({
+                    "rollouts": len(self.rollouts.pods), "rolloutWatches": self.rollouts.watches,
+                    "rolloutsAccess": Handler.rollouts_access,
                 })
+            self.send_json(200, health)
         elif parts == ["control", "pods"]:
             self.list_or_watch(None, {})
+        elif parts == ["control", "rollouts"]:
+            self.list_or_watch(None, {}, self.rollouts)
         else:
             self.send_status(404, "NotFound", f"the server could not find the requested resource ({self.path})")
+
+    def route_rollouts(self, parts, query):
+        """/apis/argoproj.io/...: discovery and the Rollout endpoints, as the
+        rollouts access says."""
+        if Handler.rollouts_access == 404:
+            self.send_status(404, "NotFound", "the server could not find the requested resource")
+            return
+        if parts == []:
+            self.send_json(200, {"kind": "APIGroup", "apiVersion": "v1", **ARGO_GROUP})
+            return
+        if parts == ["v1alpha1"]:
+            self.send_json(200, {
+                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "argoproj.io/v1alpha1",
+                "resources": [{
+                    "name": "rollouts", "singularName": "rollout", "namespaced": True, "kind": "Rollout",
+                    "verbs": ["get", "list", "watch"], "shortNames": ["ro"],
+                }],
+            })
+            return
+        if parts == ["v1alpha1", "rollouts"]:
+            namespace, name = None, None
+        elif len(parts) in (4, 5) and parts[:2] == ["v1alpha1", "namespaces"] and parts[3] == "rollouts":
+            namespace, name = parts[2], (parts[4] if len(parts) == 5 else None)
+        else:
+            self.send_status(404, "NotFound", f"the server could not find the requested resource ({self.path})")
+            return
+        if Handler.rollouts_access == 403:
+            verb = "get" if name else ("watch" if query.get("watch") in ("1", "true", "True") else "list")
+            scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            what = f'rollouts.argoproj.io "{name}"' if name else "rollouts.argoproj.io"
+            self.send_status(403, "Forbidden", (
+                f'{what} is forbidden: User "system:serviceaccount:canaryscope:canaryscope" cannot {verb} '
+                f'resource "rollouts" in API group "argoproj.io" {scope}'))
+            return
+        if name is None:
+            self.list_or_watch(namespace, query, self.rollouts)
+            return
+        with self.rollouts.cond:
+            rollout = self.rollouts.pods.get((namespace, name))
+        if rollout is None:
+            self.send_status(404, "NotFound", f'rollouts.argoproj.io "{name}" not found')
+        else:
+            self.send_json(200, rollout)
 
     def do_POST(self):
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
         try:
-            if parts == ["control", "pods"]:
+            if parts in (["control", "pods"], ["control", "rollouts"]):
+                store = self.store if parts[1] == "pods" else self.rollouts
+                list_kind = store.kind.list_kind
                 body = self.read_json_body()
-                if isinstance(body, dict) and body.get("kind") == "PodList":
-                    pods = body.get("items") or []
+                if isinstance(body, dict) and body.get("kind") == list_kind:
+                    objects = body.get("items") or []
                 elif isinstance(body, list):
-                    pods = body
+                    objects = body
                 else:
-                    pods = [body]
-                stored = [self.store.put(p) for p in pods]
-                self.send_json(200, stored[0] if isinstance(body, dict) and body.get("kind") != "PodList" else stored)
+                    objects = [body]
+                stored = [store.put(p) for p in objects]
+                self.send_json(200, stored[0] if isinstance(body, dict) and body.get("kind") != list_kind else stored)
+            elif parts == ["control", "rollouts-access"]:
+                body = self.read_json_body()
+                code = body.get("code") if isinstance(body, dict) else None
+                if code not in ROLLOUTS_ACCESS_CODES:
+                    raise BadRequest(f'body must be {{"code": 200|403|404}}, got {body!r}')
+                Handler.rollouts_access = code
+                # A real server ends watches when the CRD goes; ending them on
+                # every change lets the client meet the new answer at once.
+                self.rollouts.close_watches()
+                self.send_json(200, {"ok": True, "code": code})
             elif parts == ["control", "compact"]:
                 self.store.compact()
+                self.rollouts.compact()
                 self.send_json(200, {"ok": True, "resourceVersion": str(self.store.rv)})
             else:
                 self.send_status(404, "NotFound", f"no such control endpoint ({self.path})")
@@ -405,10 +554,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
-        if len(parts) == 4 and parts[:2] == ["control", "pods"]:
-            pod = self.store.delete(parts[2], parts[3])
+        if len(parts) == 4 and parts[:2] in (["control", "pods"], ["control", "rollouts"]):
+            store = self.store if parts[1] == "pods" else self.rollouts
+            pod = store.delete(parts[2], parts[3])
             if pod is None:
-                self.send_status(404, "NotFound", f'pods "{parts[3]}" not found in namespace "{parts[2]}"')
+                self.send_status(404, "NotFound", f'{parts[1]} "{parts[3]}" not found in namespace "{parts[2]}"')
             else:
                 self.send_json(200, pod)
         else:
@@ -416,8 +566,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- list and watch ---------------------------------------------------
 
-    def list_or_watch(self, namespace, query):
-        field_match = parse_field_selector(query.get("fieldSelector"))
+    def list_or_watch(self, namespace, query, store=None):
+        store = store or self.store
+        field_match = parse_field_selector(query.get("fieldSelector"), store.kind.fields)
         label_match = parse_label_selector(query.get("labelSelector"))
 
         def matches(pod):
@@ -428,19 +579,19 @@ class Handler(BaseHTTPRequestHandler):
             return field_match(pod) and label_match(pod)
 
         if query.get("watch") in ("1", "true", "True"):
-            self.watch(matches, query)
+            self.watch(matches, query, store)
             return
-        with self.store.cond:
-            items = [p for p in self.store.pods.values() if matches(p)]
-            rv = self.store.rv
+        with store.cond:
+            items = [p for p in store.pods.values() if matches(p)]
+            rv = store.rv
         # The real server leaves kind and apiVersion out of list items.
         items = [{k: v for k, v in p.items() if k not in ("kind", "apiVersion")} for p in items]
         self.send_json(200, {
-            "kind": "PodList", "apiVersion": "v1",
+            "kind": store.kind.list_kind, "apiVersion": store.kind.api_version,
             "metadata": {"resourceVersion": str(rv)}, "items": items,
         })
 
-    def watch(self, matches, query):
+    def watch(self, matches, query, store):
         try:
             timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
         except ValueError:
@@ -449,7 +600,6 @@ class Handler(BaseHTTPRequestHandler):
         initial_events = query.get("sendInitialEvents") in ("1", "true", "True")
         requested = query.get("resourceVersion") or ""
         deadline = time.monotonic() + timeout
-        store = self.store
 
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -463,13 +613,14 @@ class Handler(BaseHTTPRequestHandler):
             meta = {"resourceVersion": str(rv)}
             if annotations:
                 meta["annotations"] = annotations
-            emit("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": meta})
+            emit("BOOKMARK", {"kind": store.kind.kind, "apiVersion": store.kind.api_version, "metadata": meta})
 
         with store.cond:
             store.watches += 1
         try:
             with store.cond:
                 epoch = store.epoch
+                closings = store.closings
                 snapshot = None
                 if requested in ("", "0") or initial_events:
                     snapshot = [p for p in store.pods.values() if matches(p)]
@@ -496,6 +647,9 @@ class Handler(BaseHTTPRequestHandler):
                         if store.epoch != epoch:
                             pending = "gone"
                             break
+                        if store.closings != closings:
+                            pending = "closed"
+                            break
                         pending = [e for e in store.events if e[0] > last]
                         now = time.monotonic()
                         if pending or now >= deadline or (bookmarks and now >= next_bookmark):
@@ -503,6 +657,8 @@ class Handler(BaseHTTPRequestHandler):
                         wake = min(deadline, next_bookmark) if bookmarks else deadline
                         store.cond.wait(max(0.0, wake - now))
                     current = store.rv
+                if pending == "closed":
+                    return
                 if pending == "gone" or last < store.history_floor:
                     # Compacted, or this watch fell behind the history kept.
                     emit("ERROR", status_object(410, "Expired", "watch history was compacted"))
@@ -537,10 +693,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
 
 
-def load_pods(path):
+def load_pods(path, list_kind="PodList"):
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    if isinstance(data, dict) and data.get("kind") == "PodList":
+    if isinstance(data, dict) and data.get("kind") == list_kind:
         return data.get("items") or []
     if isinstance(data, list):
         return data
@@ -548,29 +704,40 @@ def load_pods(path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Stand-in Kubernetes API server serving Pods (tests only).")
+    parser = argparse.ArgumentParser(
+        description="Stand-in Kubernetes API server serving Pods and Argo Rollouts (tests only).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", help="write the bound port here once listening")
     parser.add_argument("--pods", help="JSON file: a Pod, a list of Pods or a PodList, loaded at start")
+    parser.add_argument("--rollouts",
+                        help="JSON file: an Argo Rollout, a list of Rollouts or a RolloutList, loaded at start")
+    parser.add_argument("--rollouts-access", type=int, choices=ROLLOUTS_ACCESS_CODES, default=200,
+                        help="how the Rollout endpoints answer: 200 served, 403 Forbidden, 404 no CRD")
     parser.add_argument("--start-rv", type=int, default=None,
                         help="first resource version (default: Unix time in ms)")
     parser.add_argument("--bookmark-interval", type=float, default=15.0)
     parser.add_argument("--quiet", action="store_true", help="no access log on stderr")
     args = parser.parse_args()
 
-    store = Store(args.start_rv if args.start_rv is not None else int(time.time() * 1000))
-    if args.pods:
+    start_rv = args.start_rv if args.start_rv is not None else int(time.time() * 1000)
+    store = Store(start_rv)
+    rollouts = Store(start_rv, ROLLOUT)
+    for option, path, target in (("--pods", args.pods, store), ("--rollouts", args.rollouts, rollouts)):
+        if not path:
+            continue
         try:
-            for pod in load_pods(args.pods):
-                store.put(pod)
+            for obj in load_pods(path, target.kind.list_kind):
+                target.put(obj)
         except (OSError, ValueError, BadRequest) as err:
-            sys.exit(f"fake-apiserver: --pods {args.pods}: {err}")
-        # Initial pods are state, not history a watch could replay.
-        store.events = []
-        store.history_floor = store.rv
+            sys.exit(f"fake-apiserver: {option} {path}: {err}")
+        # Initial objects are state, not history a watch could replay.
+        target.events = []
+        target.history_floor = target.rv
 
     Handler.store = store
+    Handler.rollouts = rollouts
+    Handler.rollouts_access = args.rollouts_access
     Handler.bookmark_interval = args.bookmark_interval
     Handler.quiet = args.quiet
 

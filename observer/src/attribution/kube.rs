@@ -23,10 +23,9 @@
 //! `track` is the value of a label that the user chooses (`track` unless
 //! configured otherwise). Argo Rollouts knows which ReplicaSet is the canary
 //! and which is stable from the Rollout's status, which this module does not
-//! read; it only stamps `rollouts-pod-template-hash` on the pods. So for
-//! Argo, either put a track label in the canary and stable pod metadata of
-//! the Rollout (`spec.strategy.canary.canaryMetadata` / `stableMetadata`), or
-//! compare `revision` values.
+//! read; it only stamps `rollouts-pod-template-hash` on the pods. For such a
+//! pod [`PodMeta::rollout`] names the Rollout, and [`super::rollouts`]
+//! compares `revision` with the Rollout's `status.stableRS`.
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
@@ -38,7 +37,10 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::{
+    api::core::v1::{ContainerStatus, Pod},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
 use kube::{
     config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError},
     runtime::{
@@ -81,9 +83,17 @@ pub struct PodMeta {
     pub revision: String,
     /// Value of the configured track label (`track` by default), else "".
     /// Argo Rollouts' canary/stable distinction lives in the Rollout status,
-    /// which is not read here: put a track label in the Rollout's
-    /// canaryMetadata/stableMetadata, or compare `revision`.
+    /// which is not read here: see [`PodMeta::rollout`].
     pub track: String,
+    /// The Argo Rollout the pod belongs to, for a pod labelled
+    /// `rollouts-pod-template-hash` whose controller is a ReplicaSet named
+    /// `<rollout>-<hash>`; `revision` then holds that hash, which
+    /// [`super::rollouts::canary_reason`] compares with the Rollout's
+    /// `status.stableRS`. `None` for every other pod. The pod only names its
+    /// ReplicaSet, and Argo always names that `<rollout>-<hash>`, so the
+    /// Rollout is known without reading ReplicaSets (and without RBAC on
+    /// them).
+    pub rollout: Option<String>,
     /// Container ID (the runtime's `containerd://`, `cri-o://` or `docker://`
     /// prefix stripped) -> container name, for regular, init and ephemeral
     /// containers, including the previous instance of a restarted container.
@@ -128,6 +138,7 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         workload: workload(pod, name, labels),
         revision,
         track: track.cloned().unwrap_or_default(),
+        rollout: argo_rollout(pod, labels),
         containers,
     })
 }
@@ -152,11 +163,15 @@ fn strip_runtime_prefix(id: &str) -> &str {
     id.split_once("://").map_or(id, |(_, rest)| rest).trim()
 }
 
-fn workload(pod: &Pod, pod_name: &str, labels: &BTreeMap<String, String>) -> String {
+/// The managing controller is the owner with `controller: true`; other
+/// owners (garbage-collection links) are only a fallback.
+fn controller(pod: &Pod) -> Option<&OwnerReference> {
     let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
-    // The managing controller is the owner with `controller: true`; other
-    // owners (garbage-collection links) are only a fallback.
-    let Some(owner) = owners.iter().find(|o| o.controller == Some(true)).or_else(|| owners.first()) else {
+    owners.iter().find(|o| o.controller == Some(true)).or_else(|| owners.first())
+}
+
+fn workload(pod: &Pod, pod_name: &str, labels: &BTreeMap<String, String>) -> String {
+    let Some(owner) = controller(pod) else {
         return pod_name.to_owned();
     };
     match owner.kind.as_str() {
@@ -185,6 +200,18 @@ fn replica_set_workload(rs_name: &str, labels: &BTreeMap<String, String>) -> Str
         })
         .unwrap_or(rs_name)
         .to_owned()
+}
+
+/// The Rollout behind an Argo pod: its ReplicaSet's name less `-<hash>`.
+/// Unlike [`replica_set_workload`], a name that does not end in the hash
+/// gives `None`: a ReplicaSet that Argo did not name is not known to belong
+/// to a Rollout, and guessing would compare the pod with another Rollout's
+/// stable revision.
+fn argo_rollout(pod: &Pod, labels: &BTreeMap<String, String>) -> Option<String> {
+    let hash = labels.get(ROLLOUTS_HASH_LABEL).filter(|hash| !hash.is_empty())?;
+    let owner = controller(pod).filter(|owner| owner.kind == "ReplicaSet")?;
+    let rollout = owner.name.strip_suffix(hash.as_str())?.strip_suffix('-')?;
+    (!rollout.is_empty()).then(|| rollout.to_owned())
 }
 
 /// The name of the container with this ID (bare, or with its runtime
@@ -450,7 +477,9 @@ pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
     Ok(cache)
 }
 
-async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
+/// The client configuration for `options`; [`super::rollouts`] builds its
+/// own client from it, so both watchers talk as the same identity.
+pub(super) async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
     if let Some(path) = &options.kubeconfig {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|err| match err {
             KubeconfigError::ReadConfig(source, _) => {
@@ -531,7 +560,7 @@ async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared
 /// The error with its causes: kube's own messages often stop at "client
 /// error (Connect)", and the cause (refused, DNS, TLS) is what the operator
 /// needs.
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -604,6 +633,7 @@ mod tests {
         assert_eq!(meta.workload, "web");
         assert_eq!(meta.revision, "7d4b9c8f6d");
         assert_eq!(meta.track, "canary");
+        assert_eq!(meta.rollout, None, "a Deployment's pod belongs to no Rollout");
         assert_eq!(meta.containers.len(), 3, "{:?}", meta.containers);
         assert_eq!(container_name(&meta, ID_A), Some("app"));
         assert_eq!(container_name(&meta, ID_B), Some("sidecar"));
@@ -622,9 +652,8 @@ mod tests {
         assert_eq!(pod_meta(&p, "").expect("meta").track, "");
     }
 
-    #[test]
-    fn argo_rollout_pod_uses_rollouts_hash() {
-        let p = pod(serde_json::json!({
+    fn argo_pod() -> Pod {
+        pod(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
                 "name": "checkout-6b8f7c9d4-abcde", "namespace": "shop",
@@ -637,13 +666,51 @@ mod tests {
             },
             "spec": {"nodeName": "node-a", "containers": [{"name": "checkout"}]},
             "status": {"containerStatuses": [container_status("checkout", Some(&format!("cri-o://{ID_A}")))]},
-        }));
-        let meta = pod_meta(&p, "track").expect("meta");
+        }))
+    }
+
+    #[test]
+    fn argo_rollout_pod_uses_rollouts_hash() {
+        let meta = pod_meta(&argo_pod(), "track").expect("meta");
         assert_eq!(meta.workload, "checkout");
         assert_eq!(meta.revision, "6b8f7c9d4");
         // Argo's canary/stable comes from the Rollout status, not the pod.
         assert_eq!(meta.track, "");
+        assert_eq!(meta.rollout.as_deref(), Some("checkout"));
         assert_eq!(container_name(&meta, ID_A), Some("checkout"));
+    }
+
+    #[test]
+    fn rollout_is_named_only_when_argo_named_the_replica_set() {
+        let with_owner = |kind: &str, name: &str| {
+            let mut p = argo_pod();
+            let owners = p.metadata.owner_references.get_or_insert_with(Vec::new);
+            owners[0].kind = kind.into();
+            owners[0].name = name.into();
+            pod_meta(&p, "track").expect("meta").rollout
+        };
+        // A ReplicaSet whose name does not end in the pod's hash: not known
+        // to be Argo's, though `workload` still falls back to its name.
+        assert_eq!(with_owner("ReplicaSet", "checkout-manual"), None);
+        assert_eq!(with_owner("ReplicaSet", "-6b8f7c9d4"), None);
+        assert_eq!(with_owner("ReplicaSet", "6b8f7c9d4"), None);
+        // Not a ReplicaSet at all.
+        assert_eq!(with_owner("StatefulSet", "checkout-6b8f7c9d4"), None);
+        // Rollout names may themselves contain dashes.
+        assert_eq!(with_owner("ReplicaSet", "shop-checkout-6b8f7c9d4").as_deref(), Some("shop-checkout"));
+
+        // No owner: a bare pod carrying the label is no Rollout's.
+        let mut bare = argo_pod();
+        bare.metadata.owner_references = None;
+        assert_eq!(pod_meta(&bare, "track").expect("meta").rollout, None);
+
+        // A Deployment's pod-template-hash is not Argo's label.
+        let mut deployment_labelled = argo_pod();
+        let labels = deployment_labelled.metadata.labels.get_or_insert_with(BTreeMap::new);
+        let hash = labels.remove("rollouts-pod-template-hash").expect("label");
+        labels.insert("pod-template-hash".into(), hash);
+        let meta = pod_meta(&deployment_labelled, "track").expect("meta");
+        assert_eq!((meta.workload.as_str(), meta.rollout), ("checkout", None));
     }
 
     #[test]
@@ -808,9 +875,10 @@ mod tests {
 }
 
 #[cfg(test)]
-mod fake_apiserver_tests {
+pub(super) mod fake_apiserver_tests {
     //! Against `tests/fake-apiserver/fake_apiserver.py`, a stand-in for the
     //! API server only: the client, the watcher and this module are real.
+    //! [`Server`] also serves the tests of [`super::super::rollouts`].
     use super::*;
     use std::{
         path::Path,
@@ -843,14 +911,19 @@ mod fake_apiserver_tests {
     }
 
     /// The fake server as a child process; killed when dropped.
-    struct Server {
+    pub(crate) struct Server {
         child: Child,
         port: u16,
         log: PathBuf,
     }
 
     impl Server {
-        fn start(dir: &Path, port: u16, pods: &[serde_json::Value]) -> Server {
+        pub(crate) fn start(dir: &Path, port: u16, pods: &[serde_json::Value]) -> Server {
+            Server::start_with(dir, port, pods, &[])
+        }
+
+        /// [`Server::start`] with more command-line arguments.
+        pub(crate) fn start_with(dir: &Path, port: u16, pods: &[serde_json::Value], args: &[&str]) -> Server {
             let script =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-apiserver/fake_apiserver.py");
             let pods_file = dir.join("pods.json");
@@ -867,6 +940,7 @@ mod fake_apiserver_tests {
                 .arg(&port_file)
                 .arg("--pods")
                 .arg(&pods_file)
+                .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log_file)
@@ -894,12 +968,16 @@ mod fake_apiserver_tests {
             server
         }
 
-        fn log_text(&self) -> String {
+        pub(crate) fn port(&self) -> u16 {
+            self.port
+        }
+
+        pub(crate) fn log_text(&self) -> String {
             std::fs::read_to_string(&self.log).unwrap_or_default()
         }
 
         /// One request to the control API, over a plain TCP connection.
-        async fn control(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        pub(crate) async fn control(&self, method: &str, path: &str, body: &str) -> (u16, String) {
             let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect");
             let request = format!(
                 "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
@@ -925,7 +1003,12 @@ mod fake_apiserver_tests {
         }
     }
 
-    async fn wait_for(what: &str, server: &Server, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    pub(crate) async fn wait_for(
+        what: &str,
+        server: &Server,
+        timeout: Duration,
+        mut cond: impl FnMut() -> bool,
+    ) {
         let deadline = Instant::now() + timeout;
         while !cond() {
             assert!(
@@ -1041,7 +1124,7 @@ mod fake_apiserver_tests {
         assert!(matches!(start(options).await, Err(KubeError::EmptyNodeName)));
     }
 
-    fn kubeconfig_yaml(port: u16) -> String {
+    pub(crate) fn kubeconfig_yaml(port: u16) -> String {
         format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
              clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\n\

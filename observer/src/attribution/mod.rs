@@ -7,5 +7,6 @@ pub mod cgroups;
 pub mod kfd_procs;
 pub mod kube;
 pub mod labels;
+pub mod rollouts;
 
 pub use cgroups::CgroupResolver;
