@@ -1,5 +1,6 @@
-//! The cgroups the detection and footprint cases create: a memory-limited
-//! one to cause OOM kills, and many small ones the daemon has to track.
+//! The cgroups the cases create: a memory-limited one to cause OOM kills,
+//! many small ones the daemon has to track, and one of its own for the
+//! launch-bound loop.
 //!
 //! They are removed on every way out, and leftovers of an interrupted run
 //! are removed before the next, so stray processes and cgroups never add
@@ -38,6 +39,7 @@ fn v1_memory_root() -> Option<PathBuf> {
 }
 
 pub(super) const BENCH_CGROUP: &str = "canaryscope-bench";
+pub(super) const LAUNCH_CGROUP: &str = "canaryscope-bench-launch";
 
 /// Removes a cgroup directory tree (children first), killing stray
 /// processes left in it and retrying while exiting ones still hold it.
@@ -76,7 +78,7 @@ fn remove_cgroup_tree(dir: &Path) {
 
 pub(super) fn cleanup_stale_cgroups() {
     for base in [cgroup2_root(), v1_memory_root()].into_iter().flatten() {
-        for name in [BENCH_CGROUP.to_string(), format!("{BENCH_CGROUP}-oom")] {
+        for name in [BENCH_CGROUP.to_string(), format!("{BENCH_CGROUP}-oom"), LAUNCH_CGROUP.to_string()] {
             let dir = base.join(name);
             if dir.exists() {
                 eprintln!("    removing leftover cgroup {}", dir.display());
@@ -118,4 +120,17 @@ pub(super) fn oom_cgroup() -> Result<(CgroupTree, PathBuf, String)> {
     fs::write(dir.join("memory.max"), "50M").context("cannot set memory.max")?;
     let _ = fs::write(dir.join("memory.swap.max"), "0");
     Ok((tree, dir.join("cgroup.procs"), format!("cgroup2 {}", dir.display())))
+}
+
+/// An empty cgroup2 cgroup for one case's processes: (tree guard, its
+/// `cgroup.procs`, its path as the daemon names it). GPU failures select a
+/// whole cgroup for hot-call probes, so a process that must stay unselected
+/// cannot share one with processes that fail (on a host where everything
+/// runs in the root cgroup, any other GPU test would select it).
+pub(super) fn own_cgroup(name: &str) -> Result<(CgroupTree, PathBuf, String)> {
+    let v2 = cgroup2_root().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
+    let dir = v2.join(name);
+    remove_cgroup_tree(&dir);
+    fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok((CgroupTree { dir: dir.clone() }, dir.join("cgroup.procs"), format!("/{name}")))
 }

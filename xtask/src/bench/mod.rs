@@ -9,7 +9,14 @@
 //!   libcuda.so.1), bare / canaryscope / bpftrace counting per result with
 //!   a latency histogram / an empty uprobe+uretprobe pair (the floor).
 //!   Rounds are interleaved (the order rotates every round) and medians
-//!   reported (rounds.rs, shared with the next case).
+//!   reported (rounds.rs, shared with the next two cases).
+//! - `launch_bound_loop` (launch_loop.rs): ns per launch of a loop calling
+//!   `cuLaunchKernel` of the ZLUDA-shaped library over a HIP stand-in with a
+//!   fixed cost per launch (`cuda_app_standin --launch-loop N`): bare /
+//!   `canaryscope run --hot-calls selected` with the process not selected /
+//!   selected by a failing cuInit / bpftrace pairs on both layers / the
+//!   empty pairs (the floor). It checks that both launch entries start with
+//!   a push, as real runtime entries do.
 //! - `sched_overhead` (sched.rs): ns per round trip of `pingpong` (two
 //!   processes pinned to CPU 0) bare / canaryscope / runqlat.
 //! - `detection_latency` (detection.rs): time from a failing `hipInit`
@@ -55,6 +62,7 @@ mod detection;
 mod first_call;
 mod footprint;
 mod gpu_calls;
+mod launch_loop;
 mod peers;
 mod process;
 mod report;
@@ -75,7 +83,8 @@ pub struct BenchArgs {
     /// Only run these cases (repeatable); all by default.
     #[arg(long, value_enum)]
     pub only: Vec<Case>,
-    /// Rounds of the overhead cases (default: 5, or 2 with --quick).
+    /// Rounds of the overhead cases (default: 5, or with --quick 2, and 1 for
+    /// the launch-bound loop).
     #[arg(long)]
     pub rounds: Option<usize>,
 }
@@ -84,6 +93,9 @@ pub struct BenchArgs {
 pub enum Case {
     /// Per-call cost of the GPU uprobes (cuda_app --version-loop).
     Gpu,
+    /// Launch-bound loop: hot-call probes, process selected and not, against
+    /// bare and the empty-pair floor (cuda_app_standin --launch-loop).
+    LaunchLoop,
     /// Scheduler probe cost (pingpong) against runqlat.
     Sched,
     /// Time to a failing hipInit and an OOM kill showing on /metrics.
@@ -105,6 +117,8 @@ struct Plan {
     footprint: bool,
     gpu_calls: u64,
     gpu_rounds: usize,
+    launch_calls: u64,
+    launch_rounds: usize,
     pingpong_rounds: u64,
     sched_rounds: usize,
     hip_trials: usize,
@@ -125,6 +139,11 @@ impl Plan {
                 footprint: true,
                 gpu_calls: 20_000,
                 gpu_rounds: rounds,
+                // Daemon and bpftrace start-ups and stops are most of this
+                // case's time: one round keeps it within the smoke run's
+                // budget and still runs every configuration once.
+                launch_calls: 2_000,
+                launch_rounds: args.rounds.unwrap_or(1).max(1),
                 pingpong_rounds: 20_000,
                 sched_rounds: rounds,
                 hip_trials: 3,
@@ -141,6 +160,8 @@ impl Plan {
                 footprint: true,
                 gpu_calls: 2_000_000,
                 gpu_rounds: rounds,
+                launch_calls: 100_000,
+                launch_rounds: rounds,
                 pingpong_rounds: 200_000,
                 sched_rounds: rounds,
                 hip_trials: 20,
@@ -244,8 +265,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 4] = [
+    let cases: [(Case, &str, CaseFn); 5] = [
         (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
+        (Case::LaunchLoop, "launch_bound_loop", launch_loop::launch_case),
         (Case::FirstCall, "first_call", first_call::first_call_case),
         (Case::Sched, "sched_overhead", sched::sched_case),
         (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),

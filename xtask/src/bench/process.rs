@@ -207,12 +207,18 @@ impl Drop for Proc {
     }
 }
 
-/// Runs a fixture to completion (killed after `timeout`) and returns its output.
-fn run_fixture(env: &Env, name: &str, cmd: &mut Command, timeout: Duration) -> Result<String> {
+/// Runs a fixture to completion (killed after `timeout`) and returns its
+/// exit status, whatever it is, with the process for its output: for
+/// callers to whom a failing exit is a result to report, not an error.
+pub(super) fn run_to_end(
+    env: &Env,
+    name: &str,
+    cmd: &mut Command,
+    timeout: Duration,
+) -> Result<(ExitStatus, Proc)> {
     let mut p = Proc::spawn(env, name, cmd, SIGKILL, Duration::from_secs(5))?;
     match p.wait_timeout(timeout) {
-        Some(s) if s.success() => Ok(p.output()),
-        Some(s) => bail!("{name} failed ({s}); {}", p.log_tail()),
+        Some(s) => Ok((s, p)),
         None => {
             p.stop();
             bail!("{name} did not finish within {timeout:.0?}; {}", p.log_tail())
@@ -220,7 +226,15 @@ fn run_fixture(env: &Env, name: &str, cmd: &mut Command, timeout: Duration) -> R
     }
 }
 
-fn parse_field(text: &str, key: &str) -> Option<f64> {
+/// Runs a fixture to completion (killed after `timeout`) and returns its output.
+fn run_fixture(env: &Env, name: &str, cmd: &mut Command, timeout: Duration) -> Result<String> {
+    match run_to_end(env, name, cmd, timeout)? {
+        (s, p) if s.success() => Ok(p.output()),
+        (s, p) => bail!("{name} failed ({s}); {}", p.log_tail()),
+    }
+}
+
+pub(super) fn parse_field(text: &str, key: &str) -> Option<f64> {
     text.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 

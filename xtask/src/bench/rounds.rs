@@ -1,6 +1,6 @@
-//! What the two overhead cases (gpu_calls.rs, sched.rs) share: interleaved
-//! rounds over their configurations, and the diagnostic pass that reads
-//! each observer's in-kernel program time.
+//! What the overhead cases (gpu_calls.rs, launch_loop.rs, sched.rs) share:
+//! interleaved rounds over their configurations, and the diagnostic pass
+//! that reads each observer's in-kernel program time.
 //!
 //! Rounds are interleaved, the order rotating every round, so a drift in
 //! the host (frequency, other work, caches) hits every configuration alike
@@ -72,6 +72,14 @@ impl<C: Config> Rounds<C> {
     /// Every figure into `row`'s samples, by configuration.
     pub(super) fn add_samples(&self, row: &mut Row) {
         for (cfg, s) in &self.samples {
+            row.samples.push((cfg.label().into(), s.clone()));
+        }
+    }
+
+    /// The figures of `configs` only, for a case that reports its
+    /// configurations in more than one row.
+    pub(super) fn add_samples_of(&self, row: &mut Row, configs: &[C]) {
+        for (cfg, s) in self.samples.iter().filter(|(c, _)| configs.contains(c)) {
             row.samples.push((cfg.label().into(), s.clone()));
         }
     }
