@@ -13,8 +13,10 @@ use tokio::net::TcpListener;
 
 use crate::{
     attribution::{
+        cgroup_path::parse_pod_cgroup,
         kube::{self, PodCache},
         labels::{labels_for, Liveness},
+        rollouts::{self, canary_reason},
     },
     cli::{require_root, CliError},
     config::{self, Settings},
@@ -126,12 +128,16 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         }
     };
 
-    if let Some(pods) = &pods {
+    if let (Some(pods), Some(options)) = (&pods, &settings.kube) {
+        // Canary pods are told by the track label, and for Argo Rollouts by
+        // a revision that is not the Rollout's stable one; without read
+        // access to rollouts (or without Argo) the label alone decides.
+        let rollouts = rollouts::start(options).await;
         let pods = pods.clone();
         // Processes of canary pods get hot-call probes from their start.
         pipeline.set_canary_judge(Box::new(move |path| {
-            let (labels, _) = labels_for(Some(path), Some(&pods));
-            (labels.track == "canary").then_some("track label")
+            let pod = parse_pod_cgroup(path)?;
+            canary_reason(&pods.get(&pod.pod_uid)?, Some(&rollouts))
         }));
     }
 

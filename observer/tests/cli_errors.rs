@@ -38,6 +38,23 @@ fn malformed_flags_are_usage_errors() {
 }
 
 #[test]
+fn bad_hot_call_settings_are_usage_errors() {
+    for args in [
+        &["trace", "--hot-calls", "some"][..],
+        &["run", "--hot-calls", "some"],
+        &["run", "--hot-window", "soon"],
+        &["run", "--hot-window", "200ms"],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.contains(args[1]) && err.contains(args[2]), "{args:?} names flag and value: {err}");
+    }
+    let (code, err) = run(&["run", "--hot-calls", "none", "--help"]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
 #[ignore = "needs root to drop to another user; run by `cargo xtask test`"]
 fn running_without_root_says_so() {
     support::assert_root();

@@ -1,0 +1,299 @@
+//! Hot GPU calls (launches, asynchronous copies) are trapped only in
+//! selected processes, with per-process uprobes: a process nobody selected
+//! keeps its original first instruction (no breakpoint), while its cold
+//! calls (cuInit) are still counted; `trace --pid` selects its process and
+//! every thread of it; under the daemon a GPU failure selects the cgroup
+//! within a second, later processes of that cgroup are probed before their
+//! first launch, and the probes go once the window passes quietly.
+mod support;
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::mpsc::{channel, Receiver},
+    thread,
+    time::{Duration, Instant},
+};
+
+use object::{Object, ObjectSymbol};
+use support::*;
+
+/// What a uprobe writes over the first byte of a probed instruction.
+const BREAKPOINT: u8 = 0xcc;
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A fixture process driven phase by phase (`--pause-before`).
+struct Stepped {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Stepped {
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn fixture");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Self { child, stdin, lines, seen: Vec::new() }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line starting with `prefix` (the ones before it are kept).
+    fn wait_line(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line starting {prefix:?}; output so far: {:?}", self.seen),
+            }
+        }
+    }
+
+    /// Lets the process run its next phase.
+    fn go(&mut self) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"\n").and_then(|_| stdin.flush()).expect("resume the fixture");
+    }
+
+    fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Stepped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `name=value` out of a fixture's line.
+fn field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line}"))
+        .to_string()
+}
+
+/// The first byte of `symbol` in the file whose name starts with `library`, as process
+/// `pid` has it in memory now, and as the file has it on disk.
+fn entry_bytes(pid: u32, library: &str, symbol: &str) -> (u8, u8) {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let (base, path) = maps
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = *f.get(5)?;
+            let name = path.rsplit('/').next()?;
+            if !name.starts_with(library) || u64::from_str_radix(f[2], 16).ok()? != 0 {
+                return None;
+            }
+            Some((u64::from_str_radix(f[0].split('-').next()?, 16).ok()?, path.to_string()))
+        })
+        .unwrap_or_else(|| panic!("pid {pid} does not map {library}"));
+    let data = std::fs::read(&path).expect("read the library");
+    let file = object::File::parse(&*data).expect("ELF");
+    let sym = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(symbol) && s.is_definition())
+        .unwrap_or_else(|| panic!("{symbol} not in {path}"));
+    // Shared objects built here load their first segment at address 0, so a
+    // symbol's address is its offset from the mapping at file offset 0.
+    let first_segment = object::ObjectSegment::address(&file.segments().next().expect("a segment"));
+    assert_eq!(first_segment, 0, "{path}: first segment not at 0");
+    let on_disk = {
+        use object::ObjectSection;
+        let section = file.section_by_index(sym.section_index().expect("section")).expect("section");
+        let (offset, _) = section.file_range().expect("file range");
+        data[(offset + sym.address() - section.address()) as usize]
+    };
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
+    mem.seek(SeekFrom::Start(base + sym.address())).expect("seek");
+    let mut byte = [0u8; 1];
+    mem.read_exact(&mut byte).expect("read process memory");
+    (byte[0], on_disk)
+}
+
+/// Polls until process `pid`'s `cuLaunchKernel` is (or is not) trapped.
+fn wait_trapped(pid: u32, trapped: bool, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (byte, _) = entry_bytes(pid, "libcuda.so.1", "cuLaunchKernel");
+        if (byte == BREAKPOINT) == trapped {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "pid {pid}: cuLaunchKernel {} within {within:?} (first byte {byte:#x})",
+            if trapped { "not trapped" } else { "still trapped" }
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn app(pod: Option<&PodCgroup>, args: &[&str]) -> Stepped {
+    let program = fixture("cuda_app");
+    let mut command = match pod {
+        Some(pod) => pod.command(&program),
+        None => Command::new(&program),
+    };
+    command.args(args);
+    Stepped::spawn(command)
+}
+
+fn pod_lines<'a>(metrics: &'a str, pod_uid: &str, function: &str) -> Vec<&'a str> {
+    let pod_label = format!("pod=\"{pod_uid}\"");
+    let function_label = format!("function=\"{function}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("canaryscope_gpu_api_calls_total{"))
+        .filter(|l| l.contains(&pod_label) && l.contains(&function_label))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn an_unselected_process_takes_no_trap_and_its_failing_init_still_counts() {
+    assert_root();
+    let daemon = Daemon::start(&[]);
+    let uid = random_pod_uid();
+    let pod = PodCgroup::new(&uid, &random_hex(64));
+    // Launches first, init last: nothing has failed in this cgroup while it
+    // launches, so nothing may select it.
+    let mut worker = app(
+        Some(&pod),
+        &["--init-last", "--launch-loop", "100000", "--pause-before", "init", "--pause-before", "exit"],
+    );
+    let done = worker.wait_line("launch_loop=");
+    assert_eq!(field(&done, "failed"), "100000", "every launch ran into the real runtime: {done}");
+    worker.wait_line("paused=init");
+    let (in_memory, on_disk) = entry_bytes(worker.pid(), "libcuda.so.1", "cuLaunchKernel");
+    assert_ne!(on_disk, BREAKPOINT);
+    assert_eq!(in_memory, on_disk, "an unselected process carries no breakpoint on cuLaunchKernel");
+    let (hip_in_memory, hip_on_disk) = entry_bytes(worker.pid(), "libamdhip64.so.5", "hipModuleLaunchKernel");
+    assert_eq!(hip_in_memory, hip_on_disk, "nor on hipModuleLaunchKernel beneath it");
+
+    worker.go();
+    let init = worker.wait_line("cuInit=");
+    assert_ne!(field(&init, "cuInit"), "0", "{init}");
+    // The scrape that shows the cold call failing also shows everything
+    // this cgroup did before it: the launches, had any been trapped.
+    daemon.wait_metric("the unselected process's cuInit failure", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("pod=\"{uid}\""))
+            && l.contains("function=\"cuInit\"")
+            && !l.contains("result=\"0\"")
+    });
+    let metrics = daemon.metrics();
+    let launches = pod_lines(&metrics, &uid, "cuLaunchKernel");
+    assert!(launches.is_empty(), "launches of an unselected process were counted: {launches:?}");
+    assert!(pod_lines(&metrics, &uid, "hipModuleLaunchKernel").is_empty());
+    worker.go();
+    assert!(worker.finish().success());
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn trace_pid_traps_every_thread_of_its_process_and_no_other_process() {
+    assert_root();
+    let mut selected = app(None, &["--launch", "--launch-thread", "--pause-before", "launch"]);
+    let mut other = app(None, &["--launch", "--pause-before", "launch"]);
+    selected.wait_line("paused=launch");
+    other.wait_line("paused=launch");
+    let pid = selected.pid();
+    let other_pid = u64::from(other.pid());
+    let tracer = Tracer::start(&["--pid", &pid.to_string()]);
+    // Probed before the tracer said it was tracing: the process was found
+    // mapping the runtime at start.
+    assert_eq!(entry_bytes(pid, "libcuda.so.1", "cuLaunchKernel").0, BREAKPOINT);
+    let (other_byte, other_on_disk) = entry_bytes(other.pid(), "libcuda.so.1", "cuLaunchKernel");
+    assert_eq!(other_byte, other_on_disk, "the other process carries no breakpoint");
+
+    other.go();
+    let other_launch = other.wait_line("cuLaunchKernel=");
+    assert_ne!(field(&other_launch, "cuLaunchKernel"), "0");
+    selected.go();
+    let launched = selected.wait_line("launch_tid=");
+    let tid: u64 = field(&launched, "launch_tid").parse().expect("tid");
+    assert_ne!(tid, u64::from(pid), "the launch ran on a worker thread");
+    let event = tracer.wait_for("the worker thread's launch failure", WAIT, |e| {
+        e["function"] == "cuLaunchKernel" && e["pid"] == u64::from(pid)
+    });
+    assert_eq!(event["tid"], tid, "{event}");
+    assert_ne!(event["result"], 0, "{event}");
+    assert!(selected.finish().success());
+    assert!(other.finish().success());
+    let (_, events) = tracer.stop();
+    let stray: Vec<_> =
+        events.iter().filter(|e| e["function"] == "cuLaunchKernel" && e["pid"] == other_pid).collect();
+    assert!(stray.is_empty(), "another process's launch was reported: {stray:?}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn gpu_trouble_selects_the_cgroup_within_a_second_and_the_quiet_window_lets_go() {
+    assert_root();
+    let window = Duration::from_secs(3);
+    let daemon = Daemon::start(&["--hold", "--hot-window", "3s"]);
+    let uid = random_pod_uid();
+    let pod = PodCgroup::new(&uid, &random_hex(64));
+    // cuInit fails through the real runtime: trouble in this cgroup.
+    let mut first = app(Some(&pod), &["--pause-before", "exit"]);
+    let init = first.wait_line("cuInit=");
+    assert_ne!(field(&init, "cuInit"), "0", "{init}");
+    let took = wait_trapped(first.pid(), true, Duration::from_secs(1));
+    eprintln!("selected {took:?} after its cuInit failed");
+    daemon.wait_metric("one process selected for GPU trouble", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_hot_probed_processes{reason=\"gpu_trouble\"}")
+            && metric_value(l) >= 1.0
+    });
+
+    // A process started later in the selected cgroup is probed before its
+    // first launch (the hold keeps it until then), so its launch failure
+    // is counted.
+    let mut second = app(Some(&pod), &["--launch"]);
+    let launched = second.wait_line("cuLaunchKernel=");
+    assert_ne!(field(&launched, "cuLaunchKernel"), "0", "{launched}");
+    assert!(second.finish().success());
+    let quiet_from = Instant::now();
+    daemon.wait_metric("the later process's launch failure", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("pod=\"{uid}\""))
+            && l.contains("function=\"cuLaunchKernel\"")
+            && !l.contains("result=\"0\"")
+    });
+
+    // Nothing fails any more: once the window has passed, the probes go.
+    wait_trapped(first.pid(), false, window + Duration::from_secs(5));
+    assert!(
+        quiet_from.elapsed() + Duration::from_millis(500) >= window,
+        "probes removed {:?} into a {window:?} window",
+        quiet_from.elapsed()
+    );
+    daemon.wait_metric("nothing selected any more", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_hot_probed_processes{reason=\"gpu_trouble\"}")
+            && metric_value(l) == 0.0
+    });
+    first.go();
+    assert!(first.finish().success());
+}
