@@ -17,7 +17,10 @@
 #   2 contract      metric names and labels in rules, tests, Argo and Flagger queries are
 #                   those of the metric contract (deploy/metric-contract.json, generated
 #                   from the exporter's catalog; the integration test metric_contract
-#                   also checks them against a real daemon's scrape)
+#                   also checks them against a real daemon's scrape); per-function GPU
+#                   series read beyond the canary name cold-tier functions only (hot ones
+#                   are probed in selected processes, never in stable ones); then a
+#                   self-test that this check refuses what it should
 #   3 coverage      every alert fires in a test and stays silent in another; every Argo
 #                   metric / Flagger template is exercised by an analysis test
 #   4 promtool check rules prometheus/rules.yaml
@@ -93,7 +96,7 @@ promconfig() {
 }
 
 step "1 PrometheusRule spec == prometheus/rules.yaml" "$PY" deploy/tools/deploycheck.py rules-equal
-step "2 metric contract" "$PY" deploy/tools/deploycheck.py contract
+step "2 metric contract" sh -c '"$0" deploy/tools/deploycheck.py contract && "$0" deploy/tools/deploycheck.py selftest' "$PY"
 step "3 test coverage" "$PY" deploy/tools/deploycheck.py coverage
 step "4 promtool check rules" promtool check rules deploy/prometheus/rules.yaml
 step "5 promtool test rules (alerts)" promtool test rules deploy/prometheus/tests/*.yaml

@@ -66,13 +66,23 @@ PREFIX = _CONTRACT["prefix"]
 WORKLOAD_LABELS = _CONTRACT["workload_labels"]
 # Added by the scrape (job, instance) and by the ServiceMonitor relabelling (node).
 TARGET_LABELS = ["job", "instance", "node"]
+# GPU call families with a series per function, and which functions every process
+# has probed (cold) versus only processes canaryscope selected (hot: launches,
+# asynchronous copies). Stable processes are not selected, so a comparison that
+# can see stable series may only use cold functions.
+PER_FUNCTION = {PREFIX_NAME + f for f in _CONTRACT.get("per_function_families", [])
+                for PREFIX_NAME in [_CONTRACT["prefix"]]}
+COLD_FUNCTIONS = set(_CONTRACT.get("gpu_function_tiers", {}).get("cold", []))
+HOT_FUNCTIONS = set(_CONTRACT.get("gpu_function_tiers", {}).get("hot", []))
 
 ERRORS = []
+QUIET = False  # the self-test provokes problems on purpose
 
 
 def err(msg):
     ERRORS.append(msg)
-    print("  FAIL: " + msg)
+    if not QUIET:
+        print("  FAIL: " + msg)
 
 
 def ok(msg):
@@ -149,6 +159,69 @@ def check_promql(where, expr):
         for label in [x.strip() for x in group.split(",") if x.strip()]:
             if label not in ALL_LABELS:
                 err("%s: grouping label %r is not exported by canaryscope" % (where, label))
+
+
+def check_tiers(where, expr, canary=()):
+    """A per-function GPU family read beyond the canary must name cold functions only.
+
+    A selector is canary-only when it has track="canary", or one of `canary`, the
+    matchers by which a template names the canary: the canary's revision (Argo's
+    canary-hash) or Flagger's canary workload (its target; stable is target-primary).
+    """
+    for name, body in SELECTOR_RE.findall(expr):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if base not in PER_FUNCTION:
+            continue
+        matchers = [MATCHER_RE.fullmatch(p) for p in body.split(",") if p.strip()]
+        matchers = [m.groups() for m in matchers if m]
+        if ("track", "=", "canary") in matchers or any(m in matchers for m in canary):
+            continue  # canary processes are selected: every tier is seen there
+        functions = [(op, v) for label, op, v in matchers if label == "function"]
+        names = set()
+        for op, value in functions:
+            if op == "=":
+                names.add(value)
+            elif op == "=~" and re.fullmatch(r"[A-Za-z0-9_|]+", value):
+                names |= set(value.split("|"))
+            else:
+                names.add(None)
+        if not functions or None in names:
+            err("%s: %s beyond the canary must pin `function` to cold-tier functions "
+                "(function=\"...\" or function=~\"a|b\"): hot ones are not probed in stable processes"
+                % (where, name))
+            continue
+        hot = sorted(n for n in names if n not in COLD_FUNCTIONS)
+        if hot:
+            err("%s: %s compares %s, not cold-tier functions (probed only in selected processes)"
+                % (where, name, ", ".join(hot)))
+
+
+def cmd_selftest(_):
+    """The checks above catch what they are for (each case: query, expected problems)."""
+    global ERRORS, QUIET
+    print("deploycheck self-test")
+    cases = [
+        ('rate(canaryscope_gpu_api_calls_total{track="stable",result!="0"}[5m])', 1),
+        ('rate(canaryscope_gpu_api_calls_total{function="cuLaunchKernel"}[5m])', 1),
+        ('rate(canaryscope_gpu_api_call_duration_seconds_bucket{function=~"hipLaunchKernel|hipInit"}[5m])', 1),
+        ('rate(canaryscope_gpu_api_calls_total{function=~"cu.*"}[5m])', 1),
+        ('rate(canaryscope_gpu_api_calls_total{function=~"cuInit|cuStreamSynchronize"}[5m])', 0),
+        ('rate(canaryscope_gpu_api_calls_total{track="canary"}[5m])', 0),
+        ('rate(canaryscope_gpu_init_failures_total{track="stable"}[5m])', 0),
+    ]
+    saved, failures = ERRORS, []
+    QUIET = True
+    for query, want in cases:
+        ERRORS = []
+        check_tiers("self-test", query)
+        if len(ERRORS) != want:
+            failures.append("%s: %d problem(s), expected %d" % (query, len(ERRORS), want))
+    ERRORS, QUIET = saved, False
+    for f in failures:
+        err(f)
+    if not failures:
+        ok("the tier check refuses hot or unpinned functions beyond the canary (%d cases)" % len(cases))
+    finish("selftest")
 
 
 def parse_series(spec):
@@ -344,6 +417,7 @@ def cmd_contract(ns):
         for r in g["rules"]:
             name = r.get("alert") or r.get("record")
             check_promql("%s %s expr" % (rel(RULES), name), r["expr"])
+            check_tiers("%s %s expr" % (rel(RULES), name), r["expr"])
             for k, v in (r.get("annotations") or {}).items():
                 for n in NAME_RE.findall(v):
                     if n not in SERIES:
@@ -355,8 +429,15 @@ def cmd_contract(ns):
                         continue
                     if "workload" not in labels:
                         err("%s %s: aggregation (%s) drops `workload`" % (rel(RULES), name, group))
-    for where, _key, q in rendered_queries():
+    canary_by = {
+        "argo": [("revision", "=", SAMPLE_ARGO_ARGS["canary-hash"])],
+        "flagger": [("workload", "=", SAMPLE_FLAGGER_VARS["target"])],
+    }
+    for where, key, q in rendered_queries():
         check_promql(where, q)
+        check_tiers(where, q, canary_by[key.split(":")[0]])
+    if not COLD_FUNCTIONS or not HOT_FUNCTIONS:
+        err("%s lists no GPU function tiers" % rel(CONTRACT_FILE))
     # test input series must look like what canaryscope exports
     for path in sorted(glob.glob(TESTS_GLOB)) + sorted(glob.glob(ANALYSIS_TESTS_GLOB)):
         for t in load_yaml(path).get("tests", []):
@@ -1112,6 +1193,7 @@ def main():
     p.add_argument("--scrape", help="a /metrics exposition of a real daemon to check against too")
     p.set_defaults(fn=cmd_contract)
     sub.add_parser("coverage").set_defaults(fn=cmd_coverage)
+    sub.add_parser("selftest").set_defaults(fn=cmd_selftest)
     p = sub.add_parser("render-analysis")
     p.add_argument("dir")
     p.set_defaults(fn=cmd_render_analysis)

@@ -5,7 +5,16 @@
 //! equal to the code.
 use serde_json::{json, Map, Value};
 
-use super::catalog::{Kind, Scope, CATALOG, LABEL_NAMES, PREFIX};
+use observer_common::gpu::Api;
+
+use super::catalog::{
+    Kind, Scope, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_STALLED_CALLS, LABEL_NAMES, PREFIX,
+};
+
+/// Families with a series per GPU function, whose hot-tier series exist only
+/// for selected processes.
+const PER_FUNCTION_FAMILIES: [&str; 3] =
+    [GPU_API_CALLS.name, GPU_API_CALL_DURATION.name, GPU_API_STALLED_CALLS.name];
 
 /// The contract as pretty JSON, one family per key, in catalog order.
 pub fn contract_json() -> String {
@@ -21,12 +30,23 @@ pub fn contract_json() -> String {
             json!({ "type": kind, "labels": decl.extra, "workload": decl.scope == Scope::Workload }),
         );
     }
+    // Which GPU functions every process has probed (cold) and which only
+    // selected ones (hot): a canary-vs-stable comparison may only use the
+    // cold ones, since stable processes are not selected.
+    let mut tiers: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for api in [Api::Hip, Api::Cuda] {
+        for f in api.functions() {
+            tiers.entry(f.tier.as_str()).or_default().push(f.name);
+        }
+    }
     let contract = json!({
         "note": "Generated from observer/src/metrics/catalog.rs; regenerate with \
                  CANARYSCOPE_WRITE_CONTRACT=1 cargo test -p observer --lib metric_contract",
         "prefix": PREFIX,
         "workload_labels": LABEL_NAMES,
         "families": Value::Object(families),
+        "per_function_families": PER_FUNCTION_FAMILIES,
+        "gpu_function_tiers": tiers,
     });
     let mut text = serde_json::to_string_pretty(&contract).unwrap_or_default();
     text.push('\n');
