@@ -230,7 +230,9 @@ impl LibraryTracker {
         // Its maps may not name the file by a usable path (a deleted or
         // renamed file): the descriptor it was mapped from is still open
         // while the process is held.
-        if self.announcements.len() == first_new && ev.fd >= 0 {
+        // (A file reported only because the process is selected is known
+        // and was found through its maps already.)
+        if self.announcements.len() == first_new && ev.fd >= 0 && ev.known == 0 {
             let via_fd = PathBuf::from(format!("/proc/{pid}/fd/{}", ev.fd));
             let name = comm_str(&ev.name).to_string();
             let display = std::fs::read_link(&via_fd).map(|p| p.display().to_string()).unwrap_or(name);
