@@ -19,7 +19,7 @@ use crate::{
     },
 };
 
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
@@ -27,6 +27,21 @@ pub struct Args {
     /// Also look for this GPU runtime library; repeatable.
     #[arg(long = "lib", value_name = "PATH")]
     pub libs: Vec<PathBuf>,
+    /// Exporter of the daemon on this node, asked which processes have
+    /// hot-call probes and why.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9464")]
+    pub daemon: String,
+}
+
+/// What the daemon on this node says of hot-call selection.
+#[derive(Serialize, Debug)]
+pub struct HotCalls {
+    /// Where the daemon was asked.
+    pub daemon: String,
+    /// Whether it answered with the gauge.
+    pub reachable: bool,
+    /// Processes with hot-call probes, by reason (`canary`, `gpu_trouble`, `all`).
+    pub selected: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Serialize, Debug)]
@@ -55,6 +70,8 @@ pub struct Report {
     pub load_error: Option<String>,
     /// Whether anything at all can be observed.
     pub observable: bool,
+    /// Which processes the running daemon traps hot GPU calls in, and why.
+    pub hot_calls: HotCalls,
 }
 
 fn item(name: &str, ok: bool, detail: impl Into<String>) -> Item {
@@ -83,7 +100,45 @@ fn kprobes_available() -> (bool, String) {
     }
 }
 
-pub fn collect(extra_libs: &[PathBuf]) -> Report {
+/// Asks the daemon's exporter for `canaryscope_gpu_hot_probed_processes`.
+fn daemon_hot_calls(address: &str) -> HotCalls {
+    let selected = scrape(address).map(|text| parse_hot_counts(&text));
+    HotCalls {
+        daemon: address.to_string(),
+        reachable: selected.as_ref().is_some_and(|s| !s.is_empty()),
+        selected: selected.unwrap_or_default(),
+    }
+}
+
+fn scrape(address: &str) -> Option<String> {
+    use std::{
+        io::{Read, Write},
+        net::{TcpStream, ToSocketAddrs},
+        time::Duration,
+    };
+    let addr = address.to_socket_addrs().ok()?.next()?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// `reason -> processes` from an exposition.
+fn parse_hot_counts(text: &str) -> std::collections::BTreeMap<String, u64> {
+    let name = crate::metrics::catalog::GPU_HOT_PROBED_PROCESSES.name;
+    let prefix = format!("{}{name}{{reason=\"", crate::metrics::catalog::PREFIX);
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some((reason.to_string(), value.trim().parse::<f64>().ok()? as u64))
+        })
+        .collect()
+}
+
+pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut facilities = vec![
@@ -158,7 +213,8 @@ pub fn collect(extra_libs: &[PathBuf]) -> Report {
     // once, record each probe's outcome, and detach.
     let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
     let observable = probes.iter().any(|p| p.attached);
-    Report { kernel: kernel_release(), facilities, gpu_libraries, probes, load_error, observable }
+    let hot_calls = daemon_hot_calls(daemon);
+    Report { kernel: kernel_release(), facilities, gpu_libraries, probes, load_error, observable, hot_calls }
 }
 
 fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
@@ -188,7 +244,7 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
-    let report = collect(&args.libs);
+    let report = collect(&args.libs, &args.daemon);
     if args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| CliError::runtime(e.to_string()))?;
         println!("{text}");
@@ -209,6 +265,24 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
                 (_, problem) => println!("  MISS {} ({})", l.path, problem.as_deref().unwrap_or("unusable")),
             }
         }
+        for p in report.probes.iter().filter(|p| p.probe == "gpu" && p.attached) {
+            println!("  probes {}: {}", p.target, p.detail);
+        }
+        let hot = &report.hot_calls;
+        if hot.reachable {
+            let counts: Vec<String> = hot.selected.iter().map(|(r, n)| format!("{n} {r}")).collect();
+            let total: u64 = hot.selected.values().sum();
+            println!(
+                "Hot GPU calls (launches, async copies): trapped in {total} processes by the daemon at {} ({})",
+                hot.daemon,
+                counts.join(", ")
+            );
+        } else {
+            println!(
+                "Hot GPU calls (launches, async copies): no daemon answers at {} (its selection: canary pods and cgroups with recent GPU trouble)",
+                hot.daemon
+            );
+        }
         println!(
             "{}",
             if report.observable {
@@ -219,4 +293,21 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         );
     }
     Ok(if report.observable { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_counts_are_read_from_the_exposition() {
+        let text = "# HELP canaryscope_gpu_hot_probed_processes x\n\
+                    canaryscope_gpu_hot_probed_processes{reason=\"canary\"} 3\n\
+                    canaryscope_gpu_hot_probed_processes{reason=\"gpu_trouble\"} 0\n\
+                    canaryscope_probe_attached{probe=\"gpu\",target=\"x\"} 1\n";
+        let counts = parse_hot_counts(text);
+        assert_eq!(counts.get("canary"), Some(&3));
+        assert_eq!(counts.get("gpu_trouble"), Some(&0));
+        assert_eq!(counts.len(), 2);
+    }
 }
