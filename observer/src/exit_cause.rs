@@ -8,7 +8,7 @@ use observer_common::task::{
     EXIT_FLAG_ORIGIN, ORIGIN_FLAG_RLIMIT_CPU, SI_KERNEL, SI_NOINFO,
 };
 
-use crate::attribution::cgroup_path::parse_pod_cgroup;
+use crate::attribution::{cgroup_path::parse_pod_cgroup, kube::PodCache};
 
 const SIGILL: i32 = 4;
 const SIGABRT: i32 = 6;
@@ -191,6 +191,21 @@ pub fn sender_scope(
     match (&sender_pod.container, &target_pod.container) {
         (Some(a), Some(b)) if a.id == b.id => SenderScope::SameContainer,
         _ => SenderScope::SamePod,
+    }
+}
+
+/// Why the host killed the process of a pod's container at `target_cgroup`,
+/// from the pod's state in the API: `None` outside pods, and while the pod
+/// cache cannot tell (not synced, or the API unreachable).
+pub fn kill_reason(target_cgroup: Option<&str>, pods: &PodCache) -> Option<KillReason> {
+    let pod = parse_pod_cgroup(target_cgroup?)?;
+    match pods.get(&pod.pod_uid) {
+        Some(meta) if meta.deleting => Some(KillReason::PodDeleted),
+        Some(_) => Some(KillReason::ContainerRestart),
+        // A pod leaves the API only once deleted and its containers are
+        // stopped: one already gone from a synced cache was deleted.
+        None if pods.is_synced() && pods.api_healthy() => Some(KillReason::PodDeleted),
+        None => None,
     }
 }
 
