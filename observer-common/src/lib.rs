@@ -194,6 +194,7 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::task::OomVictimEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimInfo {}
     unsafe impl aya::Pod for crate::task::CrashInfo {}
+    unsafe impl aya::Pod for crate::task::SignalOrigin {}
     unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
     unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}
     unsafe impl aya::Pod for crate::kfd::HwEvent {}

@@ -51,6 +51,10 @@ pub struct KernelOffsets {
     /// `inode->i_sb->s_dev`: with `i_ino`, a file's identity across mounts.
     pub inode_i_sb: u32,
     pub super_block_s_dev: u32,
+    /// `task->signal->rlim[]` (with `task_signal`): the process's resource
+    /// limits, for telling a CPU-limit kill from other kernel kills.
+    pub signal_rlim: u32,
+    pub have_rlimit: u32,
 }
 
 impl KernelOffsets {
@@ -85,6 +89,8 @@ impl KernelOffsets {
         have_tty: 0,
         inode_i_sb: 0,
         super_block_s_dev: 0,
+        signal_rlim: 0,
+        have_rlimit: 0,
     };
 }
 
@@ -171,6 +177,44 @@ impl Default for CrashInfo {
     }
 }
 
+/// `si_code` the kernel reports for its own signals (`SEND_SIG_PRIV`,
+/// include/uapi/asm-generic/siginfo.h).
+pub const SI_KERNEL: i32 = 0x80;
+/// Stand-in `si_code` for a signal generated without any siginfo
+/// (`SEND_SIG_NOINFO`): the kernel's `send_sig(sig, task, 0)`, as for
+/// SIGPIPE and SIGXFSZ. The tracepoint itself reports these as SI_USER;
+/// this value is outside every real code so the two stay apart.
+pub const SI_NOINFO: i32 = i32::MIN;
+/// `RLIMIT_CPU`, the index into `signal_struct::rlim`.
+pub const RLIMIT_CPU: u32 = 0;
+/// `struct rlimit { rlim_cur, rlim_max }`, two `unsigned long`s.
+pub const RLIMIT_SIZE: u32 = 16;
+/// `RLIM_INFINITY` on 64-bit kernels.
+pub const RLIM_INFINITY: u64 = u64::MAX;
+
+/// The signal was generated while the process had a finite RLIMIT_CPU
+/// ([`SignalOrigin::flags`]).
+pub const ORIGIN_FLAG_RLIMIT_CPU: u32 = 1;
+
+/// Who generated the last possibly fatal signal for a process, taken in the
+/// sender's context at `signal_generate`: the sender may be gone by the
+/// time its target exits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SignalOrigin {
+    pub signal: i32,
+    /// `si_code` ([`SI_KERNEL`], `SI_USER` = 0, `SI_TKILL` = -6, ...), or
+    /// [`SI_NOINFO`].
+    pub si_code: i32,
+    /// The current task when the signal was generated: for `kill`, `tgkill`
+    /// and `sigqueue` the sender; for kernel signals whatever ran then.
+    pub sender_tgid: u32,
+    /// `ORIGIN_FLAG_*`.
+    pub flags: u32,
+    pub sender_cgroup_id: u64,
+    pub sender_comm: [u8; 16],
+}
+
 /// A process (thread-group leader) ended abnormally: killed by a signal or
 /// exiting with status 137. Normal exits never leave the kernel.
 #[repr(C)]
@@ -183,10 +227,24 @@ pub struct ExitEvent {
     /// From `oom:mark_victim` when the kernel gives it (kB).
     pub oom_anon_rss_kb: u64,
     pub crash: CrashInfo,
+    /// Valid when `flags` has [`EXIT_FLAG_ORIGIN`]: the fatal signal's
+    /// origin (its number equals the exit signal).
+    pub origin: SignalOrigin,
 }
 
 pub const EXIT_FLAG_OOM_VICTIM: u32 = 1;
 pub const EXIT_FLAG_CRASH: u32 = 2;
+pub const EXIT_FLAG_ORIGIN: u32 = 4;
+
+/// Signals whose default action is to ignore or to stop: they never end a
+/// process, so `signal_generate` does not record where they came from
+/// (SIGCHLD alone fires at every child's exit).
+#[inline(always)]
+pub const fn never_fatal(sig: i32) -> bool {
+    // SIGCHLD 17, SIGCONT 18, SIGSTOP 19, SIGTSTP 20, SIGTTIN 21, SIGTTOU 22,
+    // SIGURG 23, SIGWINCH 28 (x86-64, arch/x86/include/uapi/asm/signal.h).
+    matches!(sig, 17..=23 | 28)
+}
 
 /// The OOM killer chose a victim (sent in the killer's context).
 #[repr(C)]
@@ -261,6 +319,22 @@ mod tests {
         }
         assert_eq!(IpMapping::from_u32(3), None);
         assert_eq!(CrashInfo::default().ip_mapping, IpMapping::Unknown as u32);
+    }
+
+    #[test]
+    fn only_signals_that_can_end_a_process_are_traced() {
+        for sig in [1, 2, 6, 9, 11, 13, 15, 24, 31, 34, 64] {
+            assert!(!never_fatal(sig), "{sig}");
+        }
+        for sig in [17, 18, 19, 20, 21, 22, 23, 28] {
+            assert!(never_fatal(sig), "{sig}");
+        }
+    }
+
+    #[test]
+    fn signal_origin_has_no_implicit_padding() {
+        let explicit = 4 + 4 + 4 + 4 + 8 + 16;
+        assert_eq!(core::mem::size_of::<SignalOrigin>(), explicit);
     }
 
     #[test]

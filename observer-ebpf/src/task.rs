@@ -3,18 +3,20 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{
-        bpf_find_vma, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_probe_read_kernel_str_bytes, bpf_task_pt_regs,
+        bpf_find_vma, bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_current_task, bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes, bpf_task_pt_regs,
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{RawTracePointContext, TracePointContext},
 };
 use observer_common::{
     gpu::{Api, InflightKey},
     task::{
-        exit_signal, in_call_api_code, is_abnormal_exit, CrashInfo, ExitEvent, IpMapping, OomVictimEvent,
-        OomVictimInfo, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, LIBRARY_NAME_LEN, SI_KERNEL_FAULT_MIN,
+        exit_signal, in_call_api_code, is_abnormal_exit, never_fatal, CrashInfo, ExitEvent, IpMapping,
+        OomVictimEvent, OomVictimInfo, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, EXIT_FLAG_ORIGIN,
+        LIBRARY_NAME_LEN, ORIGIN_FLAG_RLIMIT_CPU, RLIMIT_CPU, RLIMIT_SIZE, RLIM_INFINITY, SI_KERNEL,
+        SI_KERNEL_FAULT_MIN, SI_NOINFO,
     },
     EventKind,
 };
@@ -33,6 +35,12 @@ static OOM_VICTIMS: HashMap<u32, OomVictimInfo> = HashMap::with_max_entries(1024
 #[map(name = "CRASHES")]
 static CRASHES: HashMap<u32, CrashInfo> = HashMap::with_max_entries(4096, 0);
 
+/// Where the last possibly fatal signal of each process came from, until
+/// it exits (tgid -> origin). LRU: a process that caught its signals and
+/// lives on must not keep a slot from the next one that dies.
+#[map(name = "SIGNAL_ORIGINS")]
+static SIGNAL_ORIGINS: LruHashMap<u32, SignalOrigin> = LruHashMap::with_max_entries(8192, 0);
+
 /// Scratch space: a CrashInfo is too big to build on the 512-byte stack
 /// next to everything else.
 #[map(name = "CRASH_SCRATCH")]
@@ -40,6 +48,13 @@ static CRASH_SCRATCH: PerCpuArray<CrashInfo> = PerCpuArray::with_max_entries(1, 
 
 const SIGILL: i32 = 4;
 const SIGABRT: i32 = 6;
+const SIGKILL: i32 = 9;
+const SIGXCPU: i32 = 24;
+/// `enum trace_signal_result` (include/trace/events/signal.h): the signal
+/// was queued (with or without its siginfo). Ignored, already pending or
+/// dropped signals cannot be the one that ends the process.
+const TRACE_SIGNAL_DELIVERED: i32 = 0;
+const TRACE_SIGNAL_LOSE_INFO: i32 = 4;
 const SIGBUS: i32 = 7;
 const SIGFPE: i32 = 8;
 const SIGSEGV: i32 = 11;
@@ -64,17 +79,30 @@ pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
 
 fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let sig: i32 = ctx.arg::<u64>(0) as i32;
-    if !matches!(sig, SIGSEGV | SIGBUS | SIGILL | SIGFPE | SIGABRT) {
+    if never_fatal(sig) {
         return Ok(0);
     }
     let target = ctx.arg::<u64>(2);
+    let info = ctx.arg::<u64>(1) as *const u8;
+    let si_code: i32 = if (info as u64) > 1 { read(info, SIGINFO_CODE).unwrap_or(0) } else { 0 };
+    let result = ctx.arg::<u64>(4) as i32;
+    if result == TRACE_SIGNAL_DELIVERED || result == TRACE_SIGNAL_LOSE_INFO {
+        // The special siginfo pointers: SEND_SIG_NOINFO (0) and SEND_SIG_PRIV (1).
+        let origin_code = match info as u64 {
+            0 => SI_NOINFO,
+            1 => SI_KERNEL,
+            _ => si_code,
+        };
+        let _ = record_origin(sig, origin_code, target as *const u8);
+    }
+    if !matches!(sig, SIGSEGV | SIGBUS | SIGILL | SIGFPE | SIGABRT) {
+        return Ok(0);
+    }
     // SAFETY: helper without pointer arguments.
     let current = unsafe { bpf_get_current_task() };
     if target != current {
         return Ok(0); // sent by someone else: not a crash of the target's code
     }
-    let info = ctx.arg::<u64>(1) as *const u8;
-    let si_code: i32 = if (info as u64) > 1 { read(info, SIGINFO_CODE).unwrap_or(0) } else { 0 };
     if sig != SIGABRT && si_code < SI_KERNEL_FAULT_MIN {
         return Ok(0); // a self-sent SIGSEGV is not a fault
     }
@@ -144,6 +172,40 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let tgid = (pid_tgid >> 32) as u32;
     CRASHES.insert(&tgid, crash, 0).map_err(|e| e as i64)?;
     Ok(0)
+}
+
+/// Notes who generated `sig` for `target`'s process: the current task,
+/// taken now because the sender may exit before its target does.
+#[inline(always)]
+fn record_origin(sig: i32, si_code: i32, target: *const u8) -> Result<(), i64> {
+    let o = offsets();
+    if o.task_tgid == 0 {
+        return Err(-1);
+    }
+    let target_tgid: u32 = read(target, o.task_tgid)?;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mut flags = 0;
+    // RLIMIT_CPU's signals are the kernel's own (SEND_SIG_PRIV): SIGXCPU at
+    // the soft limit, SIGKILL at the hard one (kernel/time/posix-cpu-timers.c,
+    // check_process_timers). A SIGKILL of the kernel is a CPU-limit kill only
+    // if the process had a finite limit, which is read here.
+    if si_code == SI_KERNEL && (sig == SIGKILL || sig == SIGXCPU) && o.have_rlimit != 0 {
+        let signal: *const u8 = read(target, o.task_signal)?;
+        let cur: u64 = read(signal, o.signal_rlim + RLIMIT_CPU * RLIMIT_SIZE)?;
+        if cur != RLIM_INFINITY {
+            flags |= ORIGIN_FLAG_RLIMIT_CPU;
+        }
+    }
+    let origin = SignalOrigin {
+        signal: sig,
+        si_code,
+        sender_tgid: (pid_tgid >> 32) as u32,
+        flags,
+        // SAFETY: helper without pointer arguments.
+        sender_cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        sender_comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    SIGNAL_ORIGINS.insert(&target_tgid, &origin, 0).map_err(|e| e as i64)
 }
 
 #[repr(C)]
@@ -249,6 +311,16 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
     let exit_code = exit_code as u32;
     // SAFETY: read-only map lookup.
     let crash = unsafe { CRASHES.get(&tgid) };
+    // Copied out before the slot is freed: an LRU map hands freed slots to
+    // the next insert at once. Plain values, as for the OOM victim above.
+    // SAFETY: read-only map lookup.
+    let (have_origin, origin) = match unsafe { SIGNAL_ORIGINS.get(&tgid) } {
+        Some(o) => (true, *o),
+        None => (false, SignalOrigin::default()),
+    };
+    if have_origin {
+        let _ = SIGNAL_ORIGINS.remove(&tgid);
+    }
     if !is_abnormal_exit(exit_code) && !oom_victim {
         if crash.is_some() {
             let _ = CRASHES.remove(&tgid);
@@ -277,6 +349,11 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
                 (*ev).flags |= EXIT_FLAG_CRASH;
                 (*ev).crash = *crash;
             }
+        }
+        (*ev).origin = SignalOrigin::default();
+        if have_origin && origin.signal as u32 == exit_signal(exit_code) {
+            (*ev).flags |= EXIT_FLAG_ORIGIN;
+            (*ev).origin = origin;
         }
     }
     slot.submit(0);

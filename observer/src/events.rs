@@ -11,7 +11,10 @@ use observer_common::{
 };
 use serde_json::{json, Map, Value};
 
-use crate::names;
+use crate::{
+    exit_cause::{Cause, KillReason, Sender},
+    names,
+};
 
 /// Where an event happened: process, thread and cgroup.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,6 +67,11 @@ pub enum Detail {
         signal: i32,
         exit_code: i32,
         core_dumped: bool,
+        cause: Cause,
+        /// For [`Cause::Sent`]: who sent the fatal signal.
+        sender: Option<Sender>,
+        /// For a kill by the host of a pod's container, with Kubernetes.
+        kill_reason: Option<KillReason>,
     },
     /// A KFD ioctl that failed.
     KfdIoctl {
@@ -319,11 +327,17 @@ impl Event {
                 m.insert("scope".into(), json!(scope));
                 m.insert("anon_rss_bytes".into(), json!(anon_rss_bytes));
             }
-            Detail::Exit { signal, exit_code, core_dumped } => {
+            Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
                 m.insert("signal".into(), json!((*signal != 0).then(|| signal_label(*signal))));
                 m.insert("signal_number".into(), json!(signal));
                 m.insert("exit_code".into(), json!(exit_code));
                 m.insert("core_dumped".into(), json!(core_dumped));
+                m.insert("cause".into(), json!(cause.as_str()));
+                m.insert("sender_pid".into(), json!(sender.as_ref().map(|s| s.pid)));
+                m.insert("sender_comm".into(), json!(sender.as_ref().map(|s| s.comm.as_str())));
+                m.insert("sender_cgroup".into(), json!(sender.as_ref().and_then(|s| s.cgroup.as_deref())));
+                m.insert("sender_scope".into(), json!(sender.as_ref().map(|s| s.scope.as_str())));
+                m.insert("kill_reason".into(), json!(kill_reason.map(KillReason::as_str)));
             }
             Detail::KfdIoctl { nr, cmd, result, duration_ns, via } => {
                 m.insert("ioctl".into(), json!(kfd_ioctl_label(*nr)));

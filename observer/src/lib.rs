@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod discovery;
 pub mod event_loop;
 pub mod events;
+pub mod exit_cause;
 pub mod metrics;
 pub mod names;
 pub mod oom;

@@ -23,6 +23,7 @@ use crate::{
     discovery::hot::Policy,
     event_loop::{self, Consumer, Flow, Schedule},
     events::{Detail, Event},
+    exit_cause::{self, SenderScope},
     metrics::{
         server::{self, Exposition, Shared},
         Metrics,
@@ -175,8 +176,17 @@ struct Exporter {
 }
 
 impl Consumer for Exporter {
-    fn events(&mut self, _: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
-        for event in &events {
+    fn events(&mut self, _: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+        for event in &mut events {
+            // A host kill of a pod's container: a liveness restart fails a
+            // canary, a rollout deleting the pod must not.
+            if let (Detail::Exit { sender: Some(sender), kill_reason, .. }, Some(pods)) =
+                (&mut event.detail, &self.pods)
+            {
+                if sender.scope == SenderScope::Host {
+                    *kill_reason = exit_cause::kill_reason(event.origin.cgroup.as_deref(), pods);
+                }
+            }
             // A newly probed library is also logged with its reason.
             if let Detail::LibraryProbed { .. } = &event.detail {
                 eprintln!("canaryscope: probing {}", crate::trace::render::detail(event));

@@ -85,6 +85,10 @@ fn a_process_past_its_memory_limit_is_one_oom_kill_and_one_sigkill_exit() {
     assert_eq!(oom["scope"], "memcg");
     let exit = tracer.wait_for("exit", Duration::from_secs(5), |e| e["kind"] == "exit" && e["pid"] == pid);
     assert_eq!(exit["signal"], "SIGKILL");
+    // The OOM killer's SIGKILL is the kernel's own, sent from whichever task
+    // was allocating: the victim mark decides the cause.
+    assert_eq!(exit["cause"], "oom_kill", "{exit}");
+    assert_eq!(exit["sender_scope"], serde_json::Value::Null, "{exit}");
     std::thread::sleep(Duration::from_millis(300));
     let (_, events) = tracer.stop();
     assert_eq!(events.iter().filter(|e| e["kind"] == "oom_kill").count(), 1, "{events:#?}");
@@ -110,6 +114,7 @@ fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() 
         e["kind"] == "exit" && e["pid"] == child
     });
     assert!(exit["signal"] == "SIGXCPU" || exit["signal"] == "SIGKILL", "{exit}");
+    assert_eq!(exit["cause"], "rlimit_cpu", "{exit}");
     assert_eq!(exit["cgroup"], pod.rel.as_str(), "the child lives in its parent's cgroup");
 
     let out = pod.command(&solver).arg("as").output().expect("solver as");

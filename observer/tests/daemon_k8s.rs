@@ -300,3 +300,68 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     drop(api);
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted() {
+    assert_root();
+    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
+    fs::create_dir_all(&dir).expect("tmp");
+    let (live_uid, deleting_uid) = (random_pod_uid(), random_pod_uid());
+    let (live_cid, deleting_cid) = (random_hex(64), random_hex(64));
+    let live_cg = PodCgroup::new(&live_uid, &live_cid);
+    let deleting_cg = PodCgroup::new(&deleting_uid, &deleting_cid);
+    let (_api, api_port) = start_apiserver(&dir, None);
+    let live = pod("infer-canaryhash-live1", &live_uid, &live_cid, "canary", "canaryhash");
+    // A rollout deleting the pod: the API server sets the deletion timestamp
+    // first, then the kubelet stops the containers.
+    let mut deleting = pod("infer-canaryhash-gone1", &deleting_uid, &deleting_cid, "canary", "canaryhash");
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    deleting["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+    control(api_port, "POST", "/control/pods", &json!([live, deleting]).to_string());
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("kubeconfig");
+    // Ready means the pod cache is synced.
+    let daemon =
+        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    for (cg, pod_name, reason) in [
+        (&live_cg, "infer-canaryhash-live1", "container_restart"),
+        (&deleting_cg, "infer-canaryhash-gone1", "pod_deleted"),
+    ] {
+        // The worker, killed by the host (this test stands in for the
+        // kubelet and the runtime: outside every pod).
+        let mut worker = cg
+            .command(&fixture("segv_app"))
+            .args(["--sleep-before", "30000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("worker");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(worker.stdout.as_mut().expect("stdout")),
+            &mut line,
+        )
+        .expect("pid line");
+        let status = Command::new("/bin/kill").args(["-9", &out_pid(line.as_bytes()).to_string()]).status();
+        assert!(status.expect("kill").success());
+        let _ = worker.wait();
+        let exit = daemon.wait_metric(reason, Duration::from_secs(10), |l| {
+            l.starts_with("canaryscope_abnormal_exits_total{") && l.contains(&format!("pod=\"{pod_name}\""))
+        });
+        for label in [
+            "signal=\"SIGKILL\"",
+            "cause=\"sent\"",
+            "sender_scope=\"host\"",
+            &format!("kill_reason=\"{reason}\""),
+        ] {
+            assert!(exit.contains(label), "{label} missing in {exit}");
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
+}

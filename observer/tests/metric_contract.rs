@@ -99,8 +99,11 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
         ("canaryscope_gpu_init_failures_total", vec!["function=\"hipInit\""]),
         ("canaryscope_gpu_api_stalled_calls", vec!["function=\"cuStreamSynchronize\""]),
         ("canaryscope_native_crashes_total", vec!["signal=\"SIGSEGV\"", "library=\"libcuda.so"]),
-        ("canaryscope_abnormal_exits_total", vec!["signal=\"SIGABRT\""]),
-        ("canaryscope_abnormal_exits_total", vec!["signal=\"SIGKILL\""]),
+        ("canaryscope_abnormal_exits_total", vec!["signal=\"SIGABRT\"", "cause=\"abort\""]),
+        (
+            "canaryscope_abnormal_exits_total",
+            vec!["signal=\"SIGKILL\"", "cause=\"oom_kill\"", "sender_scope=\"none\""],
+        ),
         ("canaryscope_oom_kills_total", vec!["scope=\"memcg\""]),
         ("canaryscope_cpu_runqueue_latency_seconds_bucket", vec![]),
         ("canaryscope_cpu_periods_total", vec![]),

@@ -98,6 +98,10 @@ pub struct PodMeta {
     /// prefix stripped) -> container name, for regular, init and ephemeral
     /// containers, including the previous instance of a restarted container.
     pub containers: HashMap<String, String>,
+    /// Whether the pod has a deletion timestamp: its containers are being
+    /// stopped because the pod goes (a rollout, an eviction, a scale-down),
+    /// not restarted.
+    pub deleting: bool,
 }
 
 /// The pod's metadata, or `None` when it has no UID or name (which the API
@@ -140,6 +144,7 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         track: track.cloned().unwrap_or_default(),
         rollout: argo_rollout(pod, labels),
         containers,
+        deleting: meta.deletion_timestamp.is_some(),
     })
 }
 

@@ -101,10 +101,10 @@ pub const OOM_KILLS: MetricDecl =
     decl("oom_kills_total", "Processes killed by the OOM killer.", Counter, Workload, &["scope"]);
 pub const ABNORMAL_EXITS: MetricDecl = decl(
     "abnormal_exits_total",
-    "Processes that died by a signal or exited with status 137.",
+    "Processes that died by a signal or exited with status 137, by cause (oom_kill, rlimit_cpu, fault, abort, sent, kernel, wrapped, unknown); for sent signals the sender's scope (self, same_container, same_pod, other_pod, host, unknown) and, for host kills with Kubernetes, why (pod_deleted, container_restart); none where a label does not apply.",
     Counter,
     Workload,
-    &["signal"],
+    &["signal", "cause", "sender_scope", "kill_reason"],
 );
 pub const KFD_IOCTLS: MetricDecl =
     decl("kfd_ioctls_total", "AMD KFD driver ioctls by result.", Counter, Workload, &["ioctl", "result"]);

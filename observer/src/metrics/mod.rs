@@ -37,6 +37,13 @@ pub struct CpuSnapshot {
     pub quota_cores: f64,
 }
 
+/// An abnormal exit's label values after the workload's: signal, cause,
+/// sender scope, kill reason. All bounded; never a pid or a comm.
+type ExitKey = (String, &'static str, &'static str, &'static str);
+
+/// The value of a label that does not apply to a series.
+const NONE: &str = "none";
+
 struct Attribution {
     labels: WorkloadLabels,
     gone_since: Option<Instant>,
@@ -47,7 +54,7 @@ pub struct Metrics {
     init_failures: BTreeMap<(u64, &'static str, String, String), u64>,
     crashes: BTreeMap<(u64, String, String), u64>,
     ooms: BTreeMap<(u64, &'static str), u64>,
-    exits: BTreeMap<(u64, String), u64>,
+    exits: BTreeMap<(u64, ExitKey), u64>,
     stalled: BTreeMap<(u64, &'static str, String), u64>,
     /// Node-level hardware events by kind (the driver context is a kernel
     /// worker, not the workload).
@@ -115,14 +122,16 @@ impl Metrics {
                     *self.ooms.entry((cgroup, scope)).or_default() += 1;
                 }
             }
-            Detail::Exit { signal, exit_code, .. } => {
+            Detail::Exit { signal, exit_code, cause, sender, kill_reason, .. } => {
                 if self.admit(cgroup) {
                     let label = if *signal != 0 {
                         crate::events::signal_label(*signal)
                     } else {
                         format!("exit{exit_code}")
                     };
-                    *self.exits.entry((cgroup, label)).or_default() += 1;
+                    let scope = sender.as_ref().map(|s| s.scope.as_str()).unwrap_or(NONE);
+                    let reason = kill_reason.map(|r| r.as_str()).unwrap_or(NONE);
+                    *self.exits.entry((cgroup, (label, cause.as_str(), scope, reason))).or_default() += 1;
                 }
             }
             Detail::GpuHardware { kind, attributed, .. } => {
@@ -279,8 +288,8 @@ impl Metrics {
         for ((cgroup, scope), n) in &self.ooms {
             fams.get(&OOM_KILLS).value(&self.vals(*cgroup, &[scope]), *n as f64);
         }
-        for ((cgroup, signal), n) in &self.exits {
-            fams.get(&ABNORMAL_EXITS).value(&self.vals(*cgroup, &[signal]), *n as f64);
+        for ((cgroup, (signal, cause, scope, reason)), n) in &self.exits {
+            fams.get(&ABNORMAL_EXITS).value(&self.vals(*cgroup, &[signal, cause, scope, reason]), *n as f64);
         }
 
         // KFD ioctls: as GPU calls, counters per result and durations per ioctl.
@@ -354,7 +363,29 @@ fn base_name(path: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Origin;
+    use crate::{
+        events::Origin,
+        exit_cause::{Cause, KillReason, Sender, SenderScope},
+    };
+
+    /// An exit; a sent one from the host, killed for a container restart.
+    fn kill(signal: i32, exit_code: i32, cause: Cause) -> Detail {
+        let sent = cause == Cause::Sent;
+        Detail::Exit {
+            signal,
+            exit_code,
+            core_dumped: false,
+            cause,
+            sender: sent.then(|| Sender {
+                pid: 1,
+                comm: "kubelet".into(),
+                cgroup_id: 1,
+                cgroup: Some("/".into()),
+                scope: SenderScope::Host,
+            }),
+            kill_reason: sent.then_some(KillReason::ContainerRestart),
+        }
+    }
 
     fn event(cgroup: u64, detail: Detail) -> Event {
         Event { origin: Origin { cgroup_id: cgroup, ..Default::default() }, detail }
@@ -410,7 +441,7 @@ mod tests {
     fn the_cardinality_cap_counts_what_it_drops() {
         let mut m = Metrics::new(2);
         for cgroup in 1..=5 {
-            m.record(&event(cgroup, Detail::Exit { signal: 9, exit_code: 0, core_dumped: false }));
+            m.record(&event(cgroup, kill(9, 0, Cause::Sent)));
         }
         assert_eq!(m.tracked_cgroups(), 2);
         assert_eq!(m.series_overflow, 3);
@@ -420,7 +451,7 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let mut m = Metrics::new(10);
-        m.record(&event(3, Detail::Exit { signal: 9, exit_code: 0, core_dumped: false }));
+        m.record(&event(3, kill(9, 0, Cause::Sent)));
         m.refresh_labels(Duration::ZERO, |_| {
             (WorkloadLabels { workload: "a\"b\\c\nd".into(), ..Default::default() }, Liveness::Live)
         });
@@ -465,8 +496,8 @@ mod tests {
         m.record(&event(2, crash(None)));
         m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
         m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1) }));
-        m.record(&event(1, Detail::Exit { signal: 9, exit_code: 0, core_dumped: false }));
-        m.record(&event(2, Detail::Exit { signal: 0, exit_code: 137, core_dumped: false }));
+        m.record(&event(1, kill(9, 0, Cause::Sent)));
+        m.record(&event(2, kill(0, 137, Cause::Wrapped)));
         let hw =
             |kind, attributed| Detail::GpuHardware { kind, function: "f", detail: String::new(), attributed };
         m.record(&event(0, hw(HwKind::MemoryFault, false)));
@@ -553,6 +584,28 @@ mod tests {
                 assert!(ok, "{}: a sample of another type", d.name);
             }
         }
+    }
+
+    #[test]
+    fn exits_are_counted_by_cause_with_bounded_labels() {
+        let mut m = Metrics::new(10);
+        m.record(&event(1, kill(9, 0, Cause::Sent)));
+        m.record(&event(1, kill(9, 0, Cause::Sent)));
+        m.record(&event(1, kill(9, 0, Cause::OomKill)));
+        m.record(&event(1, kill(0, 137, Cause::Wrapped)));
+        let text = m.render();
+        let line = |labels: &str| {
+            text.lines()
+                .find(|l| l.starts_with("canaryscope_abnormal_exits_total{") && l.contains(labels))
+                .unwrap_or_else(|| panic!("no series with {labels} in {text}"))
+                .to_string()
+        };
+        let sent =
+            line(r#"signal="SIGKILL",cause="sent",sender_scope="host",kill_reason="container_restart""#);
+        assert!(sent.ends_with(" 2"), "{sent}");
+        assert!(!sent.contains("kubelet"), "never a comm in a label: {sent}");
+        line(r#"signal="SIGKILL",cause="oom_kill",sender_scope="none",kill_reason="none""#);
+        line(r#"signal="exit137",cause="wrapped",sender_scope="none",kill_reason="none""#);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use observer_common::{
     kfd::KfdSource,
     task::{
         core_dumped, exit_signal, exit_status, in_call_api, is_abnormal_exit, CrashInfo, ExitEvent,
-        IpMapping, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
+        IpMapping, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
     },
     EventHeader,
 };
@@ -22,6 +22,7 @@ use crate::{
     },
     clock::BootClock,
     events::{self, Detail, Event, HwCulprit, Origin, Raw},
+    exit_cause::{self, Cause, Sender},
     oom,
     probes::gpu::GpuProbes,
 };
@@ -228,16 +229,46 @@ impl Attributor {
             });
         }
         if is_abnormal_exit(ev.exit_code) {
+            let cause = exit_cause::cause(ev);
+            let sender = match (cause, exit_cause::origin(ev)) {
+                (Cause::Sent, Some(o)) => Some(self.sender(&origin, o)),
+                _ => None,
+            };
             out.push(Event {
                 origin,
                 detail: Detail::Exit {
                     signal: exit_signal(ev.exit_code) as i32,
                     exit_code: exit_status(ev.exit_code) as i32,
                     core_dumped: core_dumped(ev.exit_code),
+                    cause,
+                    sender,
+                    // Needs the pod's state: `run` fills it in.
+                    kill_reason: None,
                 },
             });
         }
         out
+    }
+}
+
+impl Attributor {
+    /// The sender of a fatal signal to `target`, with its cgroup path and
+    /// its place relative to the target.
+    fn sender(&mut self, target: &Origin, o: &SignalOrigin) -> Sender {
+        let cgroup = self.cgroups.path(o.sender_cgroup_id);
+        let scope = exit_cause::sender_scope(
+            target.pid,
+            (target.cgroup_id, target.cgroup.as_deref()),
+            o.sender_tgid,
+            (o.sender_cgroup_id, cgroup.as_deref()),
+        );
+        Sender {
+            pid: o.sender_tgid,
+            comm: comm_str(&o.sender_comm).to_string(),
+            cgroup_id: o.sender_cgroup_id,
+            cgroup,
+            scope,
+        }
     }
 }
 

@@ -132,6 +132,9 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     if let (Some(signal), Some(tty)) = (get("task_struct", "signal"), get("signal_struct", "tty")) {
         (o.task_signal, o.signal_tty, o.have_tty) = (signal, tty, 1);
     }
+    if let (Some(signal), Some(rlim)) = (get("task_struct", "signal"), get("signal_struct", "rlim")) {
+        (o.task_signal, o.signal_rlim, o.have_rlimit) = (signal, rlim, 1);
+    }
     o
 }
 
@@ -148,6 +151,7 @@ mod tests {
         let o = kernel_offsets(&btf);
         assert_eq!(o.have_task_cgroup, 1, "{o:?}");
         assert_eq!(o.have_vma, 1, "{o:?}");
+        assert_eq!(o.have_rlimit, 1, "{o:?}");
         assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t: {o:?}");
         assert_eq!(o.vma_vm_end, o.vma_vm_start + 8, "vm_start/vm_end are adjacent: {o:?}");
         // d_name is a qstr { hash_len (u64), name } on 64-bit kernels.

@@ -73,13 +73,21 @@ pub fn detail(event: &Event) -> String {
         Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
             format!("{runnable_threads} runnable threads, quota {quota_cores:.1} cores")
         }
-        Detail::Exit { signal, exit_code, core_dumped } => {
-            if *signal != 0 {
+        Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
+            let how = if *signal != 0 {
                 let core = if *core_dumped { " (core dumped)" } else { "" };
                 format!("killed by {}{core}", crate::events::signal_label(*signal))
             } else {
                 format!("exited with status {exit_code}")
+            };
+            let mut why = format!("cause {}", cause.as_str());
+            if let Some(s) = sender {
+                why.push_str(&format!(" by {}[{}] {}", s.comm, s.pid, s.scope.as_str()));
             }
+            if let Some(r) = kill_reason {
+                why.push_str(&format!(", {}", r.as_str()));
+            }
+            format!("{how}: {why}")
         }
         Detail::GpuCall { api, library, function, result, duration_ns } => {
             let name = result_name(*api, *result).unwrap_or("unknown result");

@@ -1,0 +1,292 @@
+//! Why a process died: from what the kernel side recorded when the fatal
+//! signal was generated (who sent it, with which `si_code`), the crash and
+//! OOM-victim records, and the exit status. An exit 137 alone only says
+//! SIGKILL; this tells the OOM killer, a CPU limit, a liveness kill, a
+//! wrapper's own timeout and an operator's `kill -9` apart.
+use observer_common::task::{
+    exit_signal, exit_status, ExitEvent, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM,
+    EXIT_FLAG_ORIGIN, ORIGIN_FLAG_RLIMIT_CPU, SI_KERNEL, SI_NOINFO,
+};
+
+use crate::attribution::{cgroup_path::parse_pod_cgroup, kube::PodCache};
+
+const SIGILL: i32 = 4;
+const SIGABRT: i32 = 6;
+const SIGBUS: i32 = 7;
+const SIGFPE: i32 = 8;
+const SIGKILL: i32 = 9;
+const SIGSEGV: i32 = 11;
+const SIGXCPU: i32 = 24;
+
+/// What ended a process. A metric label: the set is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    /// The OOM killer chose it.
+    OomKill,
+    /// Its RLIMIT_CPU ran out (SIGXCPU at the soft limit, SIGKILL at the hard one).
+    RlimitCpu,
+    /// SIGSEGV, SIGBUS, SIGILL or SIGFPE raised by the CPU in its own code.
+    Fault,
+    /// Its own SIGABRT (`abort()`).
+    Abort,
+    /// A process sent the fatal signal (`kill`, `tgkill`, `sigqueue`).
+    Sent,
+    /// Any other signal of the kernel's own (SIGPIPE, SIGALRM, a tty hangup).
+    Kernel,
+    /// Exit status 137 without a signal: a wrapper passing on its child's
+    /// SIGKILL; the child's own exit says why.
+    Wrapped,
+    /// A signal death whose origin was not recorded (the observer started
+    /// after the signal, or the record was lost).
+    Unknown,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OomKill => "oom_kill",
+            Self::RlimitCpu => "rlimit_cpu",
+            Self::Fault => "fault",
+            Self::Abort => "abort",
+            Self::Sent => "sent",
+            Self::Kernel => "kernel",
+            Self::Wrapped => "wrapped",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// Where the sender of a fatal signal runs, relative to its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SenderScope {
+    /// The process signalled itself.
+    SelfProcess,
+    /// Another process of the same container (or the same cgroup).
+    SameContainer,
+    /// Another container of the same pod.
+    SamePod,
+    /// A process of another pod.
+    OtherPod,
+    /// Outside every pod: kubelet, the container runtime, systemd, a shell
+    /// on the node.
+    Host,
+    /// The sender's cgroup is gone and was not its target's.
+    Unknown,
+}
+
+impl SenderScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SelfProcess => "self",
+            Self::SameContainer => "same_container",
+            Self::SamePod => "same_pod",
+            Self::OtherPod => "other_pod",
+            Self::Host => "host",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// Why the host killed a pod's container, from the pod's state in the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KillReason {
+    /// The pod has a deletion timestamp: a rollout, an eviction, a scale-down.
+    PodDeleted,
+    /// The pod lives on, so the kubelet restarts the container (a failed
+    /// liveness probe).
+    ContainerRestart,
+}
+
+impl KillReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodDeleted => "pod_deleted",
+            Self::ContainerRestart => "container_restart",
+        }
+    }
+}
+
+/// The sender of a `sent` signal, as captured when it sent it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sender {
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+    /// `None` when the cgroup is already gone.
+    pub cgroup: Option<String>,
+    pub scope: SenderScope,
+}
+
+/// The fatal signal's origin, when the kernel side recorded one that
+/// matches the exit signal.
+pub fn origin(ev: &ExitEvent) -> Option<&SignalOrigin> {
+    (ev.flags & EXIT_FLAG_ORIGIN != 0 && ev.origin.signal as u32 == exit_signal(ev.exit_code))
+        .then_some(&ev.origin)
+}
+
+/// Why the process of `ev` died.
+pub fn cause(ev: &ExitEvent) -> Cause {
+    let signal = exit_signal(ev.exit_code) as i32;
+    if ev.flags & EXIT_FLAG_OOM_VICTIM != 0 {
+        return Cause::OomKill;
+    }
+    if signal == 0 {
+        // Only status 137 leaves the kernel without a signal.
+        return if exit_status(ev.exit_code) == 137 { Cause::Wrapped } else { Cause::Unknown };
+    }
+    if ev.flags & EXIT_FLAG_CRASH != 0 && ev.crash.signal == signal {
+        // The crash record only holds a process's own faults and aborts.
+        return match signal {
+            SIGABRT => Cause::Abort,
+            SIGSEGV | SIGBUS | SIGILL | SIGFPE => Cause::Fault,
+            _ => Cause::Kernel,
+        };
+    }
+    let Some(o) = origin(ev) else { return Cause::Unknown };
+    let self_sent = o.sender_tgid == ev.header.pid;
+    match o.si_code {
+        SI_KERNEL => {
+            let cpu_limit = signal == SIGXCPU || (signal == SIGKILL && self_sent);
+            if cpu_limit && o.flags & ORIGIN_FLAG_RLIMIT_CPU != 0 {
+                Cause::RlimitCpu
+            } else {
+                Cause::Kernel
+            }
+        }
+        // `send_sig(sig, current, 0)`: the kernel signalling the process
+        // for what it did itself (SIGPIPE, SIGXFSZ).
+        SI_NOINFO if self_sent => Cause::Kernel,
+        // SI_USER, SI_QUEUE, SI_TKILL, ...: a process asked for it.
+        code if code <= 0 => Cause::Sent,
+        // Fault codes the crash record did not take (sent with a fault's
+        // code by another process, or a fault in a thread the crash record
+        // missed) and the kernel's other positive codes.
+        _ => Cause::Kernel,
+    }
+}
+
+/// Where `sender` runs relative to `target`: by process, then by the pod
+/// and container their cgroup paths name.
+pub fn sender_scope(
+    target_pid: u32,
+    target: (u64, Option<&str>),
+    sender_pid: u32,
+    sender: (u64, Option<&str>),
+) -> SenderScope {
+    if sender_pid == target_pid {
+        return SenderScope::SelfProcess;
+    }
+    if sender.0 != 0 && sender.0 == target.0 {
+        return SenderScope::SameContainer;
+    }
+    let Some(sender_path) = sender.1 else { return SenderScope::Unknown };
+    if target.1 == Some(sender_path) {
+        return SenderScope::SameContainer;
+    }
+    let Some(sender_pod) = parse_pod_cgroup(sender_path) else { return SenderScope::Host };
+    let Some(target_pod) = target.1.and_then(parse_pod_cgroup) else { return SenderScope::OtherPod };
+    if sender_pod.pod_uid != target_pod.pod_uid {
+        return SenderScope::OtherPod;
+    }
+    match (&sender_pod.container, &target_pod.container) {
+        (Some(a), Some(b)) if a.id == b.id => SenderScope::SameContainer,
+        _ => SenderScope::SamePod,
+    }
+}
+
+/// Why the host killed the process of a pod's container at `target_cgroup`,
+/// from the pod's state in the API: `None` outside pods, and while the pod
+/// cache cannot tell (not synced, or the API unreachable).
+pub fn kill_reason(target_cgroup: Option<&str>, pods: &PodCache) -> Option<KillReason> {
+    let pod = parse_pod_cgroup(target_cgroup?)?;
+    match pods.get(&pod.pod_uid) {
+        Some(meta) if meta.deleting => Some(KillReason::PodDeleted),
+        Some(_) => Some(KillReason::ContainerRestart),
+        // A pod leaves the API only once deleted and its containers are
+        // stopped: one already gone from a synced cache was deleted.
+        None if pods.is_synced() && pods.api_healthy() => Some(KillReason::PodDeleted),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use observer_common::task::{CrashInfo, SI_KERNEL_FAULT_MIN};
+
+    use super::*;
+
+    const POD_A: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1c0a2b3e_4f5d_6789_abcd_ef0123456789.slice";
+    const POD_B: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2c0a2b3e_4f5d_6789_abcd_ef0123456789.slice";
+
+    fn container(pod: &str, digit: char) -> String {
+        format!("{pod}/cri-containerd-{}.scope", digit.to_string().repeat(64))
+    }
+
+    fn exit(exit_code: u32, flags: u32, origin: SignalOrigin) -> ExitEvent {
+        let mut ev = ExitEvent { exit_code, flags, origin, ..Default::default() };
+        ev.header.pid = 100;
+        ev
+    }
+
+    fn sent_by(sender_tgid: u32, signal: i32, si_code: i32, flags: u32) -> SignalOrigin {
+        SignalOrigin { signal, si_code, sender_tgid, flags, ..Default::default() }
+    }
+
+    #[test]
+    fn causes_follow_the_signal_origin() {
+        let kernel_kill = sent_by(100, SIGKILL, SI_KERNEL, 0);
+        // The OOM killer's SIGKILL is SI_KERNEL too; the victim mark decides.
+        assert_eq!(cause(&exit(9, EXIT_FLAG_OOM_VICTIM | EXIT_FLAG_ORIGIN, kernel_kill)), Cause::OomKill);
+        assert_eq!(cause(&exit(9, EXIT_FLAG_ORIGIN, kernel_kill)), Cause::Kernel);
+        let cpu = sent_by(100, SIGKILL, SI_KERNEL, ORIGIN_FLAG_RLIMIT_CPU);
+        assert_eq!(cause(&exit(9, EXIT_FLAG_ORIGIN, cpu)), Cause::RlimitCpu);
+        let xcpu = sent_by(100, SIGXCPU, SI_KERNEL, ORIGIN_FLAG_RLIMIT_CPU);
+        assert_eq!(cause(&exit(24 | 0x80, EXIT_FLAG_ORIGIN, xcpu)), Cause::RlimitCpu);
+        // `kill -XCPU` from a shell is a sent signal, limit or not.
+        let kill_xcpu = sent_by(7, SIGXCPU, 0, ORIGIN_FLAG_RLIMIT_CPU);
+        assert_eq!(cause(&exit(24, EXIT_FLAG_ORIGIN, kill_xcpu)), Cause::Sent);
+        // SI_USER from kill(2), SI_TKILL (-6) from tgkill(2).
+        assert_eq!(cause(&exit(9, EXIT_FLAG_ORIGIN, sent_by(7, SIGKILL, 0, 0))), Cause::Sent);
+        assert_eq!(cause(&exit(15, EXIT_FLAG_ORIGIN, sent_by(7, 15, -6, 0))), Cause::Sent);
+        // SIGPIPE from writing to a closed pipe: the kernel, for the process itself.
+        assert_eq!(cause(&exit(13, EXIT_FLAG_ORIGIN, sent_by(100, 13, SI_NOINFO, 0))), Cause::Kernel);
+        // A record of another signal than the fatal one says nothing.
+        assert_eq!(cause(&exit(9, EXIT_FLAG_ORIGIN, sent_by(7, 15, 0, 0))), Cause::Unknown);
+        assert_eq!(cause(&exit(9, 0, SignalOrigin::default())), Cause::Unknown);
+        assert_eq!(cause(&exit(137 << 8, 0, SignalOrigin::default())), Cause::Wrapped);
+    }
+
+    #[test]
+    fn crashes_are_faults_or_aborts() {
+        let mut ev = exit(11 | 0x80, EXIT_FLAG_CRASH | EXIT_FLAG_ORIGIN, sent_by(100, SIGSEGV, 1, 0));
+        ev.crash = CrashInfo { signal: SIGSEGV, si_code: SI_KERNEL_FAULT_MIN, ..Default::default() };
+        assert_eq!(cause(&ev), Cause::Fault);
+        let mut ev = exit(6 | 0x80, EXIT_FLAG_CRASH | EXIT_FLAG_ORIGIN, sent_by(100, SIGABRT, -6, 0));
+        ev.crash = CrashInfo { signal: SIGABRT, si_code: -6, ..Default::default() };
+        assert_eq!(cause(&ev), Cause::Abort);
+        // `kill -SEGV` from elsewhere is no crash record: sent.
+        let ev = exit(11, EXIT_FLAG_ORIGIN, sent_by(7, SIGSEGV, 0, 0));
+        assert_eq!(cause(&ev), Cause::Sent);
+    }
+
+    #[test]
+    fn sender_scope_follows_pods_and_containers() {
+        let a1 = container(POD_A, 'a');
+        let a2 = container(POD_A, 'b');
+        let b1 = container(POD_B, 'c');
+        let scope = |sender: (u64, Option<&str>)| sender_scope(100, (5, Some(&a1)), 7, sender);
+        assert_eq!(sender_scope(100, (5, Some(&a1)), 100, (5, Some(&a1))), SenderScope::SelfProcess);
+        assert_eq!(scope((5, Some(&a1))), SenderScope::SameContainer);
+        // Gone sender cgroup, but the same id as the target's.
+        assert_eq!(scope((5, None)), SenderScope::SameContainer);
+        assert_eq!(scope((6, None)), SenderScope::Unknown);
+        assert_eq!(scope((6, Some(&a2))), SenderScope::SamePod);
+        assert_eq!(scope((6, Some(POD_A))), SenderScope::SamePod);
+        assert_eq!(scope((8, Some(&b1))), SenderScope::OtherPod);
+        assert_eq!(scope((1, Some("/"))), SenderScope::Host);
+        assert_eq!(scope((9, Some("/system.slice/kubelet.service"))), SenderScope::Host);
+        assert_eq!(scope((9, Some("/system.slice/containerd.service"))), SenderScope::Host);
+        // A pod's process killing a host process.
+        assert_eq!(sender_scope(100, (1, Some("/")), 7, (8, Some(&b1))), SenderScope::OtherPod);
+    }
+}
