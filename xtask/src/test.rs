@@ -78,7 +78,15 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     }
     if !args.no_vm {
         step("VM tests: Debian 6.1 kernel with kprobes, amdgpu and /dev/kfd (QEMU, software emulation)");
-        let binaries = test_binaries(&["vm_kfd", "kfd_fallback", "gpu_hip", "gpu_cuda", "cpu_oom_exit", "hot_calls"])?;
+        let binaries = test_binaries(&[
+            "vm_kfd",
+            "kfd_fallback",
+            "gpu_hip",
+            "gpu_cuda",
+            "cpu_oom_exit",
+            "hot_calls",
+            "exit_causes",
+        ])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
         // A boot of its own, so the first-call runs (ten of each case, many
         // processes) get a timeout of their own under emulation.
