@@ -8,6 +8,7 @@ use observer_common::{
     comm_str,
     gpu::Api,
     kfd::KfdSource,
+    memlimit::{MemLimit, MemSyscall},
     task::{
         core_dumped, exit_signal, exit_status, in_call_api, is_abnormal_exit, CrashInfo, ExitEvent,
         IpMapping, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
@@ -157,6 +158,22 @@ impl Attributor {
                 Vec::new()
             }
             Raw::Exit(ev) => self.exit_events(&ev, gpu),
+            Raw::MemoryLimitRefusal(ev) => {
+                let (Some(limit), Some(syscall)) =
+                    (MemLimit::from_u32(ev.limit), MemSyscall::from_u32(ev.syscall))
+                else {
+                    return Vec::new();
+                };
+                vec![Event {
+                    origin: self.origin(&ev.header),
+                    detail: Detail::MemoryLimitRefusal {
+                        limit,
+                        syscall,
+                        requested_bytes: ev.requested_bytes,
+                        limit_bytes: ev.limit_bytes,
+                    },
+                }]
+            }
             Raw::KfdIoctl(ev) => {
                 let via = KfdSource::from_u32(ev.source).map(KfdSource::as_str).unwrap_or("syscall");
                 vec![Event {
