@@ -62,6 +62,9 @@ pub enum Detail {
     OomKill {
         scope: &'static str,
         anon_rss_bytes: Option<u64>,
+        /// Processes this kill ended: more than 1 for a group kill
+        /// (`memory.oom.group`), where the event is about the chosen victim.
+        victims: u32,
     },
     /// A process died by a signal or with status 137.
     Exit {
@@ -336,9 +339,10 @@ impl Event {
                 m.insert("in_call".into(), json!(in_call));
                 m.insert("crash_tid".into(), json!(crash_tid));
             }
-            Detail::OomKill { scope, anon_rss_bytes } => {
+            Detail::OomKill { scope, anon_rss_bytes, victims } => {
                 m.insert("scope".into(), json!(scope));
                 m.insert("anon_rss_bytes".into(), json!(anon_rss_bytes));
+                m.insert("victims".into(), json!(victims));
             }
             Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
                 m.insert("signal".into(), json!((*signal != 0).then(|| signal_label(*signal))));

@@ -442,7 +442,7 @@ mod tests {
     #[test]
     fn gone_cgroups_are_dropped_after_the_grace_period() {
         let mut m = Metrics::new(100);
-        m.record(&event(7, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
+        m.record(&event(7, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
         m.refresh_labels(Duration::ZERO, labelled);
         assert!(m.render().contains("canaryscope_oom_kills_total"));
         let gone = |_| (WorkloadLabels::default(), Liveness::Gone);
@@ -508,8 +508,8 @@ mod tests {
         };
         m.record(&event(1, crash(Some("/opt/rocm/lib/libamdhip64.so.5"))));
         m.record(&event(2, crash(None)));
-        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
-        m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1) }));
+        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
+        m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1), victims: 1 }));
         m.record(&event(1, kill(9, 0, Cause::Sent)));
         m.record(&event(2, kill(0, 137, Cause::Wrapped)));
         let hw =
