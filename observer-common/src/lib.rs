@@ -36,6 +36,7 @@ macro_rules! wire_enum {
 pub mod discovery;
 pub mod gpu;
 pub mod kfd;
+pub mod memlimit;
 pub mod sched;
 pub mod task;
 
@@ -53,6 +54,7 @@ pub const USERSPACE_MAPS: &[&str] = &[
     gpu::STATS_MAP,
     kfd::KFD_STATS_MAP,
     sched::RUNQ_MAP,
+    memlimit::MEM_LIMIT_MAP,
     discovery::GPU_FILES_KNOWN_MAP,
     discovery::HELD_MAP,
     discovery::HOT_CGROUPS_MAP,
@@ -84,6 +86,7 @@ wire_enum! {
         GpuHardware = 7,
         Exec = 8,
         GpuMap = 9,
+        MemoryLimitRefusal = 10,
     }
 }
 
@@ -194,6 +197,8 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::task::OomVictimEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimInfo {}
     unsafe impl aya::Pod for crate::task::CrashInfo {}
+    unsafe impl aya::Pod for crate::memlimit::MemLimitKey {}
+    unsafe impl aya::Pod for crate::memlimit::MemLimitEvent {}
     unsafe impl aya::Pod for crate::task::SignalOrigin {}
     unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
     unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}

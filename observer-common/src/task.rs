@@ -55,6 +55,13 @@ pub struct KernelOffsets {
     /// limits, for telling a CPU-limit kill from other kernel kills.
     pub signal_rlim: u32,
     pub have_rlimit: u32,
+    /// `task->mm->total_vm` and `data_vm` (pages): how much of RLIMIT_AS
+    /// and RLIMIT_DATA a process uses, for telling a limit's refusal from
+    /// other failures of mmap, mremap and brk.
+    pub task_mm: u32,
+    pub mm_total_vm: u32,
+    pub mm_data_vm: u32,
+    pub have_mm: u32,
 }
 
 impl KernelOffsets {
@@ -91,6 +98,10 @@ impl KernelOffsets {
         super_block_s_dev: 0,
         signal_rlim: 0,
         have_rlimit: 0,
+        task_mm: 0,
+        mm_total_vm: 0,
+        mm_data_vm: 0,
+        have_mm: 0,
     };
 }
 

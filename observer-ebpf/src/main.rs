@@ -10,6 +10,7 @@ mod discovery;
 mod gpu;
 mod kernel;
 mod kfd;
+mod memlimit;
 mod sched;
 mod task;
 

@@ -6,6 +6,7 @@ use observer_common::{
     gpu::{Api, GpuCallEvent},
     kfd::{eviction_trigger_name, HwArg, HwKind, HW_HOOKS},
     kfd::{HwEvent, KfdIoctlEvent},
+    memlimit::{MemLimit, MemLimitEvent, MemSyscall},
     task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
     EventHeader, EventKind,
 };
@@ -61,6 +62,9 @@ pub enum Detail {
     OomKill {
         scope: &'static str,
         anon_rss_bytes: Option<u64>,
+        /// Processes this kill ended: more than 1 for a group kill
+        /// (`memory.oom.group`), where the event is about the chosen victim.
+        victims: u32,
     },
     /// A process died by a signal or with status 137.
     Exit {
@@ -72,6 +76,14 @@ pub enum Detail {
         sender: Option<Sender>,
         /// For a kill by the host of a pod's container, with Kubernetes.
         kill_reason: Option<KillReason>,
+    },
+    /// mmap, mremap or brk refused because of RLIMIT_AS or RLIMIT_DATA
+    /// (the first refusal of the process in a second; the metric counts all).
+    MemoryLimitRefusal {
+        limit: MemLimit,
+        syscall: MemSyscall,
+        requested_bytes: u64,
+        limit_bytes: u64,
     },
     /// A KFD ioctl that failed.
     KfdIoctl {
@@ -182,6 +194,7 @@ pub enum Raw {
     LibraryMap(LibraryMapEvent),
     Exec(ExecEvent),
     GpuMap(GpuMapEvent),
+    MemoryLimitRefusal(MemLimitEvent),
 }
 
 impl Raw {
@@ -196,6 +209,7 @@ impl Raw {
             Self::GpuHardware(_) => "gpu_hardware",
             Self::Exec(_) => "exec",
             Self::GpuMap(_) => "gpu_map",
+            Self::MemoryLimitRefusal(_) => "memory_limit_refusal",
         }
     }
 }
@@ -236,6 +250,7 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
         EventKind::GpuHardware => Ok(Raw::GpuHardware(read(data, kind)?)),
         EventKind::Exec => Ok(Raw::Exec(read(data, kind)?)),
         EventKind::GpuMap => Ok(Raw::GpuMap(read(data, kind)?)),
+        EventKind::MemoryLimitRefusal => Ok(Raw::MemoryLimitRefusal(read(data, kind)?)),
     }
 }
 
@@ -266,6 +281,7 @@ impl Event {
             Detail::Crash { .. } => "crash",
             Detail::OomKill { .. } => "oom_kill",
             Detail::Exit { .. } => "exit",
+            Detail::MemoryLimitRefusal { .. } => "memory_limit_refusal",
             Detail::KfdIoctl { .. } => "kfd_ioctl",
             Detail::GpuHardware { kind: HwKind::MemoryFault, .. } => "gpu_memory_fault",
             Detail::GpuHardware { kind: HwKind::Reset, .. } => "gpu_reset",
@@ -323,9 +339,10 @@ impl Event {
                 m.insert("in_call".into(), json!(in_call));
                 m.insert("crash_tid".into(), json!(crash_tid));
             }
-            Detail::OomKill { scope, anon_rss_bytes } => {
+            Detail::OomKill { scope, anon_rss_bytes, victims } => {
                 m.insert("scope".into(), json!(scope));
                 m.insert("anon_rss_bytes".into(), json!(anon_rss_bytes));
+                m.insert("victims".into(), json!(victims));
             }
             Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
                 m.insert("signal".into(), json!((*signal != 0).then(|| signal_label(*signal))));
@@ -338,6 +355,12 @@ impl Event {
                 m.insert("sender_cgroup".into(), json!(sender.as_ref().and_then(|s| s.cgroup.as_deref())));
                 m.insert("sender_scope".into(), json!(sender.as_ref().map(|s| s.scope.as_str())));
                 m.insert("kill_reason".into(), json!(kill_reason.map(KillReason::as_str)));
+            }
+            Detail::MemoryLimitRefusal { limit, syscall, requested_bytes, limit_bytes } => {
+                m.insert("limit".into(), json!(limit.as_str()));
+                m.insert("syscall".into(), json!(syscall.as_str()));
+                m.insert("requested_bytes".into(), json!(requested_bytes));
+                m.insert("limit_bytes".into(), json!(limit_bytes));
             }
             Detail::KfdIoctl { nr, cmd, result, duration_ns, via } => {
                 m.insert("ioctl".into(), json!(kfd_ioctl_label(*nr)));

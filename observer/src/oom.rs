@@ -41,6 +41,21 @@ pub fn scope_of_cgroup(cgroup2_root: Option<&Path>, cgroup: Option<&str>) -> &'s
     "global"
 }
 
+/// Whether the cgroup or an ancestor has `memory.oom.group` set (cgroup v2
+/// only; kubelet sets it on every container since 1.28): then one OOM kills
+/// every process in it, and those victims are one kill.
+pub fn in_oom_group(cgroup2_root: Option<&Path>, cgroup: Option<&str>) -> bool {
+    let (Some(root), Some(cgroup)) = (cgroup2_root, cgroup) else { return false };
+    let mut rel = Path::new(cgroup.trim_start_matches('/'));
+    while !rel.as_os_str().is_empty() {
+        if fs::read_to_string(root.join(rel).join("memory.oom.group")).is_ok_and(|t| t.trim() == "1") {
+            return true;
+        }
+        rel = rel.parent().unwrap_or(Path::new(""));
+    }
+    false
+}
+
 /// Scope for a victim still alive: its memory cgroup from /proc/PID/cgroup.
 /// `cgroup2_root` is the unified hierarchy's mount, found once at start.
 pub fn victim_scope(pid: u32, cgroup2_root: Option<&Path>) -> &'static str {

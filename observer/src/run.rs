@@ -228,15 +228,18 @@ impl Exporter {
         metrics.set_stalled(pipeline.stalls().into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
         let kernel = pipeline.kernel();
         let (gpu, runq, kfd) = (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats());
+        let mem_limits = kernel.mem_limit_refusals();
         let in_kernel: HashSet<u64> = gpu
             .iter()
             .map(|(k, _)| k.cgroup_id)
             .chain(runq.iter().map(|(c, _)| *c))
             .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
+            .chain(mem_limits.iter().map(|(k, _)| k.cgroup_id))
             .collect();
         metrics.set_gpu(gpu);
         metrics.set_runq(runq);
         metrics.set_kfd(kfd);
+        metrics.set_mem_limits(mem_limits);
         // Only the samples are exported; findings are for people (`trace`).
         pipeline.sample_cpu();
         metrics.set_cpu(pipeline.cpu_snapshots());

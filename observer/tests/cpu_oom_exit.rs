@@ -128,8 +128,15 @@ fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() 
         .unwrap_or_else(|| panic!("no child pid in {text}"));
     std::thread::sleep(Duration::from_millis(500));
     let (_, events) = tracer.stop();
+    // Its refused allocation is an event of its own; its exit is no kill.
     assert!(
-        !events.iter().any(|e| e["pid"] == clean_child),
+        !events.iter().any(|e| e["pid"] == clean_child && e["kind"] != "memory_limit_refusal"),
         "a child that refused an allocation and exited 3 is no kill: {events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["pid"] == clean_child && e["kind"] == "memory_limit_refusal" && e["limit"] == "as"),
+        "the refused allocation is seen: {events:#?}"
     );
 }

@@ -1,10 +1,11 @@
 //! One metric contract, taken from the code and checked on a real scrape: a
 //! daemon sees every event kind this machine can cause (GPU init failures
 //! and successful calls, a stall, a crash inside the GPU library, an abort,
-//! an OOM kill, a CPU-limited cgroup), each family is asserted on its
-//! /metrics, and deploy/tools/deploycheck.py checks every rule, alert and
-//! analysis query of deploy/ against that scrape (and against the declared
-//! families for what cannot be caused here: GPU hardware faults, KFD).
+//! an OOM kill, an mmap refused by RLIMIT_AS, a CPU-limited cgroup), each
+//! family is asserted on its /metrics, and deploy/tools/deploycheck.py
+//! checks every rule, alert and analysis query of deploy/ against that
+//! scrape (and against the declared families for what cannot be caused
+//! here: GPU hardware faults, KFD).
 mod support;
 
 use std::{
@@ -61,6 +62,9 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
     // An OOM kill in the 50 MiB limit.
     let hog = pod.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&hog.status), Some(9), "{hog:?}");
+    // An mmap refused by RLIMIT_AS (no signal: only the refusal counts).
+    let refused = pod.command(&fixture("mmap_refused")).args(["0.01", "64"]).output().expect("mmap_refused");
+    assert!(refused.status.success(), "{refused:?}");
     // A synchronisation that hangs past the threshold, scraped while it hangs.
     let mut stalled = pod
         .command(&app)
@@ -80,6 +84,7 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
         if stall
             && has(&m, "canaryscope_oom_kills_total", &[])
             && has(&m, "canaryscope_native_crashes_total", &[])
+            && has(&m, "canaryscope_memory_limit_refusals_total", &[])
         {
             break m;
         }
@@ -105,6 +110,7 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
             vec!["signal=\"SIGKILL\"", "cause=\"oom_kill\"", "sender_scope=\"none\""],
         ),
         ("canaryscope_oom_kills_total", vec!["scope=\"memcg\""]),
+        ("canaryscope_memory_limit_refusals_total", vec!["limit=\"as\""]),
         ("canaryscope_cpu_runqueue_latency_seconds_bucket", vec![]),
         ("canaryscope_cpu_periods_total", vec![]),
         ("canaryscope_cpu_quota_cores", vec![]),

@@ -86,6 +86,8 @@ pub fn run_all(args: TestArgs) -> Result<()> {
             "cpu_oom_exit",
             "hot_calls",
             "exit_causes",
+            "memory_limits",
+            "group_oom",
         ])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
         // A boot of its own, so the first-call runs (ten of each case, many

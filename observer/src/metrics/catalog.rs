@@ -106,6 +106,13 @@ pub const ABNORMAL_EXITS: MetricDecl = decl(
     Workload,
     &["signal", "cause", "sender_scope", "kill_reason"],
 );
+pub const MEMORY_LIMIT_REFUSALS: MetricDecl = decl(
+    "memory_limit_refusals_total",
+    "mmap, mremap and brk calls refused because of the process's RLIMIT_AS (as) or RLIMIT_DATA (data), counted in the kernel; one allocation may count several times (glibc retries a refused mmap through brk and mmap again).",
+    Counter,
+    Workload,
+    &["limit"],
+);
 pub const KFD_IOCTLS: MetricDecl =
     decl("kfd_ioctls_total", "AMD KFD driver ioctls by result.", Counter, Workload, &["ioctl", "result"]);
 pub const KFD_IOCTL_DURATION: MetricDecl =
@@ -221,6 +228,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &NATIVE_CRASHES,
     &OOM_KILLS,
     &ABNORMAL_EXITS,
+    &MEMORY_LIMIT_REFUSALS,
     &KFD_IOCTLS,
     &KFD_IOCTL_DURATION,
     &GPU_MEMORY_FAULTS,

@@ -16,6 +16,7 @@ use families::FamilySet;
 use observer_common::{
     gpu::{Api, GpuStats, GpuStatsKey},
     kfd::{HwKind, KfdStats, KfdStatsKey},
+    memlimit::{MemLimit, MemLimitKey},
     sched::RunqHistogram,
     LatencyHistogram,
 };
@@ -64,6 +65,8 @@ pub struct Metrics {
     kfd: Vec<(KfdStatsKey, KfdStats)>,
     gpu: Vec<(GpuStatsKey, GpuStats)>,
     runq: Vec<(u64, RunqHistogram)>,
+    /// Refused calls per (cgroup, limit), from the kernel's counters.
+    mem_limits: Vec<(MemLimitKey, u64)>,
     cpu: Vec<(u64, CpuSnapshot)>,
     pub probes: Vec<ProbeStatus>,
     /// GPU processes with hot-call probes, by reason (set by the daemon loop).
@@ -143,6 +146,8 @@ impl Metrics {
             }
             Detail::GpuStall { .. }
             | Detail::KfdIoctl { .. }
+            // Counted in the kernel, every call; records are rate-limited.
+            | Detail::MemoryLimitRefusal { .. }
             | Detail::CpuThrottle { .. }
             | Detail::CpuOversubscribed { .. }
             | Detail::LibraryProbed { .. } => {}
@@ -169,6 +174,10 @@ impl Metrics {
 
     pub fn set_runq(&mut self, runq: Vec<(u64, RunqHistogram)>) {
         self.runq = runq.into_iter().filter(|(c, _)| self.admit(*c)).collect();
+    }
+
+    pub fn set_mem_limits(&mut self, refusals: Vec<(MemLimitKey, u64)>) {
+        self.mem_limits = refusals.into_iter().filter(|(k, _)| self.admit(k.cgroup_id)).collect();
     }
 
     pub fn set_cpu(&mut self, cpu: Vec<(u64, CpuSnapshot)>) {
@@ -214,6 +223,7 @@ impl Metrics {
             self.gpu.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.kfd.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.runq.retain(|(c, _)| c != cgroup);
+            self.mem_limits.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.cpu.retain(|(c, _)| c != cgroup);
         }
         purged
@@ -319,6 +329,10 @@ impl Metrics {
             fams.get(node).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
         }
 
+        for (k, n) in &self.mem_limits {
+            let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
+            fams.get(&MEMORY_LIMIT_REFUSALS).value(&self.vals(k.cgroup_id, &[limit.as_str()]), *n as f64);
+        }
         for (cgroup, h) in &self.runq {
             fams.get(&CPU_RUNQUEUE_LATENCY).latency(&self.vals(*cgroup, &[]), h);
         }
@@ -428,7 +442,7 @@ mod tests {
     #[test]
     fn gone_cgroups_are_dropped_after_the_grace_period() {
         let mut m = Metrics::new(100);
-        m.record(&event(7, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
+        m.record(&event(7, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
         m.refresh_labels(Duration::ZERO, labelled);
         assert!(m.render().contains("canaryscope_oom_kills_total"));
         let gone = |_| (WorkloadLabels::default(), Liveness::Gone);
@@ -494,8 +508,8 @@ mod tests {
         };
         m.record(&event(1, crash(Some("/opt/rocm/lib/libamdhip64.so.5"))));
         m.record(&event(2, crash(None)));
-        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None }));
-        m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1) }));
+        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
+        m.record(&event(2, Detail::OomKill { scope: "global", anon_rss_bytes: Some(1), victims: 1 }));
         m.record(&event(1, kill(9, 0, Cause::Sent)));
         m.record(&event(2, kill(0, 137, Cause::Wrapped)));
         let hw =
@@ -525,6 +539,13 @@ mod tests {
             (kk(2, 0xee, -4095), hist(2, 2, &[(1, 2)])),
         ]);
         m.set_runq(vec![(1, hist(6, 6_000_000, &[(0, 1), (15, 4), (25, 1)])), (2, hist(0, 0, &[]))]);
+        let mk = |cgroup_id, limit: MemLimit| MemLimitKey { cgroup_id, limit: limit as u32, _pad: 0 };
+        // An unknown limit number (a newer kernel side) is skipped, not mislabelled.
+        m.set_mem_limits(vec![
+            (mk(1, MemLimit::As), 4127),
+            (mk(2, MemLimit::Data), 3),
+            (MemLimitKey { cgroup_id: 1, limit: 7, _pad: 0 }, 1),
+        ]);
         let cpu = |periods, runnable, quota_cores| CpuSnapshot {
             periods,
             throttled_periods: periods / 2,

@@ -8,6 +8,7 @@ use observer_common::{
     comm_str,
     gpu::Api,
     kfd::KfdSource,
+    memlimit::{MemLimit, MemSyscall},
     task::{
         core_dumped, exit_signal, exit_status, in_call_api, is_abnormal_exit, CrashInfo, ExitEvent,
         IpMapping, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
@@ -27,6 +28,8 @@ use crate::{
     probes::gpu::GpuProbes,
 };
 
+use super::oom_groups::OomGroups;
+
 /// Victims marked but never seen exiting (e.g. started mid-kill) are
 /// forgotten past this many.
 const MAX_OOM_VICTIMS: usize = 1024;
@@ -36,6 +39,8 @@ pub struct Attributor {
     clock: BootClock,
     /// Where each marked OOM victim's memory is accounted, until it exits.
     oom_scopes: HashMap<u32, &'static str>,
+    /// Victims of one group OOM kill, until all have exited.
+    oom_groups: OomGroups,
     /// Ring-buffer records received, by kind.
     records: BTreeMap<&'static str, u64>,
     /// Records that could not be decoded (a layout mismatch between the two sides).
@@ -56,6 +61,7 @@ impl Attributor {
             cgroups: CgroupResolver::new(),
             clock: BootClock::new(),
             oom_scopes: HashMap::new(),
+            oom_groups: OomGroups::default(),
             records: BTreeMap::new(),
             decode_errors: 0,
             kfd: KfdProcesses::default(),
@@ -126,6 +132,11 @@ impl Attributor {
         Origin { ts_ns: self.wall_now_ns(), ..Default::default() }
     }
 
+    /// Group OOM kills complete by waiting (see [`OomGroups`]).
+    pub fn due_oom_kills(&mut self) -> Vec<Event> {
+        self.oom_groups.due(std::time::Instant::now())
+    }
+
     pub fn wall_now_ns(&self) -> u64 {
         self.clock.to_unix_ns(BootClock::boot_now_ns())
     }
@@ -154,9 +165,31 @@ impl Attributor {
                     self.oom_scopes.clear();
                 }
                 self.oom_scopes.insert(ev.victim_pid, scope);
+                self.oom_groups.mark(
+                    ev.header.tid,
+                    ev.header.ts_boot_ns,
+                    ev.victim_pid,
+                    std::time::Instant::now(),
+                );
                 Vec::new()
             }
             Raw::Exit(ev) => self.exit_events(&ev, gpu),
+            Raw::MemoryLimitRefusal(ev) => {
+                let (Some(limit), Some(syscall)) =
+                    (MemLimit::from_u32(ev.limit), MemSyscall::from_u32(ev.syscall))
+                else {
+                    return Vec::new();
+                };
+                vec![Event {
+                    origin: self.origin(&ev.header),
+                    detail: Detail::MemoryLimitRefusal {
+                        limit,
+                        syscall,
+                        requested_bytes: ev.requested_bytes,
+                        limit_bytes: ev.limit_bytes,
+                    },
+                }]
+            }
             Raw::KfdIoctl(ev) => {
                 let via = KfdSource::from_u32(ev.source).map(KfdSource::as_str).unwrap_or("syscall");
                 vec![Event {
@@ -220,13 +253,16 @@ impl Attributor {
                 .remove(&ev.header.pid)
                 .or_else(|| self.oom_scopes.remove(&ev.header.tid))
                 .unwrap_or_else(|| oom::scope_of_cgroup(self.cgroups.root(), origin.cgroup.as_deref()));
-            out.push(Event {
+            let kill = Event {
                 origin: origin.clone(),
                 detail: Detail::OomKill {
                     scope,
                     anon_rss_bytes: (ev.oom_anon_rss_kb != 0).then_some(ev.oom_anon_rss_kb * 1024),
+                    victims: 1,
                 },
-            });
+            };
+            let in_group = oom::in_oom_group(self.cgroups.root(), origin.cgroup.as_deref());
+            out.extend(self.oom_groups.exit(ev.header.pid, ev.header.tid, kill, in_group));
         }
         if is_abnormal_exit(ev.exit_code) {
             let cause = exit_cause::cause(ev);

@@ -4,6 +4,7 @@
 //! out come events. Stall scans and CPU samples return data that each
 //! consumer turns into what it needs.
 pub mod attribute;
+mod oom_groups;
 pub mod reader;
 pub mod stalls;
 
@@ -163,6 +164,9 @@ impl Pipeline {
             }
         }
         self.announce(&mut out);
+        // handle() runs on every tick, so a group kill waiting on a
+        // straggler is sent within a tick of its wait ending.
+        out.extend(self.attribution.due_oom_kills());
         out
     }
 

@@ -135,6 +135,11 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     if let (Some(signal), Some(rlim)) = (get("task_struct", "signal"), get("signal_struct", "rlim")) {
         (o.task_signal, o.signal_rlim, o.have_rlimit) = (signal, rlim, 1);
     }
+    if let (Some(mm), Some(total), Some(data)) =
+        (get("task_struct", "mm"), get("mm_struct", "total_vm"), get("mm_struct", "data_vm"))
+    {
+        (o.task_mm, o.mm_total_vm, o.mm_data_vm, o.have_mm) = (mm, total, data, 1);
+    }
     o
 }
 
@@ -152,6 +157,7 @@ mod tests {
         assert_eq!(o.have_task_cgroup, 1, "{o:?}");
         assert_eq!(o.have_vma, 1, "{o:?}");
         assert_eq!(o.have_rlimit, 1, "{o:?}");
+        assert_eq!(o.have_mm, 1, "{o:?}");
         assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t: {o:?}");
         assert_eq!(o.vma_vm_end, o.vma_vm_start + 8, "vm_start/vm_end are adjacent: {o:?}");
         // d_name is a qstr { hash_len (u64), name } on 64-bit kernels.

@@ -10,6 +10,7 @@ use observer_common::{
     discovery::{GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP},
     gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
+    memlimit::{MemLimitKey, MEM_LIMIT_MAP},
     sched::{RunqHistogram, RUNQ_MAP},
     LatencyHistogram, EVENTS_MAP, LOST_MAP,
 };
@@ -38,6 +39,7 @@ pub struct Loaded {
     gpu_stats: Aggregate<GpuStatsKey>,
     kfd_stats: Aggregate<KfdStatsKey>,
     runq: Aggregate<u64>,
+    mem_limits: PerCpuHashMap<MapData, MemLimitKey, u64>,
     inflight: BpfHashMap<MapData, InflightKey, InflightStack>,
     known_files: BpfHashMap<MapData, GpuFileKey, u32>,
     hot_cgroups: BpfHashMap<MapData, u64, u32>,
@@ -64,6 +66,7 @@ impl Loaded {
             gpu_stats: typed(&mut ebpf, STATS_MAP)?,
             kfd_stats: typed(&mut ebpf, KFD_STATS_MAP)?,
             runq: typed(&mut ebpf, RUNQ_MAP)?,
+            mem_limits: typed(&mut ebpf, MEM_LIMIT_MAP)?,
             inflight: typed(&mut ebpf, INFLIGHT_MAP)?,
             known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
             hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
@@ -118,12 +121,22 @@ impl Loaded {
         sum_per_cpu(&self.runq)
     }
 
+    /// Memory-limit refusals per cgroup and limit, summed over CPUs.
+    pub fn mem_limit_refusals(&self) -> Vec<(MemLimitKey, u64)> {
+        self.mem_limits.iter().flatten().map(|(k, per_cpu)| (k, per_cpu.iter().sum())).collect()
+    }
+
     /// Removes the aggregates of cgroups that are gone, so the maps return
     /// to their baseline under pod churn.
     pub fn purge_cgroups(&mut self, cgroups: &[u64]) {
         remove_keys(&mut self.gpu_stats, |k| cgroups.contains(&k.cgroup_id));
         remove_keys(&mut self.kfd_stats, |k| cgroups.contains(&k.cgroup_id));
         remove_keys(&mut self.runq, |k| cgroups.contains(k));
+        let keys: Vec<MemLimitKey> =
+            self.mem_limits.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
+        for key in keys {
+            let _ = self.mem_limits.remove(&key);
+        }
     }
 
     /// Threads with GPU calls recorded in flight (depth 0 between calls).

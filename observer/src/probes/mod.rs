@@ -164,7 +164,7 @@ pub const FAMILY_NAMES: &[(&str, &str)] = &[
     ("gpu", "HIP and CUDA driver API calls (uprobes) and the discovery of their libraries"),
     ("kfd", "AMD KFD driver ioctls and GPU fault, reset and eviction hooks"),
     ("cpu", "run-queue latency per cgroup, CFS throttling and oversubscription"),
-    ("exits", "crashes, OOM kills and abnormal exits"),
+    ("exits", "crashes, OOM kills, abnormal exits and memory-limit refusals"),
 ];
 
 /// Everything, as a node agent runs by default.

@@ -76,6 +76,8 @@ pub enum Need {
     TaskCgroup,
     /// The fd -> file offsets in BTF.
     FdLookup,
+    /// `task->signal->rlim` and `task->mm` sizes in BTF.
+    MemLimits,
 }
 
 impl Need {
@@ -89,6 +91,10 @@ impl Need {
                 (o.have_task_cgroup != 0 && o.task_pid != 0, "task_struct cgroup offsets not found in BTF")
             }
             Self::FdLookup => (o.have_fd_lookup != 0, "task->files offsets not in BTF"),
+            Self::MemLimits => (
+                o.have_rlimit != 0 && o.have_mm != 0,
+                "signal_struct::rlim or mm_struct::total_vm/data_vm not found in BTF",
+            ),
         };
         if ok {
             Ok(())
@@ -209,6 +215,13 @@ pub const PROBES: &[Probe] = &[
             no: "oom:mark_victim (pid only)",
         },
     },
+    memory_limit("syscalls:mmap", ("memlimit_mmap_enter", "sys_enter_mmap"), ("memlimit_mmap_exit", "sys_exit_mmap")),
+    memory_limit(
+        "syscalls:mremap",
+        ("memlimit_mremap_enter", "sys_enter_mremap"),
+        ("memlimit_mremap_exit", "sys_exit_mremap"),
+    ),
+    memory_limit("syscalls:brk", ("memlimit_brk_enter", "sys_enter_brk"), ("memlimit_brk_exit", "sys_exit_brk")),
     Probe {
         family: Family::Gpu,
         label: "discovery",
@@ -275,6 +288,27 @@ pub const PROBES: &[Probe] = &[
     run_queue("sched_wakeup_new"),
     run_queue("sched_switch"),
 ];
+
+/// An entry and exit syscall tracepoint pair that sees memory-limit
+/// refusals of one address-space-growing call.
+const fn memory_limit(
+    target: &'static str,
+    enter: (&'static str, &'static str),
+    exit: (&'static str, &'static str),
+) -> Probe {
+    Probe {
+        family: Family::Exits,
+        label: "memlimit",
+        target: Target::Named(target),
+        programs: two(
+            (enter.0, Hook::Tracepoint("syscalls", enter.1)),
+            (exit.0, Hook::Tracepoint("syscalls", exit.1)),
+        ),
+        needs: &[Need::Tracefs, Need::MemLimits],
+        used: Use::Always,
+        detail: Detail::Text("calls refused by RLIMIT_AS or RLIMIT_DATA"),
+    }
+}
 
 /// A scheduler raw tracepoint of the run-queue latency histogram; each
 /// program is named after its event.

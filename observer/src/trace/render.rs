@@ -50,9 +50,25 @@ pub fn detail(event: &Event) -> String {
             }
             s
         }
-        Detail::OomKill { scope, anon_rss_bytes } => {
+        Detail::OomKill { scope, anon_rss_bytes, victims } => {
             let rss = anon_rss_bytes.map(|b| format!(", {} MiB anonymous", b >> 20)).unwrap_or_default();
-            format!("killed by the OOM killer ({scope} limit{rss})")
+            let group = match victims {
+                2.. => format!("; its group of {victims} processes killed"),
+                _ => String::new(),
+            };
+            format!("killed by the OOM killer ({scope} limit{rss}{group})")
+        }
+        Detail::MemoryLimitRefusal { limit, syscall, requested_bytes, limit_bytes } => {
+            let name = match limit {
+                observer_common::memlimit::MemLimit::As => "RLIMIT_AS",
+                observer_common::memlimit::MemLimit::Data => "RLIMIT_DATA",
+            };
+            format!(
+                "{} of {} MiB refused by {name} ({} MiB)",
+                syscall.as_str(),
+                requested_bytes >> 20,
+                limit_bytes >> 20
+            )
         }
         Detail::KfdIoctl { nr, result, duration_ns, .. } => {
             let errno = crate::names::errno_name(-*result).unwrap_or("?");
