@@ -56,6 +56,9 @@ pub struct Library {
     pub path: String,
     pub flavor: Option<Flavor>,
     pub functions: usize,
+    /// Exported names at an entry point probed under another name, as
+    /// `alias=probed name`: one address takes one probe.
+    pub aliases: Vec<String>,
     pub problem: Option<String>,
 }
 
@@ -197,6 +200,7 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
                         path: display,
                         flavor: Some(lib.flavor),
                         functions: lib.functions.len(),
+                        aliases: lib.aliases.iter().map(|(alias, probed)| format!("{alias}={probed}")).collect(),
                         problem: None,
                     });
                 }
@@ -205,6 +209,7 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
                 path: display,
                 flavor: None,
                 functions: 0,
+                aliases: Vec::new(),
                 problem: Some(e.to_string()),
             }),
         }

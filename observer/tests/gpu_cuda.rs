@@ -70,6 +70,9 @@ fn check_tells_zluda_from_other_libraries() {
         .and_then(|a| a.iter().find(|l| l["path"].as_str() == lib.to_str()))
         .unwrap_or_else(|| panic!("library missing: {report:#}"));
     assert_eq!(entry["flavor"], "zluda", "{entry}");
+    // cuLaunchKernel_ptsz is cuLaunchKernel's address under a second name:
+    // probed once, under the name listed first.
+    assert_eq!(entry["aliases"], serde_json::json!(["cuLaunchKernel_ptsz=cuLaunchKernel"]), "{entry}");
     let hip = report["gpu_libraries"].as_array().and_then(|a| a.iter().find(|l| l["flavor"] == "hip"));
     assert!(hip.is_some(), "Debian's libamdhip64 is listed as hip: {report:#}");
 }
