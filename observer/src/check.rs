@@ -200,7 +200,11 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
                         path: display,
                         flavor: Some(lib.flavor),
                         functions: lib.functions.len(),
-                        aliases: lib.aliases.iter().map(|(alias, probed)| format!("{alias}={probed}")).collect(),
+                        aliases: lib
+                            .aliases
+                            .iter()
+                            .map(|(alias, probed)| format!("{alias}={probed}"))
+                            .collect(),
                         problem: None,
                     });
                 }
