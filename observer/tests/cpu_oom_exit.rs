@@ -104,12 +104,7 @@ fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() 
     let tracer = Tracer::start(&["--cgroup", &pod.rel]);
     let out = pod.command(&solver).arg("cpu").output().expect("solver cpu");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let child: u64 = text
-        .split_whitespace()
-        .skip_while(|w| *w != "child")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    let child: u64 = child_pid(&text);
     let exit = tracer.wait_for("exit of the rlimited child", Duration::from_secs(5), |e| {
         e["kind"] == "exit" && e["pid"] == child
     });
@@ -120,12 +115,7 @@ fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() 
     let out = pod.command(&solver).arg("as").output().expect("solver as");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("exit 3"), "{text}");
-    let clean_child: u64 = text
-        .split_whitespace()
-        .skip_while(|w| *w != "child")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    let clean_child: u64 = child_pid(&text);
     std::thread::sleep(Duration::from_millis(500));
     let (_, events) = tracer.stop();
     // Its refused allocation is an event of its own; its exit is no kill.

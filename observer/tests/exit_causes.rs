@@ -65,12 +65,7 @@ except subprocess.TimeoutExpired:
     let out = pod.command(Path::new(PYTHON)).args(["-c", script]).output().expect("python3");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("timed out"), "{text}");
-    let child: u64 = text
-        .split_whitespace()
-        .skip_while(|w| *w != "child")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    let child: u64 = child_pid(&text);
     let exit = exit_of(&tracer, child);
     assert_eq!(exit["signal"], "SIGKILL", "{exit}");
     assert_eq!(exit["cause"], "sent", "{exit}");
@@ -185,12 +180,7 @@ fn own_faults_and_aborts_are_fault_and_abort_and_a_wrapped_137_is_wrapped() {
 
     let out = pod.command(&fixture("solver_child")).arg("exit137").output().expect("solver exit137");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let child: u64 = text
-        .split_whitespace()
-        .skip_while(|w| *w != "child")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no child pid in {text}"));
+    let child: u64 = child_pid(&text);
     let exit = exit_of(&tracer, child);
     assert_eq!((&exit["exit_code"], &exit["cause"]), (&137.into(), &"wrapped".into()), "{exit}");
 }

@@ -453,3 +453,12 @@ pub fn out_pid(stdout: &[u8]) -> u64 {
         .find_map(|w| w.strip_prefix("pid=")?.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {text}"))
 }
+
+/// The pid a fixture or script prints after the word `child`.
+pub fn child_pid(text: &str) -> u64 {
+    text.split_whitespace()
+        .skip_while(|w| *w != "child")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no child pid in {text}"))
+}
