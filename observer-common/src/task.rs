@@ -303,6 +303,18 @@ pub const fn is_abnormal_exit(exit_code: u32) -> bool {
     exit_signal(exit_code) != 0 || exit_status(exit_code) == 137
 }
 
+/// The x86-64 numbers of the signals both sides reason about (a fault, an
+/// abort, a CPU-limit kill), written once.
+pub mod signal {
+    pub const SIGILL: i32 = 4;
+    pub const SIGABRT: i32 = 6;
+    pub const SIGBUS: i32 = 7;
+    pub const SIGFPE: i32 = 8;
+    pub const SIGKILL: i32 = 9;
+    pub const SIGSEGV: i32 = 11;
+    pub const SIGXCPU: i32 = 24;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{RawTracePointContext, TracePointContext},
 };
+use observer_common::task::signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGXCPU};
 use observer_common::{
     gpu::{Api, InflightKey},
     task::{
@@ -46,18 +47,11 @@ static SIGNAL_ORIGINS: LruHashMap<u32, SignalOrigin> = LruHashMap::with_max_entr
 #[map(name = "CRASH_SCRATCH")]
 static CRASH_SCRATCH: PerCpuArray<CrashInfo> = PerCpuArray::with_max_entries(1, 0);
 
-const SIGILL: i32 = 4;
-const SIGABRT: i32 = 6;
-const SIGKILL: i32 = 9;
-const SIGXCPU: i32 = 24;
 /// `enum trace_signal_result` (include/trace/events/signal.h): the signal
 /// was queued (with or without its siginfo). Ignored, already pending or
 /// dropped signals cannot be the one that ends the process.
 const TRACE_SIGNAL_DELIVERED: i32 = 0;
 const TRACE_SIGNAL_LOSE_INFO: i32 = 4;
-const SIGBUS: i32 = 7;
-const SIGFPE: i32 = 8;
-const SIGSEGV: i32 = 11;
 /// x86-64 `struct pt_regs`: ip follows r15..r8, ax, cx, dx, si, di, orig_ax.
 const PT_REGS_IP: u32 = 16 * 8;
 /// `kernel_siginfo`: si_signo, si_errno, si_code, then the union whose first

@@ -10,13 +10,7 @@ use observer_common::task::{
 
 use crate::attribution::{cgroup_path::parse_pod_cgroup, kube::PodCache};
 
-const SIGILL: i32 = 4;
-const SIGABRT: i32 = 6;
-const SIGBUS: i32 = 7;
-const SIGFPE: i32 = 8;
-const SIGKILL: i32 = 9;
-const SIGSEGV: i32 = 11;
-const SIGXCPU: i32 = 24;
+use observer_common::task::signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGXCPU};
 
 /// What ended a process. A metric label: the set is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
