@@ -69,6 +69,26 @@ fn start_apiserver(dir: &Path, port: Option<u16>) -> (Proc, u16) {
     }
 }
 
+/// A fresh directory for one test's files.
+fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
+    fs::create_dir_all(&dir).expect("tmp");
+    dir
+}
+
+/// A kubeconfig pointing at the stand-in API server.
+fn write_kubeconfig(dir: &Path, api_port: u16) -> PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("kubeconfig");
+    kubeconfig
+}
+
 fn control(port: u16, method: &str, path: &str, body: &str) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -97,8 +117,7 @@ fn prom_query(port: u16, query: &str) -> Vec<Value> {
 #[ignore = "needs root, python3 and prometheus; run by `cargo xtask test`"]
 fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     assert_root();
-    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
-    fs::create_dir_all(&dir).expect("tmp");
+    let dir = scratch_dir();
     let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
     let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
     let canary_cg = PodCgroup::new(&canary_uid, &canary_cid);
@@ -110,14 +129,7 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
     ]);
     control(api_port, "POST", "/control/pods", &pods.to_string());
-    let kubeconfig = dir.join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
-        ),
-    )
-    .expect("kubeconfig");
+    let kubeconfig = write_kubeconfig(&dir, api_port);
     // The stable pod's ZLUDA-shaped library is found as a user's would be,
     // when its process starts; --hold makes its first calls count too.
     let daemon = Daemon::start(&[
@@ -305,8 +317,7 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
 fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted() {
     assert_root();
-    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
-    fs::create_dir_all(&dir).expect("tmp");
+    let dir = scratch_dir();
     let (live_uid, deleting_uid) = (random_pod_uid(), random_pod_uid());
     let (live_cid, deleting_cid) = (random_hex(64), random_hex(64));
     let live_cg = PodCgroup::new(&live_uid, &live_cid);
@@ -319,14 +330,7 @@ fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted
     deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     deleting["metadata"]["deletionGracePeriodSeconds"] = json!(30);
     control(api_port, "POST", "/control/pods", &json!([live, deleting]).to_string());
-    let kubeconfig = dir.join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
-        ),
-    )
-    .expect("kubeconfig");
+    let kubeconfig = write_kubeconfig(&dir, api_port);
     // Ready means the pod cache is synced.
     let daemon =
         Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
@@ -362,6 +366,90 @@ fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted
         ] {
             assert!(exit.contains(label), "{label} missing in {exit}");
         }
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A healthy worker (its runtime starts: no GPU trouble) paused before it
+/// exits, in a pod's cgroup.
+fn healthy_worker(cg: &PodCgroup) -> Stepped {
+    let mut command = cg.command(&fixture("cuda_app"));
+    command.args(["--pause-before", "exit"]).env("ZLUDA_FIXTURE_HEALTHY", "1");
+    let mut worker = Stepped::spawn(command);
+    let init = worker.wait_line("cuInit=");
+    assert!(init.starts_with("cuInit=0 "), "a healthy runtime: {init}");
+    worker
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn canary_pods_get_hot_call_probes_by_track_label_or_argo_revision() {
+    assert_root();
+    let dir = scratch_dir();
+    let wait = Duration::from_secs(20);
+    let (labelled_uid, argo_new_uid, argo_old_uid) = (random_pod_uid(), random_pod_uid(), random_pod_uid());
+    let (labelled_cid, argo_new_cid, argo_old_cid) = (random_hex(64), random_hex(64), random_hex(64));
+    let labelled_cg = PodCgroup::new(&labelled_uid, &labelled_cid);
+    let argo_new_cg = PodCgroup::new(&argo_new_uid, &argo_new_cid);
+    let argo_old_cg = PodCgroup::new(&argo_old_uid, &argo_old_cid);
+    let (_api, api_port) = start_apiserver(&dir, None);
+    // Rollout `infer`: revision oldhash is stable, newhash is being rolled
+    // out. Only the first pod carries a canary track label.
+    let rollout = |stable: &str| {
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+               "metadata": {"name": "infer", "namespace": NS, "uid": "00000000-0000-0000-0000-0000000000aa",
+                            "resourceVersion": "1"},
+               "status": {"stableRS": stable}})
+        .to_string()
+    };
+    control(api_port, "POST", "/control/rollouts", &rollout("oldhash"));
+    let pods = json!([
+        pod("infer-newhash-label", &labelled_uid, &labelled_cid, "canary", "newhash"),
+        pod("infer-newhash-argo1", &argo_new_uid, &argo_new_cid, "", "newhash"),
+        pod("infer-oldhash-argo2", &argo_old_uid, &argo_old_cid, "", "oldhash"),
+    ]);
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+    let kubeconfig = write_kubeconfig(&dir, api_port);
+    let daemon = Daemon::start(&[
+        "--hold",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+    ]);
+
+    // The stable pod's worker starts first, so it is known before the
+    // canaries are probed; no worker fails anything.
+    let mut stable = healthy_worker(&argo_old_cg);
+    let mut labelled = healthy_worker(&labelled_cg);
+    let mut argo_new = healthy_worker(&argo_new_cg);
+    wait_trapped(labelled.pid(), true, wait);
+    wait_trapped(argo_new.pid(), true, wait);
+    daemon.wait_metric("two canary processes", wait, |l| {
+        l.starts_with("canaryscope_gpu_hot_probed_processes{reason=\"canary\"}") && metric_value(l) == 2.0
+    });
+    let (stable_byte, stable_on_disk) = entry_bytes(stable.pid(), "libcuda.so.1", "cuLaunchKernel");
+    assert_eq!(stable_byte, stable_on_disk, "the stable revision's worker carries no breakpoint");
+
+    // Promotion: newhash is stable now. Its worker leaves the selection and
+    // the old revision's lingering worker is the one that differs.
+    control(api_port, "POST", "/control/rollouts", &rollout("newhash"));
+    wait_trapped(argo_new.pid(), false, wait);
+    wait_trapped(stable.pid(), true, wait);
+    assert_eq!(entry_bytes(labelled.pid(), "libcuda.so.1", "cuLaunchKernel").0, BREAKPOINT);
+
+    // No access to rollouts any more: the track label alone decides.
+    control(api_port, "POST", "/control/rollouts-access", r#"{"code": 403}"#);
+    wait_trapped(stable.pid(), false, wait);
+    assert_eq!(entry_bytes(labelled.pid(), "libcuda.so.1", "cuLaunchKernel").0, BREAKPOINT);
+    let (promoted_byte, promoted_on_disk) = entry_bytes(argo_new.pid(), "libcuda.so.1", "cuLaunchKernel");
+    assert_eq!(promoted_byte, promoted_on_disk, "the promoted revision stays unselected");
+
+    for worker in [&mut stable, &mut labelled, &mut argo_new] {
+        worker.go();
+    }
+    for worker in [stable, labelled, argo_new] {
+        assert!(worker.finish().success());
     }
     let _ = fs::remove_dir_all(&dir);
 }
