@@ -89,7 +89,7 @@ fn a_process_past_its_memory_limit_is_one_oom_kill_and_one_sigkill_exit() {
     // was allocating: the victim mark decides the cause.
     assert_eq!(exit["cause"], "oom_kill", "{exit}");
     assert_eq!(exit["sender_scope"], serde_json::Value::Null, "{exit}");
-    std::thread::sleep(Duration::from_millis(300));
+    let _marker = tracer.barrier(&pod);
     let (_, events) = tracer.stop();
     assert_eq!(events.iter().filter(|e| e["kind"] == "oom_kill").count(), 1, "{events:#?}");
     assert_eq!(events.iter().filter(|e| e["kind"] == "exit" && e["pid"] == pid).count(), 1, "{events:#?}");
@@ -116,7 +116,7 @@ fn a_solver_child_killed_by_its_cpu_rlimit_is_reported_a_clean_failure_is_not() 
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("exit 3"), "{text}");
     let clean_child: u64 = child_pid(&text);
-    std::thread::sleep(Duration::from_millis(500));
+    let _marker = tracer.barrier(&pod);
     let (_, events) = tracer.stop();
     // Its refused allocation is an event of its own; its exit is no kill.
     assert!(

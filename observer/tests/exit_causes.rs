@@ -75,9 +75,10 @@ except subprocess.TimeoutExpired:
     assert_ne!(exit["sender_pid"], child, "{exit}");
     assert_eq!(exit["kill_reason"], Value::Null, "no Kubernetes here: {exit}");
     // subprocess.run's own kill is the same story, for a second child.
-    std::thread::sleep(Duration::from_millis(300));
+    let marker = tracer.barrier(&pod);
     let (_, events) = tracer.stop();
-    let sent: Vec<&Value> = events.iter().filter(|e| e["kind"] == "exit" && e["cause"] == "sent").collect();
+    let sent: Vec<&Value> =
+        events.iter().filter(|e| e["kind"] == "exit" && e["cause"] == "sent" && e["pid"] != marker).collect();
     assert_eq!(sent.len(), 2, "{events:#?}");
     assert!(sent.iter().all(|e| e["sender_comm"] == "python3" && e["sender_scope"] == "same_container"));
 }
@@ -128,7 +129,6 @@ import os, signal, subprocess, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 sender = subprocess.run(["/bin/sh", "-c", "kill -TERM %d; echo $$" % os.getpid()], capture_output=True, text=True)
 print("sender", sender.stdout.strip(), "target", os.getpid(), flush=True)
-time.sleep(0.3)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 time.sleep(5)
 "#;

@@ -55,8 +55,15 @@ fn a_group_oom_is_one_kill_with_every_process_an_oom_kill_exit() {
     };
     daemon
         .wait_metric("three oom_kill exits", Duration::from_secs(10), |l| exits(l) && metric_value(l) >= 3.0);
-    // Nothing more may arrive: a second count would come within a tick.
-    std::thread::sleep(Duration::from_secs(2));
+    // Nothing more may arrive: once a later record of the same container is
+    // counted (a shell that kills itself), every OOM record before it is too.
+    self_killing_marker(&pod);
+    daemon.wait_metric("the marker's exit", Duration::from_secs(20), |l| {
+        l.starts_with("canaryscope_abnormal_exits_total{")
+            && l.contains(&container)
+            && l.contains("sender_scope=\"self\"")
+    });
+    let _marker = tracer.barrier(&pod);
     let text = daemon.metrics();
     let sum = |pred: &dyn Fn(&str) -> bool| text.lines().filter(|l| pred(l)).map(metric_value).sum::<f64>();
     let kills = sum(&|l: &str| l.starts_with("canaryscope_oom_kills_total{") && l.contains(&container));

@@ -52,7 +52,7 @@ except MemoryError:
     assert!(["mmap", "brk", "mremap"].contains(&refusal["syscall"].as_str().unwrap_or("")), "{refusal}");
     assert_eq!(refusal["cgroup"], pod.rel.as_str(), "{refusal}");
     // No signal ended it: no exit event for that process.
-    std::thread::sleep(Duration::from_millis(500));
+    let _marker = tracer.barrier(&pod);
     let exits: Vec<Value> =
         tracer.events().into_iter().filter(|e| e["kind"] == "exit" && e["pid"] == pid).collect();
     assert!(exits.is_empty(), "a MemoryError is no signal death: {exits:?}");
@@ -80,7 +80,7 @@ fn a_tight_mmap_refusal_loop_gives_one_record_a_second_and_an_exact_count() {
     assert_eq!((first["limit"].as_str(), first["syscall"].as_str()), (Some("as"), Some("mmap")), "{first}");
     assert_eq!(first["requested_bytes"], 1u64 << 30, "{first}");
     assert_eq!(first["limit_bytes"], 64 * MIB, "{first}");
-    std::thread::sleep(Duration::from_millis(500));
+    let _marker = tracer.barrier(&pod);
     let records = refusals_of(&tracer.events(), pid);
     assert_eq!(
         records.len() as u64,

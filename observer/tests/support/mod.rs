@@ -148,6 +148,18 @@ impl Tracer {
         }
     }
 
+    /// Waits until every record the kernel wrote for `cg` so far has been
+    /// read: a process there kills itself, and its exit record comes after
+    /// all of them in the ring buffer. What an absence check needs, instead
+    /// of a pause. Returns the marker's pid, whose exit a caller may skip.
+    pub fn barrier(&self, cg: &PodCgroup) -> u64 {
+        let marker = self_killing_marker(cg);
+        self.wait_for("the barrier's own exit", startup_timeout(), |e| {
+            e["kind"] == "exit" && e["pid"] == marker
+        });
+        marker
+    }
+
     /// SIGKILL, without waiting for the exit: a killed observer's probes are
     /// released by the kernel as its descriptors close, which can take a
     /// while after many libraries.
@@ -596,4 +608,12 @@ pub fn wait_trapped(pid: u32, trapped: bool, within: Duration) -> Duration {
         );
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Runs a shell in `cg` that SIGKILLs itself; returns its pid. Its exit is
+/// recorded after everything the cgroup did before (see `Tracer::barrier`).
+pub fn self_killing_marker(cg: &PodCgroup) -> u64 {
+    let out =
+        cg.command(Path::new("/bin/sh")).args(["-c", "echo pid=$$; kill -KILL $$"]).output().expect("sh");
+    out_pid(&out.stdout)
 }
