@@ -39,13 +39,29 @@ struct Batch {
     opened: Instant,
 }
 
+/// A group kill already sent, remembered for marks that arrive after every
+/// member marked so far exited (possible when the task running the OOM
+/// killer is not itself a member, so nothing holds the members back).
+struct SentGroup {
+    killer_tid: u32,
+    first_mark_ns: u64,
+}
+
+/// Sent group kills remembered for late marks; they matter for one
+/// [`MARK_WINDOW_NS`] only.
+const MAX_SENT_GROUPS: usize = 16;
+
 #[derive(Default)]
 pub struct OomGroups {
     /// Marked victims not yet exited, with their batch.
     victims: HashMap<u32, u64>,
     batches: HashMap<u64, Batch>,
+    sent_groups: Vec<SentGroup>,
     next_id: u64,
 }
+
+/// The batch id of victims that belong to a group kill already sent.
+const SENT: u64 = u64::MAX;
 
 impl OomGroups {
     /// The kernel marked `victim` from `killer_tid` at `ts_ns` (boot clock).
@@ -60,12 +76,19 @@ impl OomGroups {
                 b.marked = b.marked.saturating_sub(1);
             }
         }
+        // Members start exiting while the kernel still marks the rest (their
+        // SIGKILL is sent as each is marked, and they run on other CPUs), so
+        // a batch with exits already seen still takes marks: it is open
+        // until every member marked so far has exited.
         let open = self.batches.iter_mut().find(|(_, b)| {
-            b.killer_tid == killer_tid
-                && ts_ns.saturating_sub(b.first_mark_ns) < MARK_WINDOW_NS
-                && b.exited == 0
+            b.killer_tid == killer_tid && ts_ns.saturating_sub(b.first_mark_ns) < MARK_WINDOW_NS
         });
+        let late = self
+            .sent_groups
+            .iter()
+            .any(|g| g.killer_tid == killer_tid && ts_ns.saturating_sub(g.first_mark_ns) < MARK_WINDOW_NS);
         let id = match open {
+            None if late => SENT,
             Some((id, b)) => {
                 b.marked += 1;
                 *id
@@ -119,6 +142,11 @@ impl OomGroups {
             batch.event = Some(event);
         }
         if batch.exited >= batch.marked {
+            let sent = SentGroup { killer_tid: batch.killer_tid, first_mark_ns: batch.first_mark_ns };
+            if self.sent_groups.len() >= MAX_SENT_GROUPS {
+                self.sent_groups.remove(0);
+            }
+            self.sent_groups.push(sent);
             return self.finish(id).into_iter().collect();
         }
         Vec::new()
@@ -215,5 +243,35 @@ mod tests {
         assert_eq!(victims(&g.due(now + GROUP_WAIT)), vec![(10, 2)]);
         // Its late exit is no second kill of the group.
         assert!(g.exit(11, 11, oom(11), true).is_empty());
+    }
+
+    #[test]
+    fn members_exiting_while_the_kernel_still_marks_are_one_kill() {
+        // Seen in the VM: the chosen victim runs the OOM killer; a member
+        // killed a moment earlier exits before the last member is marked.
+        let now = Instant::now();
+        let mut g = OomGroups::default();
+        g.mark(10, 1_000, 10, now);
+        g.mark(10, 1_001, 11, now);
+        assert!(g.exit(11, 11, oom(11), true).is_empty());
+        g.mark(10, 1_002, 12, now);
+        assert!(g.exit(10, 10, oom(10), true).is_empty());
+        assert_eq!(victims(&g.exit(12, 12, oom(12), true)), vec![(10, 3)]);
+    }
+
+    #[test]
+    fn a_mark_after_every_earlier_member_exited_adds_no_kill() {
+        // The killer is no member (another container of the pod hit the
+        // pod's limit), so all members marked so far can exit before the
+        // kernel marks the next one.
+        let now = Instant::now();
+        let mut g = OomGroups::default();
+        g.mark(99, 1_000, 10, now);
+        assert_eq!(victims(&g.exit(10, 10, oom(10), true)), vec![(10, 1)]);
+        g.mark(99, 1_001, 11, now);
+        assert!(g.exit(11, 11, oom(11), true).is_empty());
+        // A kill by the same task a window later is a kill of its own.
+        g.mark(99, 1_000 + MARK_WINDOW_NS, 12, now);
+        assert_eq!(victims(&g.exit(12, 12, oom(12), true)), vec![(12, 1)]);
     }
 }
