@@ -1,11 +1,51 @@
-//! Scheduler: run-queue latency per cgroup, aggregated in the kernel.
+//! Scheduler: run-queue latency per cgroup, aggregated in the kernel, for
+//! the cgroups canaryscope reports on only.
 
 /// Per-CPU log2 histogram of run-queue latency per cgroup.
 pub const RUNQ_MAP: &str = "RUNQ_LATENCY";
 
-/// Threads with a pending wakeup timestamp (hash tid -> boot ns).
-pub const MAX_WAKEUPS: u32 = 65536;
+/// The cgroups whose tasks pay for run-queue accounting (cgroup id -> 1):
+/// the daemon puts in the roots it reports on (the kubepods hierarchy,
+/// `run --cgroup` prefixes) and what exists below them; the kernel adds
+/// every cgroup created under one of them and removes every one removed.
+pub const RUNQ_CGROUPS_MAP: &str = "RUNQ_CGROUPS";
+
+/// The reported roots by path (`/kubepods.slice`, `run --cgroup` prefixes;
+/// NUL-padded [`ROOT_PATH_LEN`] bytes -> 1), so that a root created after
+/// the daemon started is reported from its creation on.
+pub const RUNQ_ROOTS_MAP: &str = "RUNQ_ROOTS";
+pub const MAX_RUNQ_ROOTS: u32 = 64;
+/// Longest root path the kernel matches at creation (with its NUL); a
+/// longer one is reported from the daemon's next look at it instead.
+pub const ROOT_PATH_LEN: usize = 128;
+
+/// A root's path as the kernel side's map key.
+pub fn root_path_key(path: &str) -> Option<[u8; ROOT_PATH_LEN]> {
+    let bytes = path.as_bytes();
+    if bytes.len() >= ROOT_PATH_LEN {
+        return None;
+    }
+    let mut key = [0u8; ROOT_PATH_LEN];
+    key[..bytes.len()].copy_from_slice(bytes);
+    Some(key)
+}
+
+/// Threads with a pending wakeup (hash tid -> [`RunqWakeup`]); only threads
+/// of reported cgroups, so far fewer than the node's threads.
+pub const MAX_WAKEUPS: u32 = 16384;
 pub const MAX_RUNQ_CGROUPS: u32 = 8192;
+/// Reported cgroups: a busy node's pods, their containers and the slices
+/// above them.
+pub const MAX_REPORTED_CGROUPS: u32 = 16384;
+
+/// When a thread became runnable, and the cgroup it was in then (so that
+/// switching it in reads no cgroup pointers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunqWakeup {
+    pub since_ns: u64,
+    pub cgroup_id: u64,
+}
 
 /// Per key: count, total and log2 histogram of durations.
 pub type RunqHistogram = crate::LatencyHistogram;

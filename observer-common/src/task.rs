@@ -62,6 +62,16 @@ pub struct KernelOffsets {
     pub mm_total_vm: u32,
     pub mm_data_vm: u32,
     pub have_mm: u32,
+    /// For keeping the set of reported cgroups current as cgroups come and
+    /// go: `cgroup->root->hierarchy_id` (0 on the unified hierarchy; v1
+    /// hierarchies number their cgroups on their own) and the parent,
+    /// `cgroup->self.parent` (a `cgroup_subsys_state` at offset
+    /// `cgroup_self` of its cgroup).
+    pub cgroup_root: u32,
+    pub cgroup_root_hierarchy_id: u32,
+    pub cgroup_self: u32,
+    pub cgroup_parent: u32,
+    pub have_cgroup_tree: u32,
 }
 
 impl KernelOffsets {
@@ -102,6 +112,11 @@ impl KernelOffsets {
         mm_total_vm: 0,
         mm_data_vm: 0,
         have_mm: 0,
+        cgroup_root: 0,
+        cgroup_root_hierarchy_id: 0,
+        cgroup_self: 0,
+        cgroup_parent: 0,
+        have_cgroup_tree: 0,
     };
 }
 

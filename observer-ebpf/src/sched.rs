@@ -1,51 +1,84 @@
 //! Run-queue latency per cgroup: time from a task becoming runnable (wakeup,
 //! or preemption while still runnable) to it running, as log2 histograms in
 //! a per-CPU hash keyed by cgroup id. Nothing leaves the kernel per event.
+//!
+//! These programs run on every wakeup and context switch of the node, so
+//! only tasks of the cgroups canaryscope reports on (RUNQ_CGROUPS) pay for a
+//! timestamp and a histogram update; every other task costs one cgroup-id
+//! read and one failed lookup. The set follows cgroups as they are created
+//! and removed, here in the kernel, so a new pod's first tasks are counted.
 use aya_ebpf::{
-    helpers::bpf_ktime_get_boot_ns,
+    helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes},
     macros::{map, raw_tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::RawTracePointContext,
 };
-use observer_common::sched::{RunqHistogram, MAX_RUNQ_CGROUPS, MAX_WAKEUPS};
+use observer_common::{
+    sched::{
+        RunqHistogram, RunqWakeup, MAX_REPORTED_CGROUPS, MAX_RUNQ_CGROUPS, MAX_RUNQ_ROOTS, MAX_WAKEUPS,
+        ROOT_PATH_LEN,
+    },
+    task::KernelOffsets,
+};
 
 use crate::{
     common::record_latency,
     kernel::{offsets, read, task_cgroup_id},
 };
 
-/// Wakeup timestamps per thread (tid -> boot ns).
+/// Pending wakeups of reported tasks (tid -> when, and in which cgroup).
 #[map(name = "RUNQ_WAKEUPS")]
-static RUNQ_WAKEUPS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_WAKEUPS, 0);
+static RUNQ_WAKEUPS: HashMap<u32, RunqWakeup> = HashMap::with_max_entries(MAX_WAKEUPS, 0);
 
 #[map(name = "RUNQ_LATENCY")] // observer_common::sched::RUNQ_MAP
 static RUNQ_LATENCY: PerCpuHashMap<u64, RunqHistogram> = PerCpuHashMap::with_max_entries(MAX_RUNQ_CGROUPS, 0);
+
+#[map(name = "RUNQ_CGROUPS")] // observer_common::sched::RUNQ_CGROUPS_MAP
+static RUNQ_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_REPORTED_CGROUPS, 0);
+
+#[map(name = "RUNQ_ROOTS")] // observer_common::sched::RUNQ_ROOTS_MAP
+static RUNQ_ROOTS: HashMap<[u8; ROOT_PATH_LEN], u8> = HashMap::with_max_entries(MAX_RUNQ_ROOTS, 0);
 
 /// `TASK_RUNNING`: a task switched out in this state was preempted and is
 /// still waiting for a CPU.
 const TASK_RUNNING: u64 = 0;
 
 #[inline(always)]
-fn mark_runnable(task: *const u8) -> Result<(), i64> {
-    let pid: i32 = read(task, offsets().task_pid)?;
+fn reported(cgroup: u64) -> bool {
+    // SAFETY: read-only map lookup.
+    unsafe { RUNQ_CGROUPS.get(&cgroup).is_some() }
+}
+
+#[inline(always)]
+fn mark_runnable(task: *const u8, cgroup: u64, o: &KernelOffsets) -> Result<(), i64> {
+    if !reported(cgroup) {
+        return Ok(());
+    }
+    let pid: i32 = read(task, o.task_pid)?;
     if pid == 0 {
-        return Ok(()); // the idle task
+        return Ok(()); // the idle task (a reported root of `/`)
     }
     // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_boot_ns() };
-    RUNQ_WAKEUPS.insert(&(pid as u32), &now, 0).map_err(|e| e as i64)
+    let since_ns = unsafe { bpf_ktime_get_boot_ns() };
+    RUNQ_WAKEUPS.insert(&(pid as u32), &RunqWakeup { since_ns, cgroup_id: cgroup }, 0).map_err(|e| e as i64)
+}
+
+#[inline(always)]
+fn woken(task: *const u8) -> Result<(), i64> {
+    let o = offsets();
+    mark_runnable(task, task_cgroup_id(task, &o)?, &o)
 }
 
 /// match-proto: sched_wakeup(struct task_struct *p).
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    mark_runnable(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
+    woken(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
 }
 
 /// match-proto: sched_wakeup_new(struct task_struct *p).
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    mark_runnable(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
+    woken(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
 }
 
 /// match-proto: sched_switch(bool preempt, struct task_struct *prev,
@@ -60,21 +93,100 @@ fn try_sched_switch(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let prev = ctx.arg::<u64>(1) as *const u8;
     let next = ctx.arg::<u64>(2) as *const u8;
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
-    if prev_state == TASK_RUNNING {
-        mark_runnable(prev)?;
-    }
     let o = offsets();
+    if prev_state == TASK_RUNNING {
+        // The tracepoint fires before the switch: `prev` is still the
+        // current task, whose cgroup a helper reads without pointer chasing.
+        // SAFETY: helper without arguments.
+        mark_runnable(prev, unsafe { bpf_get_current_cgroup_id() }, &o)?;
+    }
     let pid: i32 = read(next, o.task_pid)?;
     if pid == 0 {
         return Ok(0);
     }
     let pid = pid as u32;
-    // SAFETY: read-only map lookup.
-    let Some(&since) = (unsafe { RUNQ_WAKEUPS.get(&pid) }) else { return Ok(0) };
+    // SAFETY: read-only map lookup; the value is copied out before removal.
+    let Some(&wakeup) = (unsafe { RUNQ_WAKEUPS.get(&pid) }) else { return Ok(0) };
     let _ = RUNQ_WAKEUPS.remove(&pid);
     // SAFETY: helper without arguments.
-    let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(since);
-    let cgroup = task_cgroup_id(next, &o)?;
-    record_latency(&RUNQ_LATENCY, &cgroup, waited);
+    let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(wakeup.since_ns);
+    record_latency(&RUNQ_LATENCY, &wakeup.cgroup_id, waited);
+    Ok(0)
+}
+
+/// The cgroup id of a `struct cgroup` on the unified hierarchy; `None` for
+/// a v1 hierarchy's cgroup, whose ids are numbered apart and may equal a
+/// reported cgroup2 id.
+#[inline(always)]
+fn unified_cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<Option<u64>, i64> {
+    let root: *const u8 = read(cgroup, o.cgroup_root)?;
+    let hierarchy_id: i32 = read(root, o.cgroup_root_hierarchy_id)?;
+    if hierarchy_id != 0 {
+        return Ok(None);
+    }
+    let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
+    read(kn, o.kernfs_node_id).map(Some)
+}
+
+/// A cgroup created under a reported one is reported too, before any task
+/// can enter it.
+///
+/// match-proto: cgroup_mkdir(struct cgroup *cgrp, const char *path).
+#[raw_tracepoint(tracepoint = "cgroup_mkdir")]
+pub fn runq_cgroup_mkdir(ctx: RawTracePointContext) -> i32 {
+    try_cgroup_mkdir(&ctx).unwrap_or(1)
+}
+
+fn try_cgroup_mkdir(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let o = offsets();
+    if o.have_cgroup_tree == 0 {
+        return Ok(0);
+    }
+    let cgroup = ctx.arg::<u64>(0) as *const u8;
+    let Some(id) = unified_cgroup_id(cgroup, &o)? else { return Ok(0) };
+    let parent_css: *const u8 = read(cgroup, o.cgroup_self + o.cgroup_parent)?;
+    if parent_css.is_null() {
+        return Ok(0);
+    }
+    let parent = parent_css.wrapping_sub(o.cgroup_self as usize);
+    let parent_kn: *const u8 = read(parent, o.cgroup_kn)?;
+    let parent_id: u64 = read(parent_kn, o.kernfs_node_id)?;
+    if reported(parent_id) || is_root_path(ctx.arg::<u64>(1) as *const u8) {
+        RUNQ_CGROUPS.insert(&id, &1, 0).map_err(|e| e as i64)?;
+    }
+    Ok(0)
+}
+
+/// Whether the new cgroup's path is one of the reported roots (a root made
+/// after the daemon started: kubelet's first start, a solver slice).
+#[inline(always)]
+fn is_root_path(path: *const u8) -> bool {
+    if path.is_null() {
+        return false;
+    }
+    let mut key = [0u8; ROOT_PATH_LEN];
+    // SAFETY: the helper reads at most the buffer's length and faults softly.
+    if unsafe { bpf_probe_read_kernel_str_bytes(path, &mut key) }.is_err() {
+        return false;
+    }
+    // SAFETY: read-only map lookup.
+    unsafe { RUNQ_ROOTS.get(&key).is_some() }
+}
+
+/// A removed cgroup leaves the set (its id is never reused: kernfs ids grow).
+///
+/// match-proto: cgroup_rmdir(struct cgroup *cgrp, const char *path).
+#[raw_tracepoint(tracepoint = "cgroup_rmdir")]
+pub fn runq_cgroup_rmdir(ctx: RawTracePointContext) -> i32 {
+    try_cgroup_rmdir(&ctx).unwrap_or(1)
+}
+
+fn try_cgroup_rmdir(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let o = offsets();
+    if o.have_cgroup_tree == 0 {
+        return Ok(0);
+    }
+    let Some(id) = unified_cgroup_id(ctx.arg::<u64>(0) as *const u8, &o)? else { return Ok(0) };
+    let _ = RUNQ_CGROUPS.remove(&id);
     Ok(0)
 }

@@ -244,6 +244,8 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
             crate::config::HotCalls::Selected,
             crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default(),
         ),
+        // The trial needs no seeded set: nothing runs long enough to count.
+        runq_prefixes: None,
     };
     match Pipeline::start(options) {
         // The same statuses the daemon exports, GPU library files included.

@@ -127,6 +127,21 @@ pub fn parse_hot_calls(s: &str) -> Result<HotCalls, String> {
 
 /// `--hot-window`: a duration of at least one second (a shorter one would
 /// add and remove probes on every failure).
+/// A cgroup path as `/proc/PID/cgroup` shows it (`/solver.slice`), not a
+/// path in the filesystem.
+pub fn parse_cgroup_prefix(s: &str) -> Result<(), String> {
+    if !s.starts_with('/') {
+        return Err("a cgroup path starts with / (as in /proc/PID/cgroup)".into());
+    }
+    if s.starts_with("/sys/fs/cgroup") {
+        return Err("name the cgroup as /proc/PID/cgroup shows it, without the cgroupfs mount".into());
+    }
+    if s.split('/').any(|p| p == ".." || p == ".") {
+        return Err("no . or .. components".into());
+    }
+    Ok(())
+}
+
 pub fn parse_hot_window(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(1) {
@@ -155,6 +170,9 @@ pub struct ConfigFile {
     pub hot_calls: Option<String>,
     /// `--hot-window`.
     pub hot_window: Option<String>,
+    /// `--cgroup`: cgroup2 paths whose cgroups get run-queue histograms
+    /// besides the kubepods hierarchy.
+    pub cgroups: Vec<String>,
 }
 
 impl ConfigFile {
@@ -184,6 +202,8 @@ pub struct Settings {
     pub hold: bool,
     pub hot_calls: HotCalls,
     pub hot_window: Duration,
+    /// Cgroup prefixes with run-queue accounting besides kubepods.
+    pub cgroups: Vec<String>,
 }
 
 impl Settings {
@@ -247,10 +267,15 @@ impl Settings {
             }
             None => default_duration(DEFAULT_HOT_WINDOW),
         };
+        let cgroups = if args.cgroups.is_empty() { file.cgroups } else { args.cgroups.clone() };
+        for c in &cgroups {
+            parse_cgroup_prefix(c).map_err(|e| CliError::usage(format!("--cgroup {c:?}: {e}")))?;
+        }
         Ok(Self {
             hold,
             hot_calls,
             hot_window,
+            cgroups,
             probes,
             listen,
             kube,
@@ -282,6 +307,10 @@ mod tests {
         assert_eq!(parse_duration(DEFAULT_STALL_THRESHOLD), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration(DEFAULT_SERIES_GRACE), Ok(Duration::from_secs(300)));
         assert_eq!(parse_hot_window(DEFAULT_HOT_WINDOW), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_cgroup_prefix("/solver.slice"), Ok(()));
+        for bad in ["solver.slice", "/sys/fs/cgroup/solver.slice", "/a/../b"] {
+            assert!(parse_cgroup_prefix(bad).is_err(), "{bad}");
+        }
         assert_eq!(parse_hot_calls(DEFAULT_HOT_CALLS), Ok(HotCalls::Selected));
         assert!(server::parse_listen(DEFAULT_LISTEN).is_ok());
         let s = Settings::from_run_args(&Args::default()).expect("defaults are valid");

@@ -85,6 +85,10 @@ pub struct Args {
     /// How long a cgroup stays selected after its last GPU failure, stall or crash.
     #[arg(long, value_name = "DURATION", help = config::with_default("How long a cgroup stays selected for hot-call probes after its last GPU failure, stall or crash", config::DEFAULT_HOT_WINDOW))]
     pub hot_window: Option<String>,
+    /// Also report run-queue latency for the cgroups under this cgroup2
+    /// path (besides the kubepods hierarchy); repeatable.
+    #[arg(long = "cgroup", value_name = "PREFIX")]
+    pub cgroups: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -117,7 +121,14 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         hold: settings.hold,
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
+        runq_prefixes: Some(settings.cgroups.clone()),
     })?;
+    if settings.probes.sched {
+        eprintln!(
+            "canaryscope: run-queue latency for tasks under {}",
+            pipeline.runq_roots().join(", ")
+        );
+    }
 
     let pods: Option<PodCache> = match &settings.kube {
         Some(options) => {
@@ -240,6 +251,7 @@ impl Exporter {
         metrics.set_runq(runq);
         metrics.set_kfd(kfd);
         metrics.set_mem_limits(mem_limits);
+        pipeline.refresh_runq_scope();
         // Only the samples are exported; findings are for people (`trace`).
         pipeline.sample_cpu();
         metrics.set_cpu(pipeline.cpu_snapshots());

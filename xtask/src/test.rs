@@ -88,6 +88,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
             "exit_causes",
             "memory_limits",
             "group_oom",
+            "sched_scope",
         ])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(binaries))?;
         // A boot of its own, so the first-call runs (ten of each case, many

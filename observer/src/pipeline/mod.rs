@@ -6,6 +6,7 @@
 pub mod attribute;
 mod oom_groups;
 pub mod reader;
+pub mod runq_scope;
 pub mod stalls;
 
 use std::path::PathBuf;
@@ -46,6 +47,9 @@ pub struct Options {
     pub kfd_syscall_fallback: bool,
     /// Which processes get the hot tier of GPU functions.
     pub hot_policy: Policy,
+    /// Cgroup prefixes whose tasks get run-queue histograms besides the
+    /// kubepods hierarchy; `None` when nobody reads them (`trace`).
+    pub runq_prefixes: Option<Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +89,7 @@ pub struct Pipeline {
     /// Table-driven probes and the CPU monitor: attached or why not.
     statuses: Vec<ProbeStatus>,
     last_kfd_refresh: std::time::Instant,
+    runq_scope: Option<runq_scope::RunqScope>,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -122,6 +127,11 @@ impl Pipeline {
             });
             monitor
         });
+        let runq_scope = options.runq_prefixes.as_deref().filter(|_| options.families.sched).map(|prefixes| {
+            let follows = |t: &str| statuses.iter().any(|s| s.attached && s.target == t);
+            let follows = follows("cgroup_mkdir") && follows("cgroup_rmdir");
+            runq_scope::RunqScope::start(prefixes, follows, &mut kernel)
+        });
         let mut pipeline = Self {
             tracker: LibraryTracker::new(hold, options.hot_policy, cgroup_root),
             attribution,
@@ -129,8 +139,12 @@ impl Pipeline {
             cpu,
             statuses,
             last_kfd_refresh: std::time::Instant::now(),
+            runq_scope,
             kernel,
         };
+        // After the programs that follow new cgroups are attached, so that
+        // a cgroup is either walked here or added by the kernel.
+        pipeline.refresh_runq_scope();
         if options.families.gpu {
             pipeline.tracker.probe_explicit(&mut pipeline.kernel, &options.explicit_libs)?;
             pipeline.tracker.probe_present(&mut pipeline.kernel);
@@ -281,6 +295,22 @@ impl Pipeline {
                 (id, snapshot)
             })
             .collect()
+    }
+
+    /// Seeds the kernel's set of cgroups with run-queue accounting with the
+    /// roots that appeared since the last call (all of them, where the
+    /// kernel cannot follow new cgroups itself).
+    pub fn refresh_runq_scope(&mut self) {
+        let (Some(scope), Some(root)) = (&self.runq_scope, self.attribution.cgroups().root()) else { return };
+        let added = scope.refresh(root, &mut self.kernel);
+        if added > 0 {
+            log::debug!("run-queue accounting for {added} more cgroups under {:?}", scope.roots());
+        }
+    }
+
+    /// The cgroup prefixes with run-queue accounting (none in `trace`).
+    pub fn runq_roots(&self) -> &[String] {
+        self.runq_scope.as_ref().map(runq_scope::RunqScope::roots).unwrap_or_default()
     }
 
     /// The kernel's aggregates.

@@ -140,6 +140,16 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     {
         (o.task_mm, o.mm_total_vm, o.mm_data_vm, o.have_mm) = (mm, total, data, 1);
     }
+    if let (Some(root), Some(hierarchy_id), Some(self_), Some(parent)) = (
+        get("cgroup", "root"),
+        get("cgroup_root", "hierarchy_id"),
+        get("cgroup", "self"),
+        get("cgroup_subsys_state", "parent"),
+    ) {
+        (o.cgroup_root, o.cgroup_root_hierarchy_id, o.cgroup_self, o.cgroup_parent) =
+            (root, hierarchy_id, self_, parent);
+        o.have_cgroup_tree = 1;
+    }
     o
 }
 
@@ -164,5 +174,9 @@ mod tests {
         let d_name = member_offset(&btf, "dentry", "d_name").expect("d_name");
         assert_eq!(o.dentry_d_name_name, d_name + 8);
         assert_eq!(member_offset(&btf, "task_struct", "no_such_field"), None);
+        assert_eq!(o.have_cgroup_tree, 1, "{o:?}");
+        // A cgroup starts with its own subsystem state, which is what a
+        // child's `self.parent` points at.
+        assert_eq!(o.cgroup_self, 0, "{o:?}");
     }
 }

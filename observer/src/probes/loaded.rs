@@ -11,7 +11,7 @@ use observer_common::{
     gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
     memlimit::{MemLimitKey, MEM_LIMIT_MAP},
-    sched::{RunqHistogram, RUNQ_MAP},
+    sched::{root_path_key, RunqHistogram, ROOT_PATH_LEN, RUNQ_CGROUPS_MAP, RUNQ_MAP, RUNQ_ROOTS_MAP},
     LatencyHistogram, EVENTS_MAP, LOST_MAP,
 };
 
@@ -39,6 +39,8 @@ pub struct Loaded {
     gpu_stats: Aggregate<GpuStatsKey>,
     kfd_stats: Aggregate<KfdStatsKey>,
     runq: Aggregate<u64>,
+    runq_cgroups: BpfHashMap<MapData, u64, u8>,
+    runq_roots: BpfHashMap<MapData, [u8; ROOT_PATH_LEN], u8>,
     mem_limits: PerCpuHashMap<MapData, MemLimitKey, u64>,
     inflight: BpfHashMap<MapData, InflightKey, InflightStack>,
     known_files: BpfHashMap<MapData, GpuFileKey, u32>,
@@ -66,6 +68,8 @@ impl Loaded {
             gpu_stats: typed(&mut ebpf, STATS_MAP)?,
             kfd_stats: typed(&mut ebpf, KFD_STATS_MAP)?,
             runq: typed(&mut ebpf, RUNQ_MAP)?,
+            runq_cgroups: typed(&mut ebpf, RUNQ_CGROUPS_MAP)?,
+            runq_roots: typed(&mut ebpf, RUNQ_ROOTS_MAP)?,
             mem_limits: typed(&mut ebpf, MEM_LIMIT_MAP)?,
             inflight: typed(&mut ebpf, INFLIGHT_MAP)?,
             known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
@@ -119,6 +123,38 @@ impl Loaded {
     /// Run-queue latency histograms per cgroup, summed over CPUs.
     pub fn runq_stats(&self) -> Vec<(u64, RunqHistogram)> {
         sum_per_cpu(&self.runq)
+    }
+
+    /// Puts a cgroup into the set whose tasks get run-queue accounting;
+    /// whether it was added (a full set is logged: its tasks go uncounted).
+    pub fn report_runq_cgroup(&mut self, cgroup_id: u64) -> bool {
+        if self.runq_cgroup_reported(cgroup_id) {
+            return false;
+        }
+        match self.runq_cgroups.insert(cgroup_id, 1, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("{RUNQ_CGROUPS_MAP}: cgroup {cgroup_id} not reported: {e}");
+                false
+            }
+        }
+    }
+
+    /// Names a root whose creation the kernel reports on its own; false
+    /// where it cannot (a path too long for the key, a full map).
+    pub fn report_runq_root(&mut self, path: &str) -> bool {
+        let Some(key) = root_path_key(path) else { return false };
+        match self.runq_roots.insert(key, 1, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("{RUNQ_ROOTS_MAP}: {path}: {e}");
+                false
+            }
+        }
+    }
+
+    pub fn runq_cgroup_reported(&self, cgroup_id: u64) -> bool {
+        self.runq_cgroups.get(&cgroup_id, 0).is_ok()
     }
 
     /// Memory-limit refusals per cgroup and limit, summed over CPUs.

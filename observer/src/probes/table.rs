@@ -78,6 +78,9 @@ pub enum Need {
     FdLookup,
     /// `task->signal->rlim` and `task->mm` sizes in BTF.
     MemLimits,
+    /// `cgroup->root`, `cgroup_root::hierarchy_id` and `cgroup->self.parent`
+    /// in BTF.
+    CgroupTree,
 }
 
 impl Need {
@@ -91,6 +94,10 @@ impl Need {
                 (o.have_task_cgroup != 0 && o.task_pid != 0, "task_struct cgroup offsets not found in BTF")
             }
             Self::FdLookup => (o.have_fd_lookup != 0, "task->files offsets not in BTF"),
+            Self::CgroupTree => (
+                o.have_cgroup_tree != 0 && o.have_task_cgroup != 0,
+                "cgroup root or parent offsets not found in BTF",
+            ),
             Self::MemLimits => (
                 o.have_rlimit != 0 && o.have_mm != 0,
                 "signal_struct::rlim or mm_struct::total_vm/data_vm not found in BTF",
@@ -284,6 +291,10 @@ pub const PROBES: &[Probe] = &[
             format!("syscall fallback ({why}): ioctls on fds of the KFD device")
         }),
     },
+    // The set of reported cgroups follows cgroups as they come and go; it
+    // is attached before the run-queue programs that read it.
+    run_queue_scope("cgroup_mkdir", "runq_cgroup_mkdir", "cgroups created under reported ones are reported"),
+    run_queue_scope("cgroup_rmdir", "runq_cgroup_rmdir", "removed cgroups leave the reported set"),
     run_queue("sched_wakeup"),
     run_queue("sched_wakeup_new"),
     run_queue("sched_switch"),
@@ -321,6 +332,18 @@ const fn run_queue(event: &'static str) -> Probe {
         needs: &[Need::TaskCgroup],
         used: Use::Always,
         detail: Detail::Text("run-queue latency per cgroup"),
+    }
+}
+
+const fn run_queue_scope(event: &'static str, program: &'static str, what: &'static str) -> Probe {
+    Probe {
+        family: Family::Sched,
+        label: "sched",
+        target: Target::Named(event),
+        programs: one(program, Hook::Raw(event)),
+        needs: &[Need::CgroupTree],
+        used: Use::Always,
+        detail: Detail::Text(what),
     }
 }
 

@@ -163,6 +163,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
             args.comm.as_deref(),
             args.cgroup.as_deref(),
         ),
+        runq_prefixes: None,
     })?;
     greet(&pipeline, &args);
     let mut printer = Printer {

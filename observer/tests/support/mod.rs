@@ -248,6 +248,12 @@ impl PodCgroup {
         }
     }
 
+    /// The container's cgroup id (what the kernel side keys by).
+    pub fn id(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(&self.dir).expect("cgroup").ino()
+    }
+
     /// The 12-character container id the exporter labels series with.
     pub fn short_container_id(&self) -> String {
         self.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default()
@@ -340,6 +346,48 @@ impl Drop for PodCgroup {
     }
 }
 
+/// A cgroup outside the kubepods hierarchy, as a system service's; removed
+/// on drop.
+pub struct SystemCgroup {
+    pub rel: String,
+    pub dir: PathBuf,
+}
+
+impl SystemCgroup {
+    pub fn new() -> Self {
+        let rel = format!("/canaryscope-test-{}.slice", random_hex(8));
+        let dir = cgroup2_root().join(&rel[1..]);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Self { rel, dir }
+    }
+
+    /// The cgroup id (what the kernel side keys by).
+    pub fn id(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(&self.dir).expect("cgroup").ino()
+    }
+
+    /// A command whose process joins this cgroup before it execs.
+    pub fn command(&self, program: &Path) -> Command {
+        let procs = self.dir.join("cgroup.procs");
+        let mut cmd = Command::new(program);
+        // SAFETY: only a file write between fork and exec.
+        unsafe { cmd.pre_exec(move || fs::write(&procs, b"0")) };
+        cmd
+    }
+}
+
+impl Drop for SystemCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut bytes = vec![0u8; len.div_ceil(2)];
     fs::File::open("/dev/urandom")
@@ -426,6 +474,22 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// One of the daemon's eBPF maps, by name, found through the map fds it
+    /// holds (another canaryscope may run beside it).
+    pub fn bpf_map(&self, name: &str) -> aya::maps::MapData {
+        let dir = format!("/proc/{}/fdinfo", self.pid());
+        for entry in fs::read_dir(&dir).expect("fdinfo").flatten() {
+            let info = fs::read_to_string(entry.path()).unwrap_or_default();
+            let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) else { continue };
+            let Ok(id) = id.trim().parse::<u32>() else { continue };
+            let Ok(map) = aya::maps::MapData::from_id(id) else { continue };
+            if map.info().ok().and_then(|i| i.name_as_str().map(str::to_string)).as_deref() == Some(name) {
+                return map;
+            }
+        }
+        panic!("canaryscope run (pid {}) holds no map named {name}", self.pid());
     }
 }
 
