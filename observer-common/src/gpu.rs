@@ -240,7 +240,7 @@ pub struct InflightStack {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GpuStatsKey {
     pub cgroup_id: u64,
     pub api: u32,

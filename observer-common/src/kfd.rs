@@ -53,7 +53,7 @@ impl KfdSource {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KfdStatsKey {
     pub cgroup_id: u64,
     /// `_IOC_NR(cmd)`: stable across kernels, unlike the full command.

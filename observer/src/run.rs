@@ -166,7 +166,6 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
-        dirty: true,
     };
     event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
     eprintln!("canaryscope: stopping; detaching probes");
@@ -182,8 +181,6 @@ struct Exporter {
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
     last_generation: u64,
-    /// Whether the series changed since the last render.
-    dirty: bool,
 }
 
 impl Consumer for Exporter {
@@ -204,7 +201,6 @@ impl Consumer for Exporter {
             }
             self.metrics.record(event);
         }
-        self.dirty |= !events.is_empty();
         Ok(Flow::Continue)
     }
 
@@ -215,14 +211,17 @@ impl Consumer for Exporter {
             self.last_generation = generation;
             self.last_refresh = Instant::now();
             self.refresh(pipeline);
-            self.dirty = true;
         }
-        if self.dirty {
-            self.dirty = false;
+        // Rendered only when a series changed: a quiet node's scrapes cost
+        // no rendering and return the same bytes.
+        if self.metrics.take_changed() {
             let text = self.metrics.render();
-            let not_ready = readiness(&self.metrics, self.pods.as_ref());
             let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
             state.metrics = text;
+        }
+        let not_ready = readiness(&self.metrics, self.pods.as_ref());
+        let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
+        if state.not_ready != not_ready {
             state.not_ready = not_ready;
         }
         Ok(Flow::Continue)
@@ -233,9 +232,6 @@ impl Exporter {
     /// Kernel aggregates, stalls, CPU limits and labels.
     fn refresh(&mut self, pipeline: &mut Pipeline) {
         let metrics = &mut self.metrics;
-        // Libraries found since the start (a pod's own copy) show up too.
-        metrics.probes = pipeline.statuses();
-        metrics.hot = pipeline.hot_counts();
         metrics.set_stalled(pipeline.stalls().into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
         let kernel = pipeline.kernel();
         let (gpu, runq, kfd) = (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats());
@@ -256,9 +252,14 @@ impl Exporter {
         pipeline.sample_cpu();
         metrics.set_cpu(pipeline.cpu_snapshots());
         let counters = pipeline.counters();
-        metrics.events_lost = counters.events_lost;
-        metrics.decode_errors = counters.decode_errors;
-        metrics.records = counters.records;
+        // Libraries found since the start (a pod's own copy) show up too.
+        metrics.set_node_state(
+            pipeline.statuses(),
+            pipeline.hot_counts(),
+            counters.events_lost,
+            counters.decode_errors,
+            counters.records,
+        );
         let pods = self.pods.as_ref();
         let resolver = pipeline.cgroups_mut();
         let mut purged = metrics.refresh_labels(self.series_grace, |id| {

@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// Per-cgroup CPU numbers from the CPU monitor.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CpuSnapshot {
     pub periods: u64,
     pub throttled_periods: u64,
@@ -79,6 +79,10 @@ pub struct Metrics {
     pub records: BTreeMap<&'static str, u64>,
     attribution: HashMap<u64, Attribution>,
     pub max_cgroups: usize,
+    /// Whether a series changed since the last [`Metrics::take_changed`]:
+    /// the exposition is rendered only then, so a scrape costs no rendering
+    /// and is the same bytes while nothing happens.
+    changed: bool,
 }
 
 /// Cgroups whose series were removed; the caller drops their kernel entries.
@@ -86,7 +90,8 @@ pub type Purged = Vec<u64>;
 
 impl Metrics {
     pub fn new(max_cgroups: usize) -> Self {
-        Self { max_cgroups, ..Default::default() }
+        // Changed: the first exposition is rendered before anything happens.
+        Self { max_cgroups, changed: true, ..Default::default() }
     }
 
     /// Admits a cgroup under the cardinality cap.
@@ -94,6 +99,8 @@ impl Metrics {
         if self.attribution.contains_key(&cgroup) {
             return true;
         }
+        // Both change what a scrape shows.
+        self.changed = true;
         if self.attribution.len() >= self.max_cgroups {
             self.series_overflow += 1;
             return false;
@@ -103,6 +110,7 @@ impl Metrics {
     }
 
     pub fn record(&mut self, event: &Event) {
+        self.changed = true;
         let cgroup = event.origin.cgroup_id;
         match &event.detail {
             Detail::GpuCall { api, function, result, .. } => {
@@ -156,32 +164,80 @@ impl Metrics {
 
     /// Calls in flight past the stall threshold right now.
     pub fn set_stalled(&mut self, stalled: impl IntoIterator<Item = (u64, Api, String)>) {
-        self.stalled.clear();
+        let mut now = BTreeMap::new();
         for (cgroup, api, function) in stalled {
             if self.admit(cgroup) {
-                *self.stalled.entry((cgroup, api.as_str(), function)).or_default() += 1;
+                *now.entry((cgroup, api.as_str(), function)).or_default() += 1;
             }
         }
+        self.changed |= now != self.stalled;
+        self.stalled = now;
     }
 
+    // Kernel maps and directory walks list their entries in no fixed
+    // order; sorted, an unchanged snapshot renders the same bytes.
+
     pub fn set_gpu(&mut self, stats: Vec<(GpuStatsKey, GpuStats)>) {
-        self.gpu = stats.into_iter().filter(|(k, _)| self.admit(k.cgroup_id)).collect();
+        let now = self.admitted(stats, |k| k.cgroup_id);
+        self.changed |= now != self.gpu;
+        self.gpu = now;
     }
 
     pub fn set_kfd(&mut self, stats: Vec<(KfdStatsKey, KfdStats)>) {
-        self.kfd = stats.into_iter().filter(|(k, _)| self.admit(k.cgroup_id)).collect();
+        let now = self.admitted(stats, |k| k.cgroup_id);
+        self.changed |= now != self.kfd;
+        self.kfd = now;
     }
 
     pub fn set_runq(&mut self, runq: Vec<(u64, RunqHistogram)>) {
-        self.runq = runq.into_iter().filter(|(c, _)| self.admit(*c)).collect();
+        let now = self.admitted(runq, |c| *c);
+        self.changed |= now != self.runq;
+        self.runq = now;
     }
 
     pub fn set_mem_limits(&mut self, refusals: Vec<(MemLimitKey, u64)>) {
-        self.mem_limits = refusals.into_iter().filter(|(k, _)| self.admit(k.cgroup_id)).collect();
+        let now = self.admitted(refusals, |k| k.cgroup_id);
+        self.changed |= now != self.mem_limits;
+        self.mem_limits = now;
     }
 
     pub fn set_cpu(&mut self, cpu: Vec<(u64, CpuSnapshot)>) {
-        self.cpu = cpu.into_iter().filter(|(c, _)| *c != 0 && self.admit(*c)).collect();
+        let cpu = cpu.into_iter().filter(|(c, _)| *c != 0).collect();
+        let now = self.admitted(cpu, |c| *c);
+        self.changed |= now != self.cpu;
+        self.cpu = now;
+    }
+
+    /// The node-level state the daemon loop reads: probes, hot-call
+    /// processes and the pipeline's counters.
+    pub fn set_node_state(
+        &mut self,
+        probes: Vec<ProbeStatus>,
+        hot: crate::discovery::hot::HotCounts,
+        events_lost: u64,
+        decode_errors: u64,
+        records: BTreeMap<&'static str, u64>,
+    ) {
+        let now = (probes, hot, events_lost, decode_errors, records);
+        let changed = (now.0 != self.probes)
+            || (now.1 != self.hot)
+            || (now.2 != self.events_lost)
+            || (now.3 != self.decode_errors)
+            || (now.4 != self.records);
+        self.changed |= changed;
+        (self.probes, self.hot, self.events_lost, self.decode_errors, self.records) = now;
+    }
+
+    /// Whether anything changed since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Entries of cgroups admitted under the cap, sorted by key.
+    fn admitted<K: Ord, V>(&mut self, entries: Vec<(K, V)>, cgroup: impl Fn(&K) -> u64) -> Vec<(K, V)> {
+        let mut kept: Vec<(K, V)> = entries.into_iter().filter(|(k, _)| self.admit(cgroup(k))).collect();
+        kept.sort_by(|a, b| a.0.cmp(&b.0));
+        kept
     }
 
     /// Refreshes labels; series of cgroups gone longer than `grace` are
@@ -193,16 +249,19 @@ impl Metrics {
     ) -> Purged {
         let now = Instant::now();
         let mut purged = Vec::new();
+        let mut relabelled = false;
         for (cgroup, a) in self.attribution.iter_mut() {
             let (labels, liveness) = resolve(*cgroup);
             match liveness {
                 Liveness::Live => {
+                    relabelled |= a.labels != labels;
                     a.labels = labels;
                     a.gone_since = None;
                 }
                 Liveness::Gone => {
                     // Keep the last good labels through the grace period.
                     if a.labels == WorkloadLabels::default() {
+                        relabelled |= a.labels != labels;
                         a.labels = labels;
                     }
                     let since = *a.gone_since.get_or_insert(now);
@@ -212,6 +271,7 @@ impl Metrics {
                 }
             }
         }
+        self.changed |= relabelled || !purged.is_empty();
         for cgroup in &purged {
             self.attribution.remove(cgroup);
             self.hardware_by_cgroup.retain(|k, _| k.0 != *cgroup);
@@ -437,6 +497,25 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"pod="pod-2""#), "a successful call is no failure: {text}");
+    }
+
+    #[test]
+    fn an_unchanged_snapshot_in_another_order_is_no_change() {
+        let mut m = Metrics::new(100);
+        let h = |n| LatencyHistogram { count: n, ..Default::default() };
+        m.set_runq(vec![(1, h(1)), (2, h(2))]);
+        m.refresh_labels(Duration::from_secs(60), labelled);
+        assert!(m.take_changed());
+        let text = m.render();
+        // Kernel maps list keys in hash order, which may differ next time.
+        m.set_runq(vec![(2, h(2)), (1, h(1))]);
+        m.refresh_labels(Duration::from_secs(60), labelled);
+        assert!(!m.take_changed(), "same numbers, same labels");
+        assert_eq!(m.render(), text);
+        m.set_runq(vec![(2, h(3)), (1, h(1))]);
+        assert!(m.take_changed(), "a histogram moved");
+        m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
+        assert!(m.take_changed(), "an event was counted");
     }
 
     #[test]

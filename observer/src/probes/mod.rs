@@ -52,7 +52,7 @@ fn raise_memlock() {
 }
 
 /// Whether one probe is attached, for `check` and `canaryscope_probe_attached`.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ProbeStatus {
     /// Family: gpu, exit, crash, oom, sched, discovery, kfd.
     pub probe: &'static str,
