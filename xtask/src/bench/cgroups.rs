@@ -40,6 +40,10 @@ fn v1_memory_root() -> Option<PathBuf> {
 
 pub(super) const BENCH_CGROUP: &str = "canaryscope-bench";
 pub(super) const LAUNCH_CGROUP: &str = "canaryscope-bench-launch";
+/// The scheduler case's two placements: one reported (as a pod's cgroup
+/// is, given to the daemon with `--cgroup`), one not (a system service's).
+pub(super) const SCHED_POD_CGROUP: &str = "canaryscope-bench-sched-pod";
+pub(super) const SCHED_SYSTEM_CGROUP: &str = "canaryscope-bench-sched-system";
 
 /// Removes a cgroup directory tree (children first), killing stray
 /// processes left in it and retrying while exiting ones still hold it.
@@ -78,7 +82,14 @@ fn remove_cgroup_tree(dir: &Path) {
 
 pub(super) fn cleanup_stale_cgroups() {
     for base in [cgroup2_root(), v1_memory_root()].into_iter().flatten() {
-        for name in [BENCH_CGROUP.to_string(), format!("{BENCH_CGROUP}-oom"), LAUNCH_CGROUP.to_string()] {
+        let names = [
+            BENCH_CGROUP.to_string(),
+            format!("{BENCH_CGROUP}-oom"),
+            LAUNCH_CGROUP.to_string(),
+            SCHED_POD_CGROUP.to_string(),
+            SCHED_SYSTEM_CGROUP.to_string(),
+        ];
+        for name in names {
             let dir = base.join(name);
             if dir.exists() {
                 eprintln!("    removing leftover cgroup {}", dir.display());

@@ -30,7 +30,10 @@ use super::{
 
 pub(super) fn detection_and_footprint_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     step("detection_latency + footprint: starting canaryscope run");
-    let d = Daemon::start(env, "canaryscope-detect", &[])?;
+    // The footprint's cgroups stand for pods: reported, with run-queue
+    // histograms, as kubepods would be.
+    let bench = format!("/{}", super::cgroups::BENCH_CGROUP);
+    let d = Daemon::start(env, "canaryscope-detect", &["--cgroup", &bench])?;
 
     // Footprint, idle (first, before anything has run under the daemon).
     let idle = plan.footprint.then(|| footprint::idle(plan, d.pid()));

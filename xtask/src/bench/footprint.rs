@@ -23,7 +23,7 @@ use super::{
     bpf_stats::map_memory,
     cgroups::{cgroup2_root, CgroupTree, BENCH_CGROUP},
     daemon::{metric_sum, Daemon},
-    div,
+    div, median,
     process::{clock_ticks, Proc, SIGKILL},
     report::opt,
     step, sub, Env, Plan, Row, Target,
@@ -46,6 +46,20 @@ fn status_kib(pid: u32, key: &str) -> Option<f64> {
 }
 
 /// "name: lines, ..." for the `n` metric names with the most sample lines.
+/// Ten scrapes one after another: the last text and each one's time.
+fn scrapes(d: &Daemon) -> (String, Vec<f64>) {
+    let mut text = String::new();
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        if let Ok(body) = d.metrics() {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            text = body;
+        }
+    }
+    (text, times)
+}
+
 fn top_metric_names(text: &str, n: usize) -> String {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
@@ -173,7 +187,7 @@ fn footprint_load(
     let (after_rss, after_cpu) = idle_window(pid, plan.window);
     let hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
     let (after_maps, after_memlock) = map_memory(pid);
-    let text = d.metrics().unwrap_or_default();
+    let (text, scrape_ms) = scrapes(d);
     let series = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
     let tracked = metric_sum(&text, "canaryscope_tracked_cgroups", &[]);
     let overflow = metric_sum(&text, "canaryscope_series_overflow_total", &[]);
@@ -225,7 +239,23 @@ fn footprint_load(
     rows.push(r);
     let mut r = Row::new("footprint_after_cpu", "% of one core");
     r.canaryscope = after_cpu;
+    r.target = Some(Target::new("idle CPU < 1% of a core at 1,000 cgroups", 1.0, after_cpu, "%"));
     r.notes.push(format!("idle window of {:.0?} after the load", plan.window));
+    rows.push(r);
+    let mut r = Row::new("footprint_scrape_ms", "ms");
+    r.canaryscope = median(&scrape_ms);
+    r.target = Some(Target::new("one scrape < 100 ms at 1,000 cgroups", 100.0, r.canaryscope, " ms"));
+    r.notes.push(format!(
+        "median of {} GET /metrics on loopback after the load, slowest {} ms; the text is {} KiB ({series} \
+         sample lines)",
+        scrape_ms.len(),
+        opt(scrape_ms.iter().copied().reduce(f64::max)),
+        text.len() / 1024
+    ));
+    rows.push(r);
+    let mut r = Row::new("footprint_scrape_size", "KiB");
+    r.canaryscope = Some(text.len() as f64 / 1024.0);
+    r.notes.push(format!("{series} sample lines; most by metric name: {families}"));
     rows.push(r);
     let mut r = Row::new("footprint_bpf_map_memory", "MiB");
     r.baseline = Some(idle_memlock as f64 / MIB);

@@ -17,8 +17,9 @@
 //!   selected by a failing cuInit / bpftrace pairs on both layers / the
 //!   empty pairs (the floor). It checks that both launch entries start with
 //!   a push, as real runtime entries do.
-//! - `sched_overhead` (sched.rs): ns per round trip of `pingpong` (two
-//!   processes pinned to CPU 0) bare / canaryscope / runqlat.
+//! - `sched_overhead_pod`/`_system` (sched.rs): ns per round trip of `pingpong` (two
+//!   processes pinned to CPU 0) bare / canaryscope / runqlat, in a reported
+//!   cgroup and in one that is not.
 //! - `detection_latency` (detection.rs): time from a failing `hipInit`
 //!   (process exit) and from an OOM kill (waitpid return) to the counter
 //!   moving on /metrics.

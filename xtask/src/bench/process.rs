@@ -247,6 +247,26 @@ pub(super) fn fixture_figure(
     key: &str,
     timeout: Duration,
 ) -> Result<f64> {
-    let out = run_fixture(env, name, Command::new(env.fixture(name)).args(args), timeout)?;
+    fixture_figure_in(env, name, args, key, timeout, None)
+}
+
+/// The same, with the fixture in the cgroup whose `cgroup.procs` is given
+/// (joined before exec, so all of its run counts there).
+pub(super) fn fixture_figure_in(
+    env: &Env,
+    name: &str,
+    args: &[&str],
+    key: &str,
+    timeout: Duration,
+    cgroup_procs: Option<&std::path::Path>,
+) -> Result<f64> {
+    let mut cmd = Command::new(env.fixture(name));
+    cmd.args(args);
+    if let Some(procs) = cgroup_procs {
+        let procs = procs.to_path_buf();
+        // SAFETY: only a file write between fork and exec.
+        unsafe { std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || std::fs::write(&procs, b"0")) };
+    }
+    let out = run_fixture(env, name, &mut cmd, timeout)?;
     parse_field(&out, key).ok_or_else(|| anyhow!("no {key} in {name} output: {out}"))
 }

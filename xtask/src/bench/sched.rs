@@ -5,128 +5,183 @@
 //! trip is two wakeups and two context switches: the events the observer's
 //! scheduler tracepoints fire on, system-wide, for every process on the
 //! host. It runs bare, under `canaryscope run` and under libbpf-tools'
-//! runqlat, which hooks the same events; the target is a slowdown of at
-//! most 60% of runqlat's.
-use std::time::Duration;
+//! runqlat, which hooks the same events, and twice for each: in a cgroup
+//! canaryscope reports on (as a pod's) and in one it does not (a system
+//! service's). Targets: a slowdown of at most 0.6× runqlat's in the pod, at
+//! most 0.2× outside.
+use std::{path::Path, time::Duration};
 
 use anyhow::Result;
 
 use super::{
+    cgroups::{own_cgroup, SCHED_POD_CGROUP, SCHED_SYSTEM_CGROUP},
     daemon::Daemon,
     div,
     peers::{peer_or_note, start_runqlat},
-    process::fixture_figure,
+    process::fixture_figure_in,
     rounds::{Config, ProgTime, Rounds},
     step, Env, Plan, Row, Target,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-enum SchedCfg {
+enum Tool {
     Bare,
     Canaryscope,
     Runqlat,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Place {
+    Pod,
+    System,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+struct SchedCfg(Tool, Place);
+
 impl Config for SchedCfg {
     fn label(self) -> &'static str {
         match self {
-            SchedCfg::Bare => "bare",
-            SchedCfg::Canaryscope => "canaryscope",
-            SchedCfg::Runqlat => "runqlat",
+            SchedCfg(Tool::Bare, Place::Pod) => "bare/pod",
+            SchedCfg(Tool::Bare, Place::System) => "bare/system",
+            SchedCfg(Tool::Canaryscope, Place::Pod) => "canaryscope/pod",
+            SchedCfg(Tool::Canaryscope, Place::System) => "canaryscope/system",
+            SchedCfg(Tool::Runqlat, Place::Pod) => "runqlat/pod",
+            SchedCfg(Tool::Runqlat, Place::System) => "runqlat/system",
         }
     }
 }
 
-fn pingpong(env: &Env, rounds: u64) -> Result<f64> {
+struct Places {
+    pod: std::path::PathBuf,
+    system: std::path::PathBuf,
+}
+
+impl Places {
+    fn procs(&self, place: Place) -> &Path {
+        match place {
+            Place::Pod => &self.pod,
+            Place::System => &self.system,
+        }
+    }
+}
+
+fn pingpong(env: &Env, rounds: u64, procs: &Path) -> Result<f64> {
     let rounds = rounds.to_string();
-    fixture_figure(env, "pingpong", &[&rounds], "ns_per_round_trip", Duration::from_secs(300))
+    fixture_figure_in(env, "pingpong", &[&rounds], "ns_per_round_trip", Duration::from_secs(300), Some(procs))
 }
 
 pub(super) fn sched_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
+    let (_pod_tree, pod_procs, pod_rel) = own_cgroup(SCHED_POD_CGROUP)?;
+    let (_system_tree, system_procs, _) = own_cgroup(SCHED_SYSTEM_CGROUP)?;
+    let places = Places { pod: pod_procs, system: system_procs };
     let r = plan.pingpong_rounds;
     let diag_rounds = (r / 2).max(20_000);
-    let mut row = Row::new("sched_overhead", "ns/round trip");
     let mut diag = ProgTime::new("sched_bpf_prog_time", "ns/round trip", diag_rounds);
-    let mut configs = vec![SchedCfg::Bare, SchedCfg::Canaryscope];
+    let mut tools = vec![Tool::Bare, Tool::Canaryscope];
+    let mut notes = Vec::new();
     if env.runqlat.is_some() {
-        configs.push(SchedCfg::Runqlat);
-        row.peer_tool = Some("runqlat".into());
+        tools.push(Tool::Runqlat);
     } else {
-        row.notes.push("runqlat (libbpf-tools) not installed: no peer".into());
+        notes.push("runqlat (libbpf-tools) not installed: no peer".to_string());
     }
+    let configs: Vec<SchedCfg> =
+        tools.iter().flat_map(|t| [SchedCfg(*t, Place::Pod), SchedCfg(*t, Place::System)]).collect();
     step(&format!(
-        "sched_overhead: pingpong {r} (two processes on CPU 0), {} interleaved rounds",
+        "sched_overhead: pingpong {r} (two processes on CPU 0) in a reported and an unreported cgroup, {} \
+         interleaved rounds",
         plan.sched_rounds
     ));
+    let daemon_args = ["--cgroup", pod_rel.as_str()];
     let rounds = Rounds::run(&configs, plan.sched_rounds, "ns/round trip", |cfg, _, last| {
-        Ok(Some(match cfg {
-            SchedCfg::Bare => pingpong(env, r)?,
-            SchedCfg::Canaryscope => {
-                let d = Daemon::start(env, "canaryscope-sched", &[])?;
-                let v = pingpong(env, r)?;
-                if last {
-                    diag.measure(env, cfg, d.pid(), "canaryscope programs that ran", |n| pingpong(env, n))?;
+        let SchedCfg(tool, place) = cfg;
+        let procs = places.procs(place);
+        Ok(Some(match tool {
+            Tool::Bare => pingpong(env, r, procs)?,
+            Tool::Canaryscope => {
+                let d = Daemon::start(env, "canaryscope-sched", &daemon_args)?;
+                let v = pingpong(env, r, procs)?;
+                if last && place == Place::Pod {
+                    diag.measure(env, cfg, d.pid(), "canaryscope programs, pingpong in the pod", |n| {
+                        pingpong(env, n, procs)
+                    })?;
                 }
                 d.stop();
                 v
             }
-            SchedCfg::Runqlat => {
-                let Some(mut p) = peer_or_note(start_runqlat(env, "runqlat"), "runqlat", &mut row.notes)
-                else {
+            Tool::Runqlat => {
+                let Some(mut p) = peer_or_note(start_runqlat(env, "runqlat"), "runqlat", &mut notes) else {
                     return Ok(None);
                 };
-                let v = pingpong(env, r)?;
-                if last {
-                    diag.measure(env, cfg, p.pid(), "runqlat programs", |n| pingpong(env, n))?;
+                let v = pingpong(env, r, procs)?;
+                if last && place == Place::Pod {
+                    diag.measure(env, cfg, p.pid(), "runqlat programs", |n| pingpong(env, n, procs))?;
                 }
                 if p.stop().1 {
-                    row.notes.push("runqlat had to be SIGKILLed".into());
+                    notes.push("runqlat had to be SIGKILLed".into());
                 }
                 v
             }
         }))
     })?;
-    row.baseline = rounds.median(SchedCfg::Bare);
-    row.canaryscope = rounds.median(SchedCfg::Canaryscope);
-    row.peer = rounds.median(SchedCfg::Runqlat);
-    let slow = |v: Option<f64>| Some((v? / row.baseline? - 1.0) * 100.0);
-    let (cs_slow, rq_slow) = (slow(row.canaryscope), slow(row.peer));
-    row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
-    row.ratio("peer_vs_baseline", div(row.peer, row.baseline));
-    row.ratio("canaryscope_slowdown_pct", cs_slow);
-    row.ratio("peer_slowdown_pct", rq_slow);
-    let frac = match (cs_slow, rq_slow) {
-        (Some(c), Some(q)) if q > 0.0 => Some(c / q),
-        _ => None,
-    };
-    row.ratio("canaryscope_slowdown_vs_peer", frac);
-    row.target = Some(Target::new(
-        "slowdown ≤ 60% of runqlat's (canaryscope/runqlat slowdown ≤ 0.60)",
-        0.60,
-        frac,
-        "",
-    ));
-    if rq_slow.is_some_and(|q| q <= 0.0) {
-        row.notes.push("runqlat showed no slowdown above noise: the ratio is not meaningful".into());
+    for (place, name, limit) in
+        [(Place::Pod, "sched_overhead_pod", 0.60), (Place::System, "sched_overhead_system", 0.20)]
+    {
+        let mut row = Row::new(name, "ns/round trip");
+        row.peer_tool = env.runqlat.is_some().then(|| "runqlat".into());
+        row.baseline = rounds.median(SchedCfg(Tool::Bare, place));
+        row.canaryscope = rounds.median(SchedCfg(Tool::Canaryscope, place));
+        row.peer = rounds.median(SchedCfg(Tool::Runqlat, place));
+        let slow = |v: Option<f64>| Some((v? / row.baseline? - 1.0) * 100.0);
+        let (cs_slow, rq_slow) = (slow(row.canaryscope), slow(row.peer));
+        row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
+        row.ratio("peer_vs_baseline", div(row.peer, row.baseline));
+        row.ratio("canaryscope_slowdown_pct", cs_slow);
+        row.ratio("peer_slowdown_pct", rq_slow);
+        let frac = match (cs_slow, rq_slow) {
+            (Some(c), Some(q)) if q > 0.0 => Some(c / q),
+            _ => None,
+        };
+        row.ratio("canaryscope_slowdown_vs_peer", frac);
+        let what = match place {
+            Place::Pod => "in a reported cgroup",
+            Place::System => "outside reported cgroups",
+        };
+        row.target = Some(Target::new(
+            &format!("{what}: slowdown ≤ {limit:.1}× runqlat's (canaryscope/runqlat slowdown ≤ {limit:.2})"),
+            limit,
+            frac,
+            "",
+        ));
+        if rq_slow.is_some_and(|q| q <= 0.0) {
+            row.notes.push("runqlat showed no slowdown above noise: the ratio is not meaningful".into());
+        }
+        rounds.add_samples_of(
+            &mut row,
+            &[SchedCfg(Tool::Bare, place), SchedCfg(Tool::Canaryscope, place), SchedCfg(Tool::Runqlat, place)],
+        );
+        row.notes.push(format!(
+            "pingpong {r} {what} ({}): two processes pinned to CPU 0 bounce a byte over pipes (two context \
+             switches and two wakeups per round trip); canaryscope = `canaryscope run --cgroup {pod_rel}` with \
+             all probes; runqlat = libbpf-tools runqlat (every task)",
+            match place {
+                Place::Pod => pod_rel.clone(),
+                Place::System => format!("/{SCHED_SYSTEM_CGROUP}"),
+            }
+        ));
+        row.notes.extend(notes.iter().cloned());
+        out.push(row);
     }
-    rounds.add_samples(&mut row);
-    row.notes.push(format!(
-        "pingpong {r}: two processes pinned to CPU 0 bounce a byte over pipes (two context switches \
-         and two wakeups per round trip); canaryscope = `canaryscope run` with all probes; runqlat = \
-         libbpf-tools runqlat"
-    ));
-
-    let diag = diag.into_row(
-        SchedCfg::Canaryscope,
-        SchedCfg::Runqlat,
+    out.push(diag.into_row(
+        SchedCfg(Tool::Canaryscope, Place::Pod),
+        SchedCfg(Tool::Runqlat, Place::Pod),
         None,
-        row.peer_tool.clone(),
+        env.runqlat.is_some().then(|| "runqlat".into()),
         format!(
             "in-kernel BPF program time per round trip (kernel.bpf_stats_enabled=1) in a separate pingpong \
-             {diag_rounds} during the last round; includes everything the observer's programs ran for \
-             system-wide in that time"
+             {diag_rounds} in the reported cgroup during the last round; includes everything the observer's \
+             programs ran for system-wide in that time"
         ),
-    );
-    out.extend([row, diag]);
+    ));
     Ok(())
 }

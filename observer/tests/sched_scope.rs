@@ -1,0 +1,150 @@
+//! Run-queue accounting only where canaryscope reports: tasks of pod
+//! cgroups (and `run --cgroup` prefixes) get wakeup timestamps and
+//! histograms; a system service's tasks leave nothing in the maps. And a
+//! scrape is the same bytes for as long as nothing changes.
+mod support;
+
+use std::{
+    os::unix::process::CommandExt,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap, Map, MapData, PerCpuHashMap};
+use observer_common::{sched::RunqWakeup, LatencyHistogram};
+use support::*;
+
+/// Spinning threads pinned to CPU 0: they preempt one another, so at any
+/// moment some of them wait, runnable, with a pending wakeup entry.
+fn spin_on_cpu0(mut cmd: Command, threads: u32, seconds: u32) -> Child {
+    // SAFETY: sched_setaffinity on the child itself between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.args([threads.to_string(), seconds.to_string()]).stdout(Stdio::null()).spawn().expect("busy_threads")
+}
+
+fn tids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn only_tasks_of_reported_cgroups_pay_for_run_queue_accounting() {
+    assert_root();
+    let busy = fixture("busy_threads");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let reported: HashMap<MapData, u64, u8> =
+        HashMap::try_from(Map::HashMap(daemon.bpf_map("RUNQ_CGROUPS"))).expect("RUNQ_CGROUPS");
+    let wakeups: HashMap<MapData, u32, RunqWakeup> =
+        HashMap::try_from(Map::HashMap(daemon.bpf_map("RUNQ_WAKEUPS"))).expect("RUNQ_WAKEUPS");
+    let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
+        PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
+
+    // Made after the daemon started (the kubepods slice too, unless another
+    // test's pod holds it): the kernel reports it from its creation on.
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let system = SystemCgroup::new();
+    assert!(reported.get(&pod.id(), 0).is_ok(), "a new pod cgroup is reported at once");
+    assert!(reported.get(&system.id(), 0).is_err(), "a system cgroup is not reported");
+
+    let mut inside = spin_on_cpu0(pod.command(&busy), 2, 2);
+    let mut outside = spin_on_cpu0(system.command(&busy), 2, 2);
+    let mut pod_entries = 0;
+    while inside.try_wait().expect("wait").is_none() || outside.try_wait().expect("wait").is_none() {
+        let outside_tids = tids(outside.id());
+        for (tid, w) in wakeups.iter().flatten() {
+            assert_ne!(w.cgroup_id, system.id(), "a system task has a wakeup entry: tid {tid}");
+            assert!(!outside_tids.contains(&tid), "a system task has a wakeup entry: tid {tid} {w:?}");
+            pod_entries += usize::from(w.cgroup_id == pod.id());
+        }
+    }
+    assert!(pod_entries > 0, "the pod's preempted threads waited with wakeup entries");
+    let keys: Vec<u64> = latency.keys().flatten().collect();
+    assert!(keys.contains(&pod.id()), "the pod cgroup has a histogram: {keys:?}");
+    assert!(!keys.contains(&system.id()), "the system cgroup has none: {keys:?}");
+    let container = format!("container=\"{}\"", pod.short_container_id());
+    let count = daemon.wait_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
+        l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{") && l.contains(&container)
+    });
+    assert!(metric_value(&count) > 0.0, "{count}");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_cgroup_prefix_gets_run_queue_accounting_and_a_removed_cgroup_leaves_it() {
+    assert_root();
+    let busy = fixture("busy_threads");
+    let solver = SystemCgroup::new();
+    let daemon = Daemon::start(&["--no-kubernetes", "--cgroup", &solver.rel]);
+    let reported: HashMap<MapData, u64, u8> =
+        HashMap::try_from(Map::HashMap(daemon.bpf_map("RUNQ_CGROUPS"))).expect("RUNQ_CGROUPS");
+    assert!(reported.get(&solver.id(), 0).is_ok(), "the prefix is reported");
+    // A job cgroup made below it later is reported by the kernel at once.
+    let job = solver.dir.join("job-1");
+    std::fs::create_dir(&job).expect("mkdir job");
+    let job_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&job).expect("job"));
+    assert!(reported.get(&job_id, 0).is_ok(), "a child of a reported cgroup is reported");
+    let procs = job.join("cgroup.procs");
+    let mut cmd = Command::new(&busy);
+    // SAFETY: only a file write between fork and exec.
+    unsafe { cmd.pre_exec(move || std::fs::write(&procs, b"0")) };
+    let out = spin_on_cpu0(cmd, 2, 1).wait().expect("busy");
+    assert!(out.success());
+    let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
+        PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
+    let waits: u64 = latency.get(&job_id, 0).expect("the job cgroup's histogram").iter().map(|h| h.count).sum();
+    assert!(waits > 0, "two threads on one CPU waited");
+    std::fs::remove_dir(&job).expect("rmdir job");
+    assert!(reported.get(&job_id, 0).is_err(), "a removed cgroup leaves the set");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn scrapes_are_the_same_bytes_while_nothing_changes() {
+    assert_root();
+    let busy = fixture("busy_threads");
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let out = spin_on_cpu0(pod.command(&busy), 2, 1).wait().expect("busy");
+    assert!(out.success());
+    let container = format!("container=\"{}\"", pod.short_container_id());
+    daemon.wait_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
+        l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{") && l.contains(&container)
+    });
+    // The finished process's last numbers arrive with a later refresh;
+    // from then on nothing changes, and every scrape over several refreshes
+    // must be the same bytes. A daemon whose output moves on its own never
+    // gets that far.
+    let quiet_for = Duration::from_millis(1200);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (mut last, mut since) = (daemon.metrics(), Instant::now());
+    while since.elapsed() < quiet_for {
+        assert!(Instant::now() < deadline, "the scrape kept changing with nothing running:\n{last}");
+        let now = daemon.metrics();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut scrapes = 0;
+    while Instant::now() < until {
+        let again = daemon.metrics();
+        if again != last {
+            let changed: Vec<_> = again.lines().filter(|l| !last.lines().any(|f| f == *l)).collect();
+            panic!("a scrape changed while nothing happened: {changed:#?}");
+        }
+        scrapes += 1;
+    }
+    assert!(scrapes > 1);
+    assert!(last.contains(&container));
+}
