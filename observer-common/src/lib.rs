@@ -54,6 +54,8 @@ pub const USERSPACE_MAPS: &[&str] = &[
     gpu::STATS_MAP,
     kfd::KFD_STATS_MAP,
     sched::RUNQ_MAP,
+    sched::RUNQ_CGROUPS_MAP,
+    sched::RUNQ_ROOTS_MAP,
     memlimit::MEM_LIMIT_MAP,
     discovery::GPU_FILES_KNOWN_MAP,
     discovery::HELD_MAP,

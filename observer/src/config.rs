@@ -338,10 +338,17 @@ mod tests {
             matches!(&err, CliError::Usage(m) if m.contains("no_such_key") && !m.contains('\n')),
             "{err}"
         );
-        std::fs::write(&file, "listen = \":9999\"\nseries_grace = \"30s\"\n").expect("write");
+        std::fs::write(&file, "listen = \":9999\"\nseries_grace = \"30s\"\ncgroups = [\"/solver.slice\"]\n")
+            .expect("write");
         let s = Settings::from_run_args(&a).expect("valid config");
         assert_eq!(s.listen.port(), 9999);
         assert_eq!(s.series_grace, Duration::from_secs(30));
+        assert_eq!(s.cgroups, ["/solver.slice"]);
+        a.cgroups = vec!["/batch.slice".into()];
+        assert_eq!(Settings::from_run_args(&a).expect("flag wins").cgroups, ["/batch.slice"]);
+        a.cgroups = vec!["batch.slice".into()];
+        assert!(matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.contains("--cgroup")));
+        a.cgroups.clear();
         let _ = std::fs::remove_file(file);
     }
 

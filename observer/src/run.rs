@@ -124,10 +124,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         runq_prefixes: Some(settings.cgroups.clone()),
     })?;
     if settings.probes.sched {
-        eprintln!(
-            "canaryscope: run-queue latency for tasks under {}",
-            pipeline.runq_roots().join(", ")
-        );
+        eprintln!("canaryscope: run-queue latency for tasks under {}", pipeline.runq_roots().join(", "));
     }
 
     let pods: Option<PodCache> = match &settings.kube {

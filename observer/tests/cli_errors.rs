@@ -44,6 +44,8 @@ fn bad_hot_call_settings_are_usage_errors() {
         &["run", "--hot-calls", "some"],
         &["run", "--hot-window", "soon"],
         &["run", "--hot-window", "200ms"],
+        &["run", "--cgroup", "solver.slice"],
+        &["run", "--cgroup", "/sys/fs/cgroup/solver.slice"],
     ] {
         let (code, err) = run(args);
         assert_eq!(code, 2, "{args:?}: {err}");

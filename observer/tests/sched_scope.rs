@@ -102,7 +102,8 @@ fn a_cgroup_prefix_gets_run_queue_accounting_and_a_removed_cgroup_leaves_it() {
     assert!(out.success());
     let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
         PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
-    let waits: u64 = latency.get(&job_id, 0).expect("the job cgroup's histogram").iter().map(|h| h.count).sum();
+    let waits: u64 =
+        latency.get(&job_id, 0).expect("the job cgroup's histogram").iter().map(|h| h.count).sum();
     assert!(waits > 0, "two threads on one CPU waited");
     std::fs::remove_dir(&job).expect("rmdir job");
     assert!(reported.get(&job_id, 0).is_err(), "a removed cgroup leaves the set");

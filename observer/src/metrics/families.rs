@@ -14,7 +14,8 @@ use super::catalog::{Kind, MetricDecl, CATALOG, PREFIX};
 /// are compared canary against stable with a p99 ratio of 1.25, then every
 /// fourfold up to 68.7 s for stalls. Nineteen buckets and `+Inf`, where all
 /// 32 of the kernel's would make 33.
-pub const EXPORTED_BUCKETS: [usize; 19] = [1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21, 23, 25];
+pub const EXPORTED_BUCKETS: [usize; 19] =
+    [1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21, 23, 25];
 
 pub struct Family {
     decl: &'static MetricDecl,
@@ -182,7 +183,10 @@ mod tests {
         // may stand for it.
         assert!(EXPORTED_BUCKETS[18] < observer_common::LATENCY_BUCKETS - 1);
         assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds rise: {bounds:?}");
-        assert!((bounds[0] - 4.096e-6).abs() < 1e-12 && (bounds[18] - 68.719_476_736).abs() < 1e-6, "{bounds:?}");
+        assert!(
+            (bounds[0] - 4.096e-6).abs() < 1e-12 && (bounds[18] - 68.719_476_736).abs() < 1e-6,
+            "{bounds:?}"
+        );
         assert_eq!(h.get_sample_count(), 3);
         assert!((h.get_sample_sum() - 3.0).abs() < 1e-9);
     }

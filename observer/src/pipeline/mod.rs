@@ -127,11 +127,12 @@ impl Pipeline {
             });
             monitor
         });
-        let runq_scope = options.runq_prefixes.as_deref().filter(|_| options.families.sched).map(|prefixes| {
-            let follows = |t: &str| statuses.iter().any(|s| s.attached && s.target == t);
-            let follows = follows("cgroup_mkdir") && follows("cgroup_rmdir");
-            runq_scope::RunqScope::start(prefixes, follows, &mut kernel)
-        });
+        let runq_scope =
+            options.runq_prefixes.as_deref().filter(|_| options.families.sched).map(|prefixes| {
+                let follows = |t: &str| statuses.iter().any(|s| s.attached && s.target == t);
+                let follows = follows("cgroup_mkdir") && follows("cgroup_rmdir");
+                runq_scope::RunqScope::start(prefixes, follows, &mut kernel)
+            });
         let mut pipeline = Self {
             tracker: LibraryTracker::new(hold, options.hot_policy, cgroup_root),
             attribution,

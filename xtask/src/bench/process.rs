@@ -265,7 +265,9 @@ pub(super) fn fixture_figure_in(
     if let Some(procs) = cgroup_procs {
         let procs = procs.to_path_buf();
         // SAFETY: only a file write between fork and exec.
-        unsafe { std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || std::fs::write(&procs, b"0")) };
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || std::fs::write(&procs, b"0"))
+        };
     }
     let out = run_fixture(env, name, &mut cmd, timeout)?;
     parse_field(&out, key).ok_or_else(|| anyhow!("no {key} in {name} output: {out}"))

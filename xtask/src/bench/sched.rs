@@ -158,7 +158,11 @@ pub(super) fn sched_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<(
         }
         rounds.add_samples_of(
             &mut row,
-            &[SchedCfg(Tool::Bare, place), SchedCfg(Tool::Canaryscope, place), SchedCfg(Tool::Runqlat, place)],
+            &[
+                SchedCfg(Tool::Bare, place),
+                SchedCfg(Tool::Canaryscope, place),
+                SchedCfg(Tool::Runqlat, place),
+            ],
         );
         row.notes.push(format!(
             "pingpong {r} {what} ({}): two processes pinned to CPU 0 bounce a byte over pipes (two context \
