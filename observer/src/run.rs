@@ -36,7 +36,10 @@ use crate::{
 /// re-rendering per event under a flood.
 const TICK: Duration = Duration::from_millis(100);
 /// How often kernel aggregates, stalls, CPU limits and labels are read.
-const REFRESH_EVERY: Duration = Duration::from_millis(500);
+/// Each read walks every tracked cgroup's map entries and `cpu.stat`, which
+/// at a thousand pods is most of an idle daemon's CPU; failures, crashes,
+/// exits and OOM kills do not wait for it (they are events).
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Args {
@@ -94,6 +97,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let settings = Settings::from_run_args(&args)?;
     require_root("canaryscope run")?;
+    // The exposition is megabytes at a thousand pods and is replaced as a
+    // whole. glibc raises its mmap threshold to the size of the largest
+    // block freed, after which such buffers come from the heap and their
+    // pages stay with the process; a fixed threshold keeps every large
+    // buffer mmapped, and returned to the system when dropped.
+    // SAFETY: mallopt only changes allocator tuning.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024) };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -163,6 +173,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
+        last_len: 0,
     };
     event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
     eprintln!("canaryscope: stopping; detaching probes");
@@ -178,6 +189,8 @@ struct Exporter {
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
     last_generation: u64,
+    /// Length of the last exposition, to size the next one's buffer.
+    last_len: usize,
 }
 
 impl Consumer for Exporter {
@@ -212,9 +225,10 @@ impl Consumer for Exporter {
         // Rendered only when a series changed: a quiet node's scrapes cost
         // no rendering and return the same bytes.
         if self.metrics.take_changed() {
-            let text = self.metrics.render();
+            let text = self.metrics.render(self.last_len);
+            self.last_len = text.len();
             let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
-            state.metrics = text;
+            state.metrics = text.into();
         }
         let not_ready = readiness(&self.metrics, self.pods.as_ref());
         let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());

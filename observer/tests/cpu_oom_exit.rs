@@ -54,7 +54,11 @@ fn threads_beyond_a_small_quota_are_throttled_oversubscribed_and_wait() {
     let free = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let out = free.command(&busy).args([threads.as_str(), "5"]).output().expect("busy");
     assert!(out.status.success());
-    std::thread::sleep(Duration::from_millis(800));
+    // The histograms come with the daemon's next read of the kernel maps.
+    daemon.wait_metric("the free cgroup's run-queue histogram", Duration::from_secs(5), |l| {
+        l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{")
+            && l.contains(&free.short_container_id())
+    });
     let metrics = daemon.metrics();
     let (limited_mean, limited_n) =
         mean_runq(&metrics, &limited.short_container_id()).expect("limited histogram");

@@ -126,7 +126,8 @@ fn scrapes_are_the_same_bytes_while_nothing_changes() {
     // from then on nothing changes, and every scrape over several refreshes
     // must be the same bytes. A daemon whose output moves on its own never
     // gets that far.
-    let quiet_for = Duration::from_millis(1200);
+    // Longer than the daemon's refresh of kernel aggregates (1 s).
+    let quiet_for = Duration::from_millis(2500);
     let deadline = Instant::now() + Duration::from_secs(15);
     let (mut last, mut since) = (daemon.metrics(), Instant::now());
     while since.elapsed() < quiet_for {

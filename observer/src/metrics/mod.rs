@@ -306,15 +306,23 @@ impl Metrics {
         }
     }
 
-    /// The text exposition of every series.
-    pub fn render(&self) -> String {
-        let mut out = Vec::new();
+    /// The text exposition of every series. `size_hint`: the last one's
+    /// length, so the buffer is allocated once, not doubled up to twice
+    /// the text's size.
+    pub fn render(&self, size_hint: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(size_hint + size_hint / 16);
         let encoder = TextEncoder::new();
-        let families = self.families();
-        if encoder.encode(&families, &mut out).is_err() {
-            return String::new();
+        for family in self.families() {
+            if encoder.encode(std::slice::from_ref(&family), &mut out).is_err() {
+                return Vec::new();
+            }
         }
-        String::from_utf8(out).unwrap_or_default()
+        out
+    }
+
+    /// The exposition as text (tests and tools).
+    pub fn render_text(&self) -> String {
+        String::from_utf8(self.render(0)).unwrap_or_default()
     }
 
     /// The workload's label values followed by `extra`, in the order of a
@@ -491,7 +499,7 @@ mod tests {
         m.record(&event(1, call(101)));
         m.record(&event(2, call(0)));
         m.refresh_labels(Duration::from_secs(60), labelled);
-        let text = m.render();
+        let text = m.render_text();
         assert!(
             text.contains(r#"canaryscope_gpu_init_failures_total{namespace="ml",pod="pod-1",container="worker",workload="infer",revision="abc",track="canary",api="hip",function="hipInit",result="hipErrorInvalidDevice"} 2"#),
             "{text}"
@@ -506,12 +514,12 @@ mod tests {
         m.set_runq(vec![(1, h(1)), (2, h(2))]);
         m.refresh_labels(Duration::from_secs(60), labelled);
         assert!(m.take_changed());
-        let text = m.render();
+        let text = m.render_text();
         // Kernel maps list keys in hash order, which may differ next time.
         m.set_runq(vec![(2, h(2)), (1, h(1))]);
         m.refresh_labels(Duration::from_secs(60), labelled);
         assert!(!m.take_changed(), "same numbers, same labels");
-        assert_eq!(m.render(), text);
+        assert_eq!(m.render_text(), text);
         m.set_runq(vec![(2, h(3)), (1, h(1))]);
         assert!(m.take_changed(), "a histogram moved");
         m.record(&event(1, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
@@ -523,11 +531,11 @@ mod tests {
         let mut m = Metrics::new(100);
         m.record(&event(7, Detail::OomKill { scope: "memcg", anon_rss_bytes: None, victims: 1 }));
         m.refresh_labels(Duration::ZERO, labelled);
-        assert!(m.render().contains("canaryscope_oom_kills_total"));
+        assert!(m.render_text().contains("canaryscope_oom_kills_total"));
         let gone = |_| (WorkloadLabels::default(), Liveness::Gone);
         let purged = m.refresh_labels(Duration::ZERO, gone);
         assert_eq!(purged, vec![7]);
-        assert!(!m.render().contains("canaryscope_oom_kills_total"));
+        assert!(!m.render_text().contains("canaryscope_oom_kills_total"));
     }
 
     #[test]
@@ -538,7 +546,7 @@ mod tests {
         }
         assert_eq!(m.tracked_cgroups(), 2);
         assert_eq!(m.series_overflow, 3);
-        assert!(m.render().contains("canaryscope_series_overflow_total 3"));
+        assert!(m.render_text().contains("canaryscope_series_overflow_total 3"));
     }
 
     #[test]
@@ -548,7 +556,7 @@ mod tests {
         m.refresh_labels(Duration::ZERO, |_| {
             (WorkloadLabels { workload: "a\"b\\c\nd".into(), ..Default::default() }, Liveness::Live)
         });
-        let text = m.render();
+        let text = m.render_text();
         assert!(text.contains(r#"workload="a\"b\\c\nd""#), "{text}");
     }
 
@@ -693,7 +701,7 @@ mod tests {
         m.record(&event(1, kill(9, 0, Cause::Sent)));
         m.record(&event(1, kill(9, 0, Cause::OomKill)));
         m.record(&event(1, kill(0, 137, Cause::Wrapped)));
-        let text = m.render();
+        let text = m.render_text();
         let line = |labels: &str| {
             text.lines()
                 .find(|l| l.starts_with("canaryscope_abnormal_exits_total{") && l.contains(labels))
@@ -712,7 +720,7 @@ mod tests {
     fn decode_errors_are_a_node_counter() {
         let mut m = Metrics::new(10);
         m.decode_errors = 3;
-        let text = m.render();
+        let text = m.render_text();
         assert!(
             text.contains(
                 "# HELP canaryscope_decode_errors_total Ring-buffer records that could not be decoded \

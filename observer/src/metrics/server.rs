@@ -16,7 +16,9 @@ use tokio::{
 /// What the endpoints serve; updated by the daemon loop.
 #[derive(Default)]
 pub struct Exposition {
-    pub metrics: String,
+    /// Shared, not copied, by every scrape in flight: at a thousand pods
+    /// the text is megabytes.
+    pub metrics: bytes::Bytes,
     /// `None` when ready, else why not.
     pub not_ready: Option<String>,
 }
@@ -76,13 +78,17 @@ async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> 
         let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         match path.as_str() {
             "/metrics" => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", state.metrics.clone()),
-            "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+            "/healthz" => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ok\n")),
             "/readyz" => match &state.not_ready {
-                None => ("200 OK", "text/plain", "ready\n".to_string()),
-                Some(why) => ("503 Service Unavailable", "text/plain", format!("not ready: {why}\n")),
+                None => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ready\n")),
+                Some(why) => ("503 Service Unavailable", "text/plain", format!("not ready: {why}\n").into()),
             },
-            "" => ("405 Method Not Allowed", "text/plain", "only GET\n".to_string()),
-            _ => ("404 Not Found", "text/plain", "try /metrics, /healthz or /readyz\n".to_string()),
+            "" => ("405 Method Not Allowed", "text/plain", bytes::Bytes::from_static(b"only GET\n")),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                bytes::Bytes::from_static(b"try /metrics, /healthz or /readyz\n"),
+            ),
         }
     };
     let head = format!(
@@ -90,7 +96,7 @@ async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> 
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    stream.write_all(&body).await?;
     stream.shutdown().await
 }
 
