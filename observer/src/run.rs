@@ -4,7 +4,7 @@ use std::{
     collections::HashSet,
     path::PathBuf,
     process::ExitCode,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
@@ -25,7 +25,7 @@ use crate::{
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
     metrics::{
-        server::{self, Exposition, Shared},
+        server::{self, Exposition, Published, Shared, SharedMetrics},
         Metrics,
     },
     pipeline::{Options, Pipeline},
@@ -160,20 +160,20 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         }));
     }
 
-    let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
-    tokio::spawn(server::serve(listener, shared.clone()));
-    eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
-
     let mut metrics = Metrics::new(settings.max_cgroups);
     metrics.probes = pipeline.statuses();
+    let published: SharedMetrics = Arc::new(Mutex::new(Published::new(metrics)));
+    let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
+    tokio::spawn(server::serve(listener, shared.clone(), published.clone()));
+    eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
+
     let mut exporter = Exporter {
-        metrics,
+        published,
         shared,
         pods,
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
-        last_len: 0,
     };
     event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
     eprintln!("canaryscope: stopping; detaching probes");
@@ -182,19 +182,18 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
 
 /// Counts events into series and publishes them for scrapes.
 struct Exporter {
-    metrics: Metrics,
+    published: SharedMetrics,
     shared: Shared,
     pods: Option<PodCache>,
     series_grace: Duration,
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
     last_generation: u64,
-    /// Length of the last exposition, to size the next one's buffer.
-    last_len: usize,
 }
 
 impl Consumer for Exporter {
     fn events(&mut self, _: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+        let mut published = self.lock();
         for event in &mut events {
             // A host kill of a pod's container: a liveness restart fails a
             // canary, a rollout deleting the pod must not.
@@ -209,7 +208,7 @@ impl Consumer for Exporter {
             if let Detail::LibraryProbed { .. } = &event.detail {
                 eprintln!("canaryscope: probing {}", crate::trace::render::detail(event));
             }
-            self.metrics.record(event);
+            published.metrics.record(event);
         }
         Ok(Flow::Continue)
     }
@@ -222,15 +221,7 @@ impl Consumer for Exporter {
             self.last_refresh = Instant::now();
             self.refresh(pipeline);
         }
-        // Rendered only when a series changed: a quiet node's scrapes cost
-        // no rendering and return the same bytes.
-        if self.metrics.take_changed() {
-            let text = self.metrics.render(self.last_len);
-            self.last_len = text.len();
-            let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
-            state.metrics = text.into();
-        }
-        let not_ready = readiness(&self.metrics, self.pods.as_ref());
+        let not_ready = readiness(&self.lock().metrics, self.pods.as_ref());
         let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
         if state.not_ready != not_ready {
             state.not_ready = not_ready;
@@ -240,10 +231,15 @@ impl Consumer for Exporter {
 }
 
 impl Exporter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
+        self.published.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Kernel aggregates, stalls, CPU limits and labels.
     fn refresh(&mut self, pipeline: &mut Pipeline) {
-        let metrics = &mut self.metrics;
-        metrics.set_stalled(pipeline.stalls().into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
+        // Read outside the lock: a scrape rendering meanwhile is not held up
+        // by map reads and directory walks.
+        let stalls = pipeline.stalls();
         let kernel = pipeline.kernel();
         let (gpu, runq, kfd) = (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats());
         let mem_limits = kernel.mem_limit_refusals();
@@ -254,23 +250,22 @@ impl Exporter {
             .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
             .chain(mem_limits.iter().map(|(k, _)| k.cgroup_id))
             .collect();
+        pipeline.refresh_runq_scope();
+        // Only the samples are exported; findings are for people (`trace`).
+        pipeline.sample_cpu();
+        let cpu = pipeline.cpu_snapshots();
+        let counters = pipeline.counters();
+        let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
+        let mut published = self.lock();
+        let metrics = &mut published.metrics;
+        metrics.set_stalled(stalls.into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
         metrics.set_gpu(gpu);
         metrics.set_runq(runq);
         metrics.set_kfd(kfd);
         metrics.set_mem_limits(mem_limits);
-        pipeline.refresh_runq_scope();
-        // Only the samples are exported; findings are for people (`trace`).
-        pipeline.sample_cpu();
-        metrics.set_cpu(pipeline.cpu_snapshots());
-        let counters = pipeline.counters();
+        metrics.set_cpu(cpu);
         // Libraries found since the start (a pod's own copy) show up too.
-        metrics.set_node_state(
-            pipeline.statuses(),
-            pipeline.hot_counts(),
-            counters.events_lost,
-            counters.decode_errors,
-            counters.records,
-        );
+        metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);
         let pods = self.pods.as_ref();
         let resolver = pipeline.cgroups_mut();
         let mut purged = metrics.refresh_labels(self.series_grace, |id| {

@@ -3,7 +3,7 @@
 //! the daemon free of a web framework; every response closes the connection.
 use std::{
     net::SocketAddr,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
 
@@ -13,25 +13,56 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-/// What the endpoints serve; updated by the daemon loop.
+use super::Metrics;
+
+/// Readiness as the daemon loop last judged it.
 #[derive(Default)]
 pub struct Exposition {
-    /// Shared, not copied, by every scrape in flight: at a thousand pods
-    /// the text is megabytes.
-    pub metrics: bytes::Bytes,
     /// `None` when ready, else why not.
     pub not_ready: Option<String>,
 }
 
 pub type Shared = Arc<RwLock<Exposition>>;
 
-pub async fn serve(listener: TcpListener, shared: Shared) {
+/// The series, and their text as of the last scrape that found them
+/// changed. Rendering happens on a scrape and only after a change: a node
+/// with a thousand pods and execs every second (each one counted) renders
+/// once per scrape, not once per event batch, and a quiet node's scrapes
+/// return the same bytes without rendering.
+pub struct Published {
+    pub metrics: Metrics,
+    /// Shared, not copied, by every scrape in flight: at a thousand pods
+    /// the text is megabytes.
+    text: bytes::Bytes,
+}
+
+impl Published {
+    pub fn new(metrics: Metrics) -> Self {
+        Self { metrics, text: bytes::Bytes::new() }
+    }
+
+    /// The exposition, rendered anew only if a series changed since the
+    /// last scrape.
+    pub fn scrape(&mut self) -> bytes::Bytes {
+        if self.metrics.take_changed() {
+            // Sized from the last one, so the buffer is allocated once
+            // rather than doubled up to twice the text's size.
+            self.text = self.metrics.render(self.text.len()).into();
+        }
+        self.text.clone()
+    }
+}
+
+pub type SharedMetrics = Arc<Mutex<Published>>;
+
+pub async fn serve(listener: TcpListener, shared: Shared, metrics: SharedMetrics) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let shared = shared.clone();
+                let metrics = metrics.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = respond(stream, &shared).await {
+                    if let Err(e) = respond(stream, &shared, &metrics).await {
                         debug!("http {peer}: {e}");
                     }
                 });
@@ -72,12 +103,22 @@ async fn read_path(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
     Ok(Some(target.split('?').next().unwrap_or("").to_string()))
 }
 
-async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+async fn respond(mut stream: TcpStream, shared: &Shared, metrics: &SharedMetrics) -> std::io::Result<()> {
     let Some(path) = read_path(&mut stream).await? else { return Ok(()) };
+    if path == "/metrics" {
+        // A render of a thousand pods takes tens of milliseconds: off the
+        // runtime's worker, under the lock the daemon loop counts under.
+        let metrics = metrics.clone();
+        let body = tokio::task::spawn_blocking(move || {
+            metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).scrape()
+        })
+        .await
+        .map_err(std::io::Error::other)?;
+        return send(stream, "200 OK", "text/plain; version=0.0.4; charset=utf-8", body).await;
+    }
     let (status, content_type, body) = {
         let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         match path.as_str() {
-            "/metrics" => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", state.metrics.clone()),
             "/healthz" => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ok\n")),
             "/readyz" => match &state.not_ready {
                 None => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ready\n")),
@@ -91,6 +132,15 @@ async fn respond(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> 
             ),
         }
     };
+    send(stream, status, content_type, body).await
+}
+
+async fn send(
+    mut stream: TcpStream,
+    status: &str,
+    content_type: &str,
+    body: bytes::Bytes,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
