@@ -5,6 +5,7 @@
 //! to probe and keeps the kernel side's list of known files current; `hot`
 //! decides which processes also get the hot tier of GPU functions.
 pub mod ahead;
+pub mod code_ranges;
 pub mod hold;
 pub mod hot;
 pub mod ldcache;

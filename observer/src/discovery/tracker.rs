@@ -78,6 +78,8 @@ pub struct LibraryTracker {
     hold: Option<Hold>,
     selection: Selection,
     processes: HashMap<u32, GpuProcess>,
+    /// Where they have GPU runtime code, for crash reports.
+    code: super::code_ranges::CodeRanges,
     /// What the kernel side reports mappings for (see `set_hot_cgroup`).
     scopes: HashSet<KernelScope>,
     /// Scopes added at exec, until when they stay without a GPU process.
@@ -97,6 +99,7 @@ impl LibraryTracker {
         Self {
             selection: Selection::new(policy),
             processes: HashMap::new(),
+            code: Default::default(),
             scopes: HashSet::new(),
             exec_scopes: HashMap::new(),
             cgroup_root,
@@ -114,6 +117,11 @@ impl LibraryTracker {
 
     pub fn probes(&self) -> &GpuProbes {
         &self.probes
+    }
+
+    /// Where GPU processes (also recently exited ones) have GPU code.
+    pub fn code_ranges(&self) -> &super::code_ranges::CodeRanges {
+        &self.code
     }
 
     /// The hold watchdog's pid, when `--hold` is on.
@@ -326,6 +334,9 @@ impl LibraryTracker {
 
     /// Records that `pid` maps these probed files.
     fn register(&mut self, pid: u32, libraries: BTreeSet<gpu::FileId>) {
+        // Before its hot-call probes are attached, which hold its address
+        // space and can make the kernel's own lookup at a crash give up.
+        self.code.note(pid);
         if let Some(known) = self.processes.get_mut(&pid) {
             known.libraries.extend(libraries);
             return;
@@ -397,6 +408,7 @@ impl LibraryTracker {
             self.processes.iter().filter(|(pid, p)| p.exit.exited(**pid)).map(|(pid, _)| *pid).collect();
         for pid in exited {
             self.processes.remove(&pid);
+            self.code.exited(pid, now);
             if self.probes.release_hot(kernel.object_mut(), pid) {
                 debug!("pid {pid} exited: its hot-call probes are gone");
             }

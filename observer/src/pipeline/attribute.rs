@@ -22,6 +22,7 @@ use crate::{
         CgroupResolver,
     },
     clock::BootClock,
+    discovery::code_ranges::CodeRanges,
     events::{self, Detail, Event, HwCulprit, Origin, Raw},
     exit_cause::{self, Cause, Sender},
     oom,
@@ -142,7 +143,7 @@ impl Attributor {
     }
 
     /// The events of a record that is not about library discovery.
-    pub fn events(&mut self, raw: Raw, gpu: &GpuProbes) -> Vec<Event> {
+    pub fn events(&mut self, raw: Raw, gpu: &GpuProbes, code: &CodeRanges) -> Vec<Event> {
         match raw {
             Raw::GpuCall(ev) => {
                 let Some(api) = Api::from_u32(ev.api) else { return Vec::new() };
@@ -173,7 +174,7 @@ impl Attributor {
                 );
                 Vec::new()
             }
-            Raw::Exit(ev) => self.exit_events(&ev, gpu),
+            Raw::Exit(ev) => self.exit_events(&ev, gpu, code),
             Raw::MemoryLimitRefusal(ev) => {
                 let (Some(limit), Some(syscall)) =
                     (MemLimit::from_u32(ev.limit), MemSyscall::from_u32(ev.syscall))
@@ -223,12 +224,18 @@ impl Attributor {
         }
     }
 
-    fn exit_events(&mut self, ev: &ExitEvent, gpu: &GpuProbes) -> Vec<Event> {
+    fn exit_events(&mut self, ev: &ExitEvent, gpu: &GpuProbes, code: &CodeRanges) -> Vec<Event> {
         let origin = self.origin(&ev.header);
         let mut out = Vec::new();
         if ev.flags & EXIT_FLAG_CRASH != 0 {
             let c = &ev.crash;
-            let (library, library_offset) = crash_library(c, gpu);
+            let (library, library_offset) = match crash_library(c, gpu) {
+                // The kernel could not look the address up (see CodeRanges).
+                (None, _) if c.ip != 0 => {
+                    code.at(ev.header.pid, c.ip).map_or((None, None), |(l, o)| (Some(l), Some(o)))
+                }
+                found => found,
+            };
             let in_call = (c.in_call_api != 0).then(|| {
                 let api = in_call_api(c.in_call_api).unwrap_or(Api::Hip);
                 events::function_name(api, c.in_call_function)

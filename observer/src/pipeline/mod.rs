@@ -169,7 +169,11 @@ impl Pipeline {
                 other => {
                     self.announce(&mut out);
                     let first = out.len();
-                    out.extend(self.attribution.events(other, self.tracker.probes()));
+                    out.extend(self.attribution.events(
+                        other,
+                        self.tracker.probes(),
+                        self.tracker.code_ranges(),
+                    ));
                     for event in &out[first..] {
                         if is_gpu_trouble(event) {
                             self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
