@@ -3,7 +3,28 @@ use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use observer_common::task::KernelOffsets;
 
 #[unsafe(no_mangle)] // observer_common::task::GLOBAL_OFFSETS
-static KERNEL_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
+pub static KERNEL_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
+
+/// One offset, read alone from the frozen read-only global: the verifier
+/// then knows its value, which BTF-typed programs need to load a field
+/// straight from a typed kernel pointer (see `sched.rs`).
+#[macro_export]
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: a plain read of a global's field; volatile so the
+        // compile-time zero is not folded in.
+        unsafe { core::ptr::read_volatile(core::ptr::addr_of!($crate::kernel::KERNEL_OFFSETS.$field)) }
+    };
+}
+
+/// A field at `offset` of a BTF-typed kernel pointer, by a direct load:
+/// no helper call. The verifier checks the access against the type, and
+/// the JIT makes a fault read as zero.
+#[inline(always)]
+pub fn field<T: Copy>(base: *const u8, offset: u32) -> T {
+    // SAFETY: see above; only used on pointers the verifier types.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
+}
 
 #[inline(always)]
 pub fn offsets() -> KernelOffsets {

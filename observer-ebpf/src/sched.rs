@@ -9,9 +9,9 @@
 //! and removed, here in the kernel, so a new pod's first tasks are counted.
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes},
-    macros::{map, raw_tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, PerCpuHashMap},
-    programs::RawTracePointContext,
+    programs::{BtfTracePointContext, RawTracePointContext},
 };
 use observer_common::{
     sched::{
@@ -23,7 +23,8 @@ use observer_common::{
 
 use crate::{
     common::record_latency,
-    kernel::{offsets, read, task_cgroup_id},
+    kernel::{field, offsets, read},
+    offset,
 };
 
 /// Pending wakeups of reported tasks (tid -> when, and in which cgroup).
@@ -50,68 +51,79 @@ fn reported(cgroup: u64) -> bool {
 }
 
 #[inline(always)]
-fn mark_runnable(task: *const u8, cgroup: u64, o: &KernelOffsets) -> Result<(), i64> {
+fn mark_runnable(task: *const u8, cgroup: u64) {
     if !reported(cgroup) {
-        return Ok(());
+        return;
     }
-    let pid: i32 = read(task, o.task_pid)?;
+    let pid: i32 = field(task, offset!(task_pid));
     if pid == 0 {
-        return Ok(()); // the idle task (a reported root of `/`)
+        return; // the idle task (a reported root of `/`)
     }
     // SAFETY: helper without arguments.
     let since_ns = unsafe { bpf_ktime_get_boot_ns() };
-    RUNQ_WAKEUPS.insert(&(pid as u32), &RunqWakeup { since_ns, cgroup_id: cgroup }, 0).map_err(|e| e as i64)
+    // A full map loses this wait, never the program.
+    let _ = RUNQ_WAKEUPS.insert(&(pid as u32), &RunqWakeup { since_ns, cgroup_id: cgroup }, 0);
+}
+
+/// `task->cgroups->dfl_cgrp->kn->id` by direct loads from the typed task
+/// pointer a BTF tracepoint gets: four loads, no helper calls, which is
+/// most of what a task outside the reported cgroups costs.
+#[inline(always)]
+fn task_cgroup(task: *const u8) -> u64 {
+    let css_set: *const u8 = field(task, offset!(task_cgroups));
+    let cgroup: *const u8 = field(css_set, offset!(css_set_dfl_cgrp));
+    let kn: *const u8 = field(cgroup, offset!(cgroup_kn));
+    field(kn, offset!(kernfs_node_id))
 }
 
 #[inline(always)]
-fn woken(task: *const u8) -> Result<(), i64> {
-    let o = offsets();
-    mark_runnable(task, task_cgroup_id(task, &o)?, &o)
+fn woken(task: *const u8) {
+    if offset!(have_task_cgroup) == 0 {
+        return;
+    }
+    mark_runnable(task, task_cgroup(task));
 }
 
 /// match-proto: sched_wakeup(struct task_struct *p).
-#[raw_tracepoint(tracepoint = "sched_wakeup")]
-pub fn sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    woken(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    woken(ctx.arg::<*const u8>(0));
+    0
 }
 
 /// match-proto: sched_wakeup_new(struct task_struct *p).
-#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
-pub fn sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    woken(ctx.arg::<u64>(0) as *const u8).map(|_| 0).unwrap_or(1)
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
+    woken(ctx.arg::<*const u8>(0));
+    0
 }
 
 /// match-proto: sched_switch(bool preempt, struct task_struct *prev,
 /// struct task_struct *next, unsigned int prev_state) — prev_state is the
 /// 4th argument since 5.18 (6.1 .. 6.18 alike).
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
-    try_sched_switch(&ctx).unwrap_or(1)
-}
-
-fn try_sched_switch(ctx: &RawTracePointContext) -> Result<i32, i64> {
-    let prev = ctx.arg::<u64>(1) as *const u8;
-    let next = ctx.arg::<u64>(2) as *const u8;
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let prev = ctx.arg::<*const u8>(1);
+    let next = ctx.arg::<*const u8>(2);
     let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
-    let o = offsets();
     if prev_state == TASK_RUNNING {
         // The tracepoint fires before the switch: `prev` is still the
-        // current task, whose cgroup a helper reads without pointer chasing.
+        // current task, whose cgroup a helper reads.
         // SAFETY: helper without arguments.
-        mark_runnable(prev, unsafe { bpf_get_current_cgroup_id() }, &o)?;
+        mark_runnable(prev, unsafe { bpf_get_current_cgroup_id() });
     }
-    let pid: i32 = read(next, o.task_pid)?;
+    let pid: i32 = field(next, offset!(task_pid));
     if pid == 0 {
-        return Ok(0);
+        return 0;
     }
     let pid = pid as u32;
     // SAFETY: read-only map lookup; the value is copied out before removal.
-    let Some(&wakeup) = (unsafe { RUNQ_WAKEUPS.get(&pid) }) else { return Ok(0) };
+    let Some(&wakeup) = (unsafe { RUNQ_WAKEUPS.get(&pid) }) else { return 0 };
     let _ = RUNQ_WAKEUPS.remove(&pid);
     // SAFETY: helper without arguments.
     let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(wakeup.since_ns);
     record_latency(&RUNQ_LATENCY, &wakeup.cgroup_id, waited);
-    Ok(0)
+    0
 }
 
 /// The cgroup id of a `struct cgroup` on the unified hierarchy; `None` for

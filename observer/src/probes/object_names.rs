@@ -30,6 +30,7 @@ fn symbols() -> BTreeMap<String, (String, SymbolKind)> {
 fn section_fits(hook: Hook, section: &str) -> bool {
     match hook {
         Hook::Raw(_) => section.starts_with("raw_tp") || section.starts_with("raw_tracepoint"),
+        Hook::Btf(_) => section.starts_with("tp_btf"),
         Hook::Tracepoint(category, event) => {
             section == "tracepoint" || section == format!("tracepoint/{category}/{event}")
         }

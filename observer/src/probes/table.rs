@@ -4,7 +4,7 @@
 //! `canaryscope_probe_attached` metric and `/readyz` all read the statuses it
 //! returns. GPU runtime uprobes are per library file and live in `gpu`.
 use aya::{
-    programs::{KProbe, ProgramError, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, KProbe, ProgramError, RawTracePoint, TracePoint},
     Ebpf,
 };
 use log::{info, warn};
@@ -17,6 +17,9 @@ use super::{Environment, Families, ProbeStatus};
 pub enum Hook {
     /// A raw tracepoint, by event name.
     Raw(&'static str),
+    /// A BTF-typed raw tracepoint (`tp_btf`), by event name: its programs
+    /// load fields straight from typed kernel pointers.
+    Btf(&'static str),
     /// A tracefs tracepoint: category and event.
     Tracepoint(&'static str, &'static str),
     /// A kernel function (kprobe or kretprobe; aya reads which from the
@@ -328,7 +331,7 @@ const fn run_queue(event: &'static str) -> Probe {
         family: Family::Sched,
         label: "sched",
         target: Target::Named(event),
-        programs: one(event, Hook::Raw(event)),
+        programs: one(event, Hook::Btf(event)),
         needs: &[Need::TaskCgroup],
         used: Use::Always,
         detail: Detail::Text("run-queue latency per cgroup"),
@@ -392,6 +395,12 @@ pub fn attach_program(ebpf: &mut Ebpf, program: &'static str, hook: Hook) -> Res
             let p: &mut RawTracePoint = found.try_into().map_err(wrong("raw tracepoint"))?;
             p.load().map_err(AttachError::Load)?;
             p.attach(event).map_err(AttachError::Attach)?;
+        }
+        Hook::Btf(event) => {
+            let p: &mut BtfTracePoint = found.try_into().map_err(wrong("BTF tracepoint"))?;
+            let btf = aya::Btf::from_sys_fs().map_err(|e| AttachError::Load(ProgramError::Btf(e)))?;
+            p.load(event, &btf).map_err(AttachError::Load)?;
+            p.attach().map_err(AttachError::Attach)?;
         }
         Hook::Tracepoint(category, event) => {
             let p: &mut TracePoint = found.try_into().map_err(wrong("tracepoint"))?;
