@@ -44,12 +44,17 @@ pub mod task;
 pub const EVENTS_MAP: &str = "EVENTS";
 /// Per-CPU count of events the kernel side could not reserve ring-buffer space for.
 pub const LOST_MAP: &str = "EVENTS_LOST";
+/// Per CPU, how many times a latency aggregate (GPU calls, KFD ioctls,
+/// run-queue waits) was updated: the daemon reads those maps only when it
+/// moved, so an idle node with a thousand pods costs no map walks.
+pub const AGGREGATES_GENERATION_MAP: &str = "AGG_GENERATION";
 
 /// Every map userspace opens by name. The kernel side must define each one
 /// under exactly this name; a test on the built object checks it.
 pub const USERSPACE_MAPS: &[&str] = &[
     EVENTS_MAP,
     LOST_MAP,
+    AGGREGATES_GENERATION_MAP,
     gpu::INFLIGHT_MAP,
     gpu::STATS_MAP,
     kfd::KFD_STATS_MAP,

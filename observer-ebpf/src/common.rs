@@ -16,6 +16,9 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map(name = "EVENTS_LOST")] // observer_common::LOST_MAP
 pub static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+#[map(name = "AGG_GENERATION")] // observer_common::AGGREGATES_GENERATION_MAP
+static AGG_GENERATION: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 pub fn count_lost() {
     if let Some(slot) = EVENTS_LOST.get_ptr_mut(0) {
@@ -81,5 +84,10 @@ pub fn record_latency<K>(map: &PerCpuHashMap<K, LatencyHistogram>, key: &K, dura
             // A full map loses the duration, never the program: nothing to do.
             let _ = map.insert(key, &histogram, 0);
         }
+    }
+    // After the update: a reader that saw this generation saw the update.
+    if let Some(generation) = AGG_GENERATION.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *generation += 1 };
     }
 }

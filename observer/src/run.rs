@@ -174,6 +174,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
+        aggregates_generation: u64::MAX,
     };
     event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
     eprintln!("canaryscope: stopping; detaching probes");
@@ -189,6 +190,8 @@ struct Exporter {
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
     last_generation: u64,
+    /// The kernel aggregates' generation at the last read.
+    aggregates_generation: u64,
 }
 
 impl Consumer for Exporter {
@@ -241,13 +244,21 @@ impl Exporter {
         // by map reads and directory walks.
         let stalls = pipeline.stalls();
         let kernel = pipeline.kernel();
-        let (gpu, runq, kfd) = (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats());
+        // The latency aggregates are thousands of map entries at a thousand
+        // pods, two system calls each: read only when the kernel updated one.
+        let generation = kernel.aggregates_generation();
+        let aggregates = (generation != self.aggregates_generation)
+            .then(|| (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats()));
+        self.aggregates_generation = generation;
         let mem_limits = kernel.mem_limit_refusals();
-        let in_kernel: HashSet<u64> = gpu
+        let in_kernel: HashSet<u64> = aggregates
             .iter()
-            .map(|(k, _)| k.cgroup_id)
-            .chain(runq.iter().map(|(c, _)| *c))
-            .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
+            .flat_map(|(gpu, runq, kfd)| {
+                gpu.iter()
+                    .map(|(k, _)| k.cgroup_id)
+                    .chain(runq.iter().map(|(c, _)| *c))
+                    .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
+            })
             .chain(mem_limits.iter().map(|(k, _)| k.cgroup_id))
             .collect();
         pipeline.refresh_runq_scope();
@@ -259,9 +270,11 @@ impl Exporter {
         let mut published = self.lock();
         let metrics = &mut published.metrics;
         metrics.set_stalled(stalls.into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
-        metrics.set_gpu(gpu);
-        metrics.set_runq(runq);
-        metrics.set_kfd(kfd);
+        if let Some((gpu, runq, kfd)) = aggregates {
+            metrics.set_gpu(gpu);
+            metrics.set_runq(runq);
+            metrics.set_kfd(kfd);
+        }
         metrics.set_mem_limits(mem_limits);
         metrics.set_cpu(cpu);
         // Libraries found since the start (a pod's own copy) show up too.

@@ -12,7 +12,7 @@ use observer_common::{
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
     memlimit::{MemLimitKey, MEM_LIMIT_MAP},
     sched::{root_path_key, RunqHistogram, ROOT_PATH_LEN, RUNQ_CGROUPS_MAP, RUNQ_MAP, RUNQ_ROOTS_MAP},
-    LatencyHistogram, EVENTS_MAP, LOST_MAP,
+    LatencyHistogram, AGGREGATES_GENERATION_MAP, EVENTS_MAP, LOST_MAP,
 };
 
 use super::gpu::{ENTER_PROGRAM, EXIT_PROGRAM};
@@ -36,6 +36,7 @@ pub struct Loaded {
     ring: Option<RingBuf<MapData>>,
     held: Option<Map>,
     lost: PerCpuArray<MapData, u64>,
+    aggregates_generation: PerCpuArray<MapData, u64>,
     gpu_stats: Aggregate<GpuStatsKey>,
     kfd_stats: Aggregate<KfdStatsKey>,
     runq: Aggregate<u64>,
@@ -65,6 +66,7 @@ impl Loaded {
             ring: Some(typed(&mut ebpf, EVENTS_MAP)?),
             held: Some(take(&mut ebpf, HELD_MAP)?),
             lost: typed(&mut ebpf, LOST_MAP)?,
+            aggregates_generation: typed(&mut ebpf, AGGREGATES_GENERATION_MAP)?,
             gpu_stats: typed(&mut ebpf, STATS_MAP)?,
             kfd_stats: typed(&mut ebpf, KFD_STATS_MAP)?,
             runq: typed(&mut ebpf, RUNQ_MAP)?,
@@ -108,6 +110,12 @@ impl Loaded {
     /// Events the kernel side dropped because the ring buffer was full.
     pub fn events_lost(&self) -> u64 {
         self.lost.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
+    }
+
+    /// Moves whenever a GPU, KFD or run-queue aggregate was updated; read
+    /// it before the aggregates.
+    pub fn aggregates_generation(&self) -> u64 {
+        self.aggregates_generation.get(&0, 0).map(|values| values.iter().sum()).unwrap_or(0)
     }
 
     /// GPU call aggregates, summed over CPUs.
