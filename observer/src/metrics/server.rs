@@ -46,8 +46,12 @@ impl Published {
     pub fn scrape(&mut self) -> bytes::Bytes {
         if self.metrics.take_changed() {
             // Sized from the last one, so the buffer is allocated once
-            // rather than doubled up to twice the text's size.
-            self.text = self.metrics.render(self.text.len()).into();
+            // rather than doubled up to twice the text's size; the last one
+            // is let go first (responses still sending it hold their own
+            // reference), so two texts are not alive at once.
+            let size_hint = self.text.len();
+            self.text = bytes::Bytes::new();
+            self.text = self.metrics.render(size_hint).into();
         }
         self.text.clone()
     }
