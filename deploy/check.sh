@@ -50,6 +50,7 @@ if [ "${1:-}" = "--install-deps" ]; then
         apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     fi
     python3 -c 'import kubernetes_validate' 2>/dev/null || python3 -m pip install -q kubernetes-validate
+    python3 -c 'import celpy' 2>/dev/null || python3 -m pip install -q cel-python
     shift
 fi
 

@@ -102,6 +102,36 @@ pub struct PodMeta {
     /// stopped because the pod goes (a rollout, an eviction, a scale-down),
     /// not restarted.
     pub deleting: bool,
+    /// For a pod that declares the readiness gate
+    /// [`crate::gate::CONDITION_TYPE`] in `spec.readinessGates`: what the API
+    /// server holds of that condition. `None` for every other pod, which the
+    /// gate never touches.
+    pub gate: Option<GatedPod>,
+}
+
+/// What the readiness gate needs of a pod that declares it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GatedPod {
+    /// The gate's condition in `status.conditions`, if the pod has one.
+    pub condition: Option<GateCondition>,
+    /// `metadata.resourceVersion`: tells a watch event that reflects the
+    /// daemon's own patch from an older one (kept only for gated pods, so
+    /// the kubelet's status updates of other pods change nothing here).
+    pub resource_version: String,
+    /// `status.startTime` (else `metadata.creationTimestamp`), Unix seconds:
+    /// where `--gate-timeout` counts from.
+    pub started_at: Option<i64>,
+}
+
+/// One pod condition, as far as the gate compares it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GateCondition {
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// RFC 3339, as the API server returned it.
+    pub last_transition_time: Option<String>,
 }
 
 /// The pod's metadata, or `None` when it has no UID or name (which the API
@@ -145,6 +175,37 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         rollout: argo_rollout(pod, labels),
         containers,
         deleting: meta.deletion_timestamp.is_some(),
+        gate: gated_pod(pod),
+    })
+}
+
+/// The gate's view of a pod that declares [`crate::gate::CONDITION_TYPE`].
+fn gated_pod(pod: &Pod) -> Option<GatedPod> {
+    let spec = pod.spec.as_ref()?;
+    let gates = spec.readiness_gates.as_deref().unwrap_or_default();
+    if !gates.iter().any(|g| g.condition_type == crate::gate::CONDITION_TYPE) {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    let condition = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.type_ == crate::gate::CONDITION_TYPE)
+        .map(|c| GateCondition {
+            status: c.status.clone(),
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+            last_transition_time: c.last_transition_time.as_ref().map(|t| t.0.to_string()),
+        });
+    let started_at = status
+        .and_then(|s| s.start_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0.as_second());
+    Some(GatedPod {
+        condition,
+        resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+        started_at,
     })
 }
 
@@ -333,6 +394,11 @@ impl PodCache {
         self.len() == 0
     }
 
+    /// The pods that declare the GPU-runtime readiness gate, by cache key.
+    pub fn gated(&self) -> Vec<(String, PodMeta)> {
+        self.read().iter().filter(|(_, m)| m.gate.is_some()).map(|(k, m)| (k.clone(), m.clone())).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.read().len()
     }
@@ -484,7 +550,7 @@ pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
 
 /// The client configuration for `options`; [`super::rollouts`] builds its
 /// own client from it, so both watchers talk as the same identity.
-pub(super) async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
+pub(crate) async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
     if let Some(path) = &options.kubeconfig {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|err| match err {
             KubeconfigError::ReadConfig(source, _) => {
@@ -565,7 +631,7 @@ async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared
 /// The error with its causes: kube's own messages often stop at "client
 /// error (Connect)", and the cause (refused, DNS, TLS) is what the operator
 /// needs.
-pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

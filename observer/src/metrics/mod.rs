@@ -71,6 +71,8 @@ pub struct Metrics {
     pub probes: Vec<ProbeStatus>,
     /// GPU processes with hot-call probes, by reason (set by the daemon loop).
     pub hot: crate::discovery::hot::HotCounts,
+    /// The readiness gate's numbers; `None` when it is off.
+    pub gate: Option<crate::gate::patcher::Summary>,
     pub events_lost: u64,
     /// Ring-buffer records that failed to decode (set by the daemon loop).
     pub decode_errors: u64,
@@ -358,6 +360,17 @@ impl Metrics {
         }
         for (reason, n) in &self.hot {
             fams.get(&GPU_HOT_PROBED_PROCESSES).value(&[reason.as_str()], *n as f64);
+        }
+        fams.get(&READINESS_GATE_ENABLED).value(&[], if self.gate.is_some() { 1.0 } else { 0.0 });
+        if let Some(gate) = &self.gate {
+            for (condition, n) in
+                [("true", gate.pods_true), ("false", gate.pods_false), ("none", gate.pods_none)]
+            {
+                fams.get(&READINESS_GATE_PODS).value(&[condition], n as f64);
+            }
+            fams.get(&READINESS_GATE_PENDING).value(&[], gate.pending as f64);
+            fams.get(&READINESS_GATE_PATCHES).value(&["ok"], gate.patches_ok as f64);
+            fams.get(&READINESS_GATE_PATCHES).value(&["error"], gate.patches_failed as f64);
         }
         fams.get(&EVENTS_LOST).value(&[], self.events_lost as f64);
         fams.get(&DECODE_ERRORS).value(&[], self.decode_errors as f64);
