@@ -40,7 +40,7 @@ pub mod patcher;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use observer_common::gpu::{is_init_function, Api, GpuStatsKey};
@@ -157,7 +157,15 @@ pub struct Trouble {
     api: Option<Api>,
     /// When it was noted, in evidence order.
     seq: u64,
+    /// A HIP init failure counts from this instant on (see [`HIP_SETTLE`]).
+    settles_at: Option<Instant>,
 }
+
+/// How long a HIP init failure waits for the CUDA driver call above it.
+/// Under ZLUDA, `cuInit` fails because the `hipInit` it calls did; the HIP
+/// failure returns first, and judging it at once would patch the pod twice
+/// (hipInit's error, then cuInit's) within a second.
+pub const HIP_SETTLE: Duration = Duration::from_millis(300);
 
 impl Trouble {
     /// Whether `other`, noted while this trouble stands, should describe the
@@ -189,6 +197,8 @@ struct Instance {
 /// the one passed in.
 pub struct Gate {
     timeout: Option<Duration>,
+    /// [`HIP_SETTLE`], shorter in tests.
+    hip_settle: Duration,
     /// Unix seconds when the daemon started; `--gate-timeout` counts from
     /// here at the earliest, since earlier activity was not seen.
     daemon_start: i64,
@@ -198,7 +208,13 @@ pub struct Gate {
 
 impl Gate {
     pub fn new(timeout: Option<Duration>, daemon_start: i64) -> Self {
-        Self { timeout, daemon_start, instances: HashMap::new(), seq: 0 }
+        Self { timeout, hip_settle: HIP_SETTLE, daemon_start, instances: HashMap::new(), seq: 0 }
+    }
+
+    #[cfg(test)]
+    fn with_hip_settle(mut self, settle: Duration) -> Self {
+        self.hip_settle = settle;
+        self
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -256,13 +272,15 @@ impl Gate {
         counts: &Counts,
     ) {
         let seq = self.next_seq();
+        let settles_at =
+            (api == Some(Api::Hip) && reason == REASON_INIT_FAILED).then(|| Instant::now() + self.hip_settle);
         let Some(instance) = self.instance(cgroup, path) else { return };
         instance.active = true;
         instance.baseline = [Api::Hip, Api::Cuda]
             .into_iter()
             .map(|a| (a, counts.get(&(cgroup, a)).copied().unwrap_or_default()))
             .collect();
-        let new = Trouble { reason, message, api, seq };
+        let new = Trouble { reason, message, api, seq, settles_at };
         match &instance.trouble {
             Some(old) if !old.yields_to(&new) => {}
             // Replacing keeps the original order: it is the same trouble.
@@ -355,10 +373,11 @@ impl Gate {
         for (name, instances) in &groups {
             let latest_ready = instances.iter().filter_map(|i| i.ready.as_ref()).max_by_key(|(seq, _)| *seq);
             let after = latest_ready.map_or(0, |(seq, _)| *seq);
+            let now = Instant::now();
             let trouble = instances
                 .iter()
                 .filter_map(|i| i.trouble.as_ref())
-                .filter(|t| t.seq > after)
+                .filter(|t| t.seq > after && t.settles_at.is_none_or(|at| at <= now))
                 .min_by_key(|t| t.seq);
             match trouble {
                 Some(t) => {
@@ -535,11 +554,12 @@ mod tests {
 
     #[test]
     fn init_failure_names_the_cuda_call_and_stays_until_a_later_start_up() {
-        let mut gate = Gate::new(None, 0);
+        let mut gate = Gate::new(None, 0).with_hip_settle(Duration::from_secs(3600));
         let none = Counts::new();
         // ZLUDA's cuInit fails because hipInit below it did: the HIP failure
-        // comes first, the CUDA one names the condition.
+        // comes first and waits for it; the CUDA one names the condition.
         note(&mut gate, &init_failure(Api::Hip, "hipInit", 101), &none);
+        assert_eq!(gate.desired(UID, &meta(), 2000), None, "a HIP init failure waits for the CUDA call");
         note(&mut gate, &init_failure(Api::Cuda, "cuInit", 101), &none);
         note(&mut gate, &init_failure(Api::Hip, "hipGetDeviceCount", 100), &none);
         let d = gate.desired(UID, &meta(), 2000).expect("failed");
@@ -581,6 +601,14 @@ mod tests {
         assert_eq!(d.message, "container worker: SIGSEGV in libcuda.so.1 during cuLaunchKernel");
         gate.note_counts(&counts(2, Api::Cuda, [1, 1, 1]), paths);
         assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.ready), Some(true));
+    }
+
+    #[test]
+    fn a_hip_init_failure_alone_counts_once_settled() {
+        let mut gate = Gate::new(None, 0).with_hip_settle(Duration::ZERO);
+        note(&mut gate, &init_failure(Api::Hip, "hipInit", 101), &Counts::new());
+        let d = gate.desired(UID, &meta(), 2000).expect("failed");
+        assert_eq!(d.message, "container worker: hipInit returned 101 hipErrorInvalidDevice");
     }
 
     #[test]
