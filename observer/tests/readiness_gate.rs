@@ -152,8 +152,9 @@ fn a_gated_canary_whose_cuinit_fails_gets_false_init_failed_and_keeps_the_kubele
     assert_root();
     let dir = scratch_dir();
     let canary = TestPod::new("infer-canaryhash-gate1", true);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json])));
-    let _daemon = daemon(&dir, api_port, &[]);
+    let plain = TestPod::new("infer-canaryhash-plain1", false);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json, plain.json])));
+    let daemon = daemon(&dir, api_port, &[]);
 
     canary.fail_init();
     let pod = wait_condition(api_port, &canary.name, "False", "InitFailed");
@@ -168,6 +169,20 @@ fn a_gated_canary_whose_cuinit_fails_gets_false_init_failed_and_keeps_the_kubele
         assert_eq!(patch["contentType"], "application/strategic-merge-patch+json", "{patch}");
         assert_eq!(patch["subresource"], "status", "{patch}");
     }
+
+    // `check` asks the daemon: the gate is on, one pod of the node uses it.
+    wait_settled(&daemon, "the gated pod counted as false", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"false\"} 1")
+    });
+    let out = std::process::Command::new(canaryscope())
+        .args(["check", "--json", "--daemon", &format!("127.0.0.1:{}", daemon.port)])
+        .output()
+        .expect("canaryscope check");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    let gate = &report["readiness_gate"];
+    assert_eq!(gate["condition_type"], GATE, "{gate}");
+    assert_eq!(gate["enabled"], true, "{gate}");
+    assert_eq!(gate["pods"], json!({"true": 0, "false": 1, "none": 0}), "{gate}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
