@@ -113,10 +113,9 @@ fn step_of(function: &str) -> Option<usize> {
 }
 
 /// The successful start-up calls in the kernel's aggregates.
-pub fn startup_counts<'a, S: 'a>(stats: impl IntoIterator<Item = &'a (GpuStatsKey, S)>) -> Counts
-where
-    S: StatCount,
-{
+pub fn startup_counts<'a, S: StatCount + 'a>(
+    stats: impl IntoIterator<Item = &'a (GpuStatsKey, S)>,
+) -> Counts {
     let mut counts = Counts::new();
     for (key, stat) in stats {
         if key.result != 0 {
@@ -224,13 +223,14 @@ impl Gate {
 
     /// The instance of a cgroup below a pod, created on first sight.
     fn instance(&mut self, cgroup: u64, path: Option<&str>) -> Option<&mut Instance> {
-        if !self.instances.contains_key(&cgroup) {
-            let pod = parse_pod_cgroup(path?)?;
-            let container_id = pod.container.map(|c| c.id).unwrap_or_default();
-            self.instances
-                .insert(cgroup, Instance { pod_uid: pod.pod_uid, container_id, ..Instance::default() });
+        match self.instances.entry(cgroup) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let pod = parse_pod_cgroup(path?)?;
+                let container_id = pod.container.map(|c| c.id).unwrap_or_default();
+                Some(e.insert(Instance { pod_uid: pod.pod_uid, container_id, ..Instance::default() }))
+            }
         }
-        self.instances.get_mut(&cgroup)
     }
 
     /// What an event says, if it is trouble: an init failure, or a crash in
@@ -457,7 +457,7 @@ fn display_name(name: &str) -> &str {
 /// `1m30s`, `10s`, `500ms`: durations as the flags take them.
 pub fn humantime(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let s = d.as_secs();
