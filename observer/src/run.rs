@@ -360,11 +360,15 @@ impl GateRunner {
         let resolver = pipeline.cgroups_mut();
         self.gate.note_stalls(stalls, self.stall_threshold, &counts, |id| resolver.path(id));
         self.gate.note_counts(&counts, |id| resolver.path(id));
-        // Evidence of pods the API no longer knows goes with their cgroups;
-        // a pod too new for the watch keeps it.
+        // Evidence is kept for gated pods while the API knows them, and for
+        // pods it does not know (yet: too new for the watch) while their
+        // cgroups exist; a pod known without the gate never needs any.
         if self.pods.is_synced() {
             let pods = &self.pods;
-            self.gate.retain(|cgroup, uid| pods.get(uid).is_some() || resolver.exists(cgroup));
+            self.gate.retain(|cgroup, uid| match pods.get(uid) {
+                Some(meta) => meta.gate.is_some(),
+                None => resolver.exists(cgroup),
+            });
         }
         self.publish();
     }
