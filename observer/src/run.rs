@@ -170,7 +170,12 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         _ => None,
     };
 
-    let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
+    // Not ready until the loop has judged readiness once: a /readyz answered
+    // before the first render must not claim a synced pod cache.
+    let shared: Shared = Arc::new(RwLock::new(Exposition {
+        not_ready: Some("starting".into()),
+        ..Exposition::default()
+    }));
     tokio::spawn(server::serve(listener, shared.clone()));
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 
