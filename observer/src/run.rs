@@ -172,10 +172,8 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
 
     // Not ready until the loop has judged readiness once: a /readyz answered
     // before the first render must not claim a synced pod cache.
-    let shared: Shared = Arc::new(RwLock::new(Exposition {
-        not_ready: Some("starting".into()),
-        ..Exposition::default()
-    }));
+    let shared: Shared =
+        Arc::new(RwLock::new(Exposition { not_ready: Some("starting".into()), ..Exposition::default() }));
     tokio::spawn(server::serve(listener, shared.clone()));
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 

@@ -576,6 +576,14 @@ mod tests {
             },
             ProbeStatus { probe: "kfd", target: "kfd_ioctl".into(), attached: false, detail: "no".into() },
         ];
+        m.gate = Some(crate::gate::patcher::Summary {
+            pods_true: 2,
+            pods_false: 1,
+            pods_none: 1,
+            pending: 1,
+            patches_ok: 5,
+            patches_failed: 2,
+        });
         m.events_lost = 17;
         m.decode_errors = 2;
         m.series_overflow = 4;
