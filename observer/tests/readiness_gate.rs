@@ -314,3 +314,34 @@ fn a_stalled_call_flips_the_condition_to_false() {
     drop(process);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn gate_timeout_marks_a_silent_pod_and_a_restart_leaves_a_true_condition_alone() {
+    assert_root();
+    let dir = scratch_dir();
+    let silent = TestPod::new("infer-canaryhash-silent", true);
+    // Ready from before this daemon started: nothing it sees says otherwise.
+    let earlier = TestPod::new("infer-canaryhash-earlier", true);
+    let mut earlier_json = earlier.json.clone();
+    earlier_json["status"]["conditions"] = json!([
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Ready", "status": "True"},
+        {"type": GATE, "status": "True", "reason": "RuntimeReady", "message": "from the daemon before",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([silent.json, earlier_json])));
+    let daemon = daemon(&dir, api_port, &["--gate-timeout", "2s"]);
+
+    let pod = wait_condition(api_port, &silent.name, "False", "NoRuntimeActivity");
+    let condition = gate_condition(&pod).expect("condition");
+    assert_eq!(condition["message"], "no GPU runtime call seen within 2s", "{condition}");
+    assert_kubelet_conditions(&pod);
+    // Both pods are judged in the same pass: once nothing is pending, the
+    // earlier pod's condition has been left as it was.
+    wait_settled(&daemon, "the silent pod marked", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"true\"} 1")
+    });
+    assert_eq!(patches_of(api_port, &earlier.name), Vec::<Value>::new(), "a True condition was touched");
+    let _ = std::fs::remove_dir_all(&dir);
+}
