@@ -883,6 +883,29 @@ mod tests {
     }
 
     #[test]
+    fn only_pods_that_declare_the_gate_carry_its_condition() {
+        let mut json = serde_json::to_value(deployment_pod()).expect("json");
+        json["metadata"]["resourceVersion"] = "77".into();
+        json["status"]["startTime"] = "2026-01-01T00:00:10Z".into();
+        json["status"]["conditions"] = serde_json::json!([
+            {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
+            {"type": crate::gate::CONDITION_TYPE, "status": "False", "reason": "InitFailed",
+             "message": "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+             "lastTransitionTime": "2026-01-01T00:01:00Z"},
+        ]);
+        assert_eq!(pod_meta(&pod(json.clone()), "track").expect("meta").gate, None, "no gate declared");
+        json["spec"]["readinessGates"] = serde_json::json!([{"conditionType": "example.com/other"}, {"conditionType": crate::gate::CONDITION_TYPE}]);
+        let gate = pod_meta(&pod(json.clone()), "track").expect("meta").gate.expect("gated");
+        assert_eq!(gate.resource_version, "77");
+        assert_eq!(gate.started_at, Some(1_767_225_610));
+        let condition = gate.condition.expect("condition");
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "InitFailed"));
+        assert_eq!(condition.last_transition_time.as_deref(), Some("2026-01-01T00:01:00Z"));
+        json["status"]["conditions"] = serde_json::json!([{"type": "Ready", "status": "False"}]);
+        assert_eq!(pod_meta(&pod(json), "track").expect("meta").gate.expect("gated").condition, None);
+    }
+
+    #[test]
     fn static_pod_is_filed_under_its_config_hash() {
         let hash = "6a1f3b0c9d2e4f5a6b7c8d9e0f1a2b3c";
         let p = pod(serde_json::json!({
@@ -1170,6 +1193,55 @@ pub(super) mod fake_apiserver_tests {
             .await;
         assert_eq!(cache.uids(), [UID_A4]);
 
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_patches_follow_kube_apiserver_semantics_per_content_type() {
+        use kube::api::{Patch, PatchParams};
+        let dir = std::env::temp_dir().join(format!("canaryscope-kube-patch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let server = Server::start(&dir, 0, &[pod_json("web-a1", UID_A1, "node-a")]);
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(server.port())).expect("kubeconfig");
+        let options = KubeOptions { kubeconfig: Some(kubeconfig), ..KubeOptions::default() };
+        let client = Client::try_from(load_config(&options).await.expect("config")).expect("client");
+        let pods: Api<Pod> = Api::namespaced(client, "shop");
+        let types = |p: &Pod| -> Vec<String> {
+            p.status.iter().flat_map(|s| s.conditions.iter().flatten()).map(|c| c.type_.clone()).collect()
+        };
+        let gate = |status: &str| serde_json::json!({"status": {"conditions": [{"type": crate::gate::CONDITION_TYPE, "status": status}]}});
+        let params = PatchParams::default();
+        // The server gave the pod the kubelet's conditions.
+        let kubelet = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+
+        let merged =
+            pods.patch_status("web-a1", &params, &Patch::Strategic(gate("False"))).await.expect("patch");
+        assert_eq!(types(&merged), [&kubelet[..], &[crate::gate::CONDITION_TYPE]].concat());
+        let merged =
+            pods.patch_status("web-a1", &params, &Patch::Strategic(gate("True"))).await.expect("patch");
+        assert_eq!(types(&merged).len(), 5, "merged by type, not appended");
+
+        let json = Patch::Json::<()>(
+            serde_json::from_value(
+                serde_json::json!([{"op": "replace", "path": "/status/phase", "value": "Failed"}]),
+            )
+            .expect("json patch"),
+        );
+        let patched = pods.patch_status("web-a1", &params, &json).await.expect("patch");
+        assert_eq!(patched.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
+
+        // A JSON merge patch replaces the list: the kubelet's conditions go.
+        let replaced =
+            pods.patch_status("web-a1", &params, &Patch::Merge(gate("True"))).await.expect("patch");
+        assert_eq!(types(&replaced), [crate::gate::CONDITION_TYPE]);
+
+        let (status, body) = server.control("GET", "/control/patches", "").await;
+        assert_eq!(status, 200, "{body}");
+        for kind in ["strategic-merge-patch", "json-patch", "merge-patch"] {
+            assert!(body.contains(&format!("application/{kind}+json")), "{kind} not recorded: {body}");
+        }
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
     }
