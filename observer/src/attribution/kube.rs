@@ -403,6 +403,12 @@ impl PodCache {
         self.read().len()
     }
 
+    /// Files a pod as the watcher would (for tests of the cache's users).
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&self, key: &str, meta: PodMeta) {
+        self.upsert(key.to_owned(), meta);
+    }
+
     #[cfg(test)]
     pub fn uids(&self) -> Vec<String> {
         self.read().keys().cloned().collect()

@@ -263,49 +263,66 @@ impl Patcher {
             });
             let results = futures::future::join_all(requests).await;
             let now = Instant::now();
-            let mut state = self.shared.state();
             for (uid, target, cached_before, result) in results {
-                let pod = state.pods.entry(uid).or_insert(PodPatch { next_at: now, failures: 0, sent: None });
-                let error = match result {
-                    Ok(Ok(answer)) => {
-                        self.shared.patches_ok.fetch_add(1, Ordering::Relaxed);
-                        info!(
-                            "readiness gate: {}/{}: {} {}: {}",
-                            target.namespace,
-                            target.name,
-                            target.desired.status(),
-                            target.desired.reason,
-                            target.desired.message
-                        );
-                        pod.failures = 0;
-                        pod.next_at = now + MIN_INTERVAL;
-                        pod.sent = Some(Sent {
-                            condition: gate_condition(&answer),
-                            resource_version: answer.metadata.resource_version.unwrap_or_default(),
-                            cached_before,
-                        });
-                        continue;
-                    }
-                    Ok(Err(err)) => crate::attribution::kube::error_chain(&err),
-                    Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
+                let result = match result {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(err)) => Err(crate::attribution::kube::error_chain(&err)),
+                    Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
                 };
-                self.shared.patches_failed.fetch_add(1, Ordering::Relaxed);
-                pod.failures = pod.failures.saturating_add(1);
-                let delay = backoff(pod.failures);
-                pod.next_at = now + delay;
-                let what = format!(
-                    "readiness gate: cannot patch pods/{}/status in {} ({} {}): {error}; retrying in {delay:?}",
-                    target.name,
-                    target.namespace,
-                    target.desired.status(),
-                    target.desired.reason
-                );
-                if pod.failures == 1 {
-                    warn!("{what}");
-                } else {
-                    debug!("{what}");
-                }
+                self.settle(uid, &target, cached_before, result, now);
             }
+        }
+    }
+
+    /// Books a patch's outcome: the next patch of the pod waits a second
+    /// after a success, and a backoff after a failure.
+    fn settle(
+        &self,
+        uid: String,
+        target: &Target,
+        cached_before: String,
+        result: Result<Pod, String>,
+        now: Instant,
+    ) {
+        let mut state = self.shared.state();
+        let pod = state.pods.entry(uid).or_insert(PodPatch { next_at: now, failures: 0, sent: None });
+        let error = match result {
+            Ok(answer) => {
+                self.shared.patches_ok.fetch_add(1, Ordering::Relaxed);
+                info!(
+                    "readiness gate: {}/{}: {} {}: {}",
+                    target.namespace,
+                    target.name,
+                    target.desired.status(),
+                    target.desired.reason,
+                    target.desired.message
+                );
+                pod.failures = 0;
+                pod.next_at = now + MIN_INTERVAL;
+                pod.sent = Some(Sent {
+                    condition: gate_condition(&answer),
+                    resource_version: answer.metadata.resource_version.unwrap_or_default(),
+                    cached_before,
+                });
+                return;
+            }
+            Err(error) => error,
+        };
+        self.shared.patches_failed.fetch_add(1, Ordering::Relaxed);
+        pod.failures = pod.failures.saturating_add(1);
+        let delay = backoff(pod.failures);
+        pod.next_at = now + delay;
+        let what = format!(
+            "readiness gate: cannot patch pods/{}/status in {} ({} {}): {error}; retrying in {delay:?}",
+            target.name,
+            target.namespace,
+            target.desired.status(),
+            target.desired.reason
+        );
+        if pod.failures == 1 {
+            warn!("{what}");
+        } else {
+            debug!("{what}");
         }
     }
 }
@@ -366,6 +383,65 @@ mod tests {
         assert!(matches(Some(&condition("False", "InitFailed")), &desired(false)));
         assert!(!matches(Some(&condition("True", "InitFailed")), &desired(false)));
         assert!(!matches(None, &desired(true)));
+    }
+
+    /// A patcher without its task, over a cache holding one gated pod.
+    fn patcher() -> (Patcher, Target) {
+        let meta = crate::attribution::kube::PodMeta {
+            namespace: "ml".into(),
+            name: "w".into(),
+            gate: Some(GatedPod { condition: None, resource_version: "10".into(), started_at: None }),
+            ..Default::default()
+        };
+        let cache = PodCache::default();
+        cache.insert_for_test("uid-w", meta);
+        let target = Target { namespace: "ml".into(), name: "w".into(), desired: desired(false) };
+        (Patcher { shared: Arc::new(Shared::default()), cache }, target)
+    }
+
+    fn answer(status: &str, rv: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w", "resourceVersion": rv},
+            "status": {"conditions": [{"type": CONDITION_TYPE, "status": status, "reason": "InitFailed", "message": "m"}]},
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn a_pod_is_patched_at_most_once_a_second_and_only_on_a_change() {
+        let (p, target) = patcher();
+        p.set_targets([("uid-w".to_string(), target.clone())].into());
+        assert_eq!(p.due().len(), 1);
+        assert_eq!(p.summary().pending, 1);
+        p.settle("uid-w".into(), &target, "10".into(), Ok(answer("False", "11")), Instant::now());
+        // The answer counts while the watch lags: nothing differs.
+        assert_eq!(p.summary().pending, 0);
+        assert!(p.due().is_empty());
+        // A change within the second waits for it.
+        let ready = Target { desired: desired(true), ..target.clone() };
+        p.set_targets([("uid-w".to_string(), ready.clone())].into());
+        assert!(p.due().is_empty(), "a second patch within a second");
+        assert_eq!(p.summary().pending, 1);
+        p.shared.state().pods.get_mut("uid-w").expect("booked").next_at = Instant::now();
+        let due = p.due();
+        assert_eq!(due.len(), 1);
+        // The status changes, so the transition time moves.
+        assert!(due[0].2["status"]["conditions"][0]["lastTransitionTime"].is_string(), "{}", due[0].2);
+    }
+
+    #[test]
+    fn a_failed_patch_is_retried_after_a_backoff_and_pods_without_the_gate_never_are() {
+        let (p, target) = patcher();
+        p.set_targets([("uid-w".to_string(), target.clone())].into());
+        let now = Instant::now();
+        p.settle("uid-w".into(), &target, "10".into(), Err("503".into()), now);
+        p.settle("uid-w".into(), &target, "10".into(), Err("503".into()), now);
+        let next = p.shared.state().pods.get("uid-w").map(|b| b.next_at);
+        assert_eq!(next, Some(now + Duration::from_secs(2)));
+        assert_eq!(p.summary().patches_failed, 2);
+        // A target for a pod the cache does not know as gated is skipped.
+        p.set_targets([("uid-other".to_string(), target)].into());
+        assert!(p.due().is_empty());
     }
 
     #[test]
