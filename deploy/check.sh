@@ -7,6 +7,8 @@
 #   jsonschema          Debian package `python3-jsonschema` (or PyPI `jsonschema`)
 #   kubernetes-validate PyPI only: `pip install kubernetes-validate` (bundles the
 #                       Kubernetes JSON schemas, works offline)
+#   cel-python          PyPI only: `pip install cel-python` (module celpy), evaluates
+#                       the admission policy's CEL expressions
 #   (no kubectl or kustomize: deploycheck.py renders the kustomizations itself,
 #   base and base + the secure/ component with its patches applied)
 # CRD schemas (Argo Rollouts, Flagger, Prometheus Operator) are vendored in
@@ -33,8 +35,16 @@
 #                   CRD schemas (strict) for ServiceMonitor, PrometheusRule,
 #                   AnalysisTemplate, MetricTemplate and the commented Rollout / Canary
 #                   examples, plus the privilege policy (capabilities, mounts; RBAC: the
-#                   daemon reads pods and argoproj.io rollouts, nothing else) and
-#                   cross-references
+#                   daemon reads pods and argoproj.io rollouts and patches pods/status,
+#                   nothing else) and cross-references; gate-admission-policy.yaml against
+#                   the 1.30 and 1.37 schemas (ValidatingAdmissionPolicy v1 needs 1.30);
+#                   deploy/examples/*.yaml (the readiness gate declared, no exec readiness
+#                   probe, a liveness probe kept)
+#   9 cel           the admission policy's CEL expressions evaluated with cel-python: the
+#                   daemon's status patch allowed for a pod on its own node, denied for a
+#                   pod on another node, without a node in its token, for an unscheduled
+#                   pod, or when it would change another condition (Ready); other users'
+#                   requests not matched
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +60,7 @@ if [ "${1:-}" = "--install-deps" ]; then
         apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     fi
     python3 -c 'import kubernetes_validate' 2>/dev/null || python3 -m pip install -q kubernetes-validate
+    python3 -c 'import celpy' 2>/dev/null || python3 -m pip install -q cel-python
     shift
 fi
 
@@ -103,6 +114,7 @@ step "5 promtool test rules (alerts)" promtool test rules deploy/prometheus/test
 step "6 Argo/Flagger queries: syntax and values" analysis
 step "7 promtool check config (plain Prometheus)" promconfig
 step "8 Kubernetes / CRD schema validation and policy" "$PY" deploy/tools/deploycheck.py validate
+step "9 admission policy CEL (cel-python)" "$PY" deploy/tools/deploycheck.py cel
 
 echo
 if [ "$failed" -gt 0 ]; then

@@ -65,10 +65,11 @@ else
 fi
 
 # deploy/check.sh validates manifests with PyYAML, jsonschema and the
-# offline Kubernetes schemas of kubernetes-validate (PyPI only).
-if ! python3 -c 'import yaml, jsonschema, kubernetes_validate' 2>/dev/null; then
-    step "installing Python packages for deploy/ validation (pyyaml, jsonschema, kubernetes-validate)"
-    python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema kubernetes-validate
+# offline Kubernetes schemas of kubernetes-validate (PyPI only), and evaluates
+# the ValidatingAdmissionPolicy's CEL expressions with cel-python (PyPI only).
+if ! python3 -c 'import yaml, jsonschema, kubernetes_validate, celpy' 2>/dev/null; then
+    step "installing Python packages for deploy/ validation (pyyaml, jsonschema, kubernetes-validate, cel-python)"
+    python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema kubernetes-validate cel-python
 else
     step "Python packages for deploy/ validation: present"
 fi

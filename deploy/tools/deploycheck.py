@@ -770,7 +770,8 @@ def image_has_registry(image):
     return "/" in image and ("." in first or ":" in first or first == "localhost")
 
 
-def validate_doc(where, doc, crds, kv):
+def validate_doc(where, doc, crds, kv, versions=None):
+    versions = versions or K8S_VERSIONS
     nulls = find_nulls(doc)
     if nulls:
         err("%s: null values at %s" % (where, ", ".join(nulls)))
@@ -788,7 +789,7 @@ def validate_doc(where, doc, crds, kv):
     if key[0] in ("argoproj.io/v1alpha1", "flagger.app/v1beta1", "monitoring.coreos.com/v1"):
         err("%s: no vendored schema for %s %s" % (where, key[0], key[1]))
         return
-    for version in K8S_VERSIONS:
+    for version in versions:
         try:
             kv.validate(doc, version, strict=True)
         except kv.ValidationError as e:
@@ -798,7 +799,7 @@ def validate_doc(where, doc, crds, kv):
         except kv.SchemaNotFoundError as e:
             err("%s: %s" % (where, e.message))
             return
-    ok("%s: valid against Kubernetes %s schemas (strict)" % (where, " and ".join(K8S_VERSIONS)))
+    ok("%s: valid against Kubernetes %s schemas (strict)" % (where, " and ".join(versions)))
 
 
 def by_kind(docs, kind, name=None):
@@ -909,16 +910,24 @@ def check_daemonset_policy(where, docs, secure):
 
 
 # Least privilege for the daemon's service account: each (API group, resource) it may
-# read, and why. Only get, list and watch; no other resource, no wildcard, no
+# use, with exactly which verbs, and why. No other resource, no wildcard, no
 # nonResourceURLs. rbac.yaml and deploy/README.md say the same in words.
-DAEMON_RBAC = {
-    ("", "pods"): "pod metadata for attribution (its own node's pods, by field selector)",
-    ("argoproj.io", "rollouts"): "an Argo Rollout's status.stableRS, to tell its canary pods from the stable ones",
-}
 READ_VERBS = {"get", "list", "watch"}
+DAEMON_RBAC = {
+    ("", "pods"): (READ_VERBS, "pod metadata for attribution (its own node's pods, by field selector)"),
+    ("argoproj.io", "rollouts"):
+        (READ_VERBS, "an Argo Rollout's status.stableRS, to tell its canary pods from the stable ones"),
+    ("", "pods/status"): ({"patch"}, "the readiness gate canaryscope.io/gpu-runtime of pods that declare it "
+                                     "(limited to the daemon's own node by gate-admission-policy.yaml)"),
+}
 # Built-in ClusterRoles the daemon's service account may be bound to, and in which
 # rendering: kube-rbac-proxy's TokenReview / SubjectAccessReview, secure/ only.
 BUILTIN_DAEMON_ROLES = {"system:auth-delegator": True}
+
+
+def rbac_summary():
+    return ", ".join("%s %s (%s)" % ("/".join(sorted(verbs)), r, g or "core")
+                     for (g, r), (verbs, _) in DAEMON_RBAC.items())
 
 
 def check_rbac_policy(where, docs, secure):
@@ -952,24 +961,24 @@ def check_rbac_policy(where, docs, secure):
             if rule.get("nonResourceURLs"):
                 err("%s: nonResourceURLs %s: the daemon needs none" % (rw, rule["nonResourceURLs"]))
             verbs = set(rule.get("verbs") or [])
-            if not verbs <= READ_VERBS:
-                err("%s: verbs %s: the daemon only reads (get, list, watch)" % (rw, sorted(verbs - READ_VERBS)))
             for group in rule.get("apiGroups") or []:
                 for resource in rule.get("resources") or []:
                     if (group, resource) not in DAEMON_RBAC:
-                        err("%s: %s in API group %r is not allowed; the daemon may read only %s"
-                            % (rw, resource, group,
-                               ", ".join("%s (%s)" % (r, g or "core") for g, r in DAEMON_RBAC)))
-                    else:
-                        granted[(group, resource)] |= verbs & READ_VERBS
-    for (group, resource), why in DAEMON_RBAC.items():
-        missing = READ_VERBS - granted[(group, resource)]
+                        err("%s: %s in API group %r is not allowed; the daemon may use only %s"
+                            % (rw, resource, group, rbac_summary()))
+                        continue
+                    allowed, _ = DAEMON_RBAC[(group, resource)]
+                    if not verbs <= allowed:
+                        err("%s: verbs %s on %s: the daemon may only %s it"
+                            % (rw, sorted(verbs - allowed), resource, "/".join(sorted(allowed))))
+                    granted[(group, resource)] |= verbs & allowed
+    for (group, resource), (allowed, why) in DAEMON_RBAC.items():
+        missing = allowed - granted[(group, resource)]
         if missing:
             err("%s: the daemon's service account lacks %s on %s in API group %r: needed for %s"
                 % (where, ", ".join(sorted(missing)), resource, group or "core", why))
     if len(ERRORS) == before:
-        ok("%s: the daemon's RBAC is read-only %s, nothing else"
-           % (where, " and ".join("%s (%s)" % (r, g or "core") for g, r in DAEMON_RBAC)))
+        ok("%s: the daemon's RBAC is %s, nothing else" % (where, rbac_summary()))
 
 
 def check_capability_comments():
@@ -997,7 +1006,7 @@ def check_capability_comments():
 def check_kustomization_lists_everything():
     k = load_yaml(os.path.join(DEPLOY, "kustomization.yaml"))
     listed = set(k.get("resources", []))
-    documented_apart = {"argo-analysistemplate.yaml", "flagger-metrictemplate.yaml"}
+    documented_apart = {"argo-analysistemplate.yaml", "flagger-metrictemplate.yaml", "gate-admission-policy.yaml"}
     for path in sorted(glob.glob(os.path.join(DEPLOY, "*.yaml"))):
         base = os.path.basename(path)
         if base == "kustomization.yaml" or base in documented_apart:
@@ -1068,6 +1077,142 @@ def check_argo_flagger(rollout, canary):
         ok("Argo args/queries and Flagger variables/templates are consistent with their examples")
 
 
+def check_gated_example(where, doc):
+    """An example workload that uses the readiness gate: the gate declared, no exec
+    readiness probe (the gate replaces it), a cheap liveness probe kept."""
+    spec = doc.get("spec", {}).get("template", {}).get("spec")
+    if spec is None:
+        return
+    gates = [g.get("conditionType") for g in spec.get("readinessGates", [])]
+    if GATE_CONDITION not in gates:
+        err("%s: %s/%s does not declare the readiness gate %s"
+            % (where, doc["kind"], doc["metadata"]["name"], GATE_CONDITION))
+    for c in spec.get("containers", []):
+        if "exec" in c.get("readinessProbe", {}):
+            err("%s: container %s keeps an exec readiness probe; the gate replaces it" % (where, c["name"]))
+        if "livenessProbe" not in c:
+            err("%s: container %s has no liveness probe" % (where, c["name"]))
+
+
+# ---------------------------------------------------------------------------------
+# cel: the admission policy's CEL expressions, evaluated with cel-python
+
+GATE_POLICY = os.path.join(DEPLOY, "gate-admission-policy.yaml")
+GATE_POLICY_K8S_VERSIONS = ["1.30", "1.37"]
+GATE_CONDITION = "canaryscope.io/gpu-runtime"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def gate_policy_cases(daemon_user):
+    """(name, request user, object, old object, admitted?) for the policy. `None` for
+    admitted means the request must not match the policy at all."""
+    def pod(node, gate_status=None, ready="False"):
+        conditions = [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": ready}]
+        if gate_status:
+            conditions.append({"type": GATE_CONDITION, "status": gate_status, "reason": "RuntimeReady"})
+        p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ml"},
+             "spec": {"containers": [{"name": "worker"}]}, "status": {"conditions": conditions}}
+        if node:
+            p["spec"]["nodeName"] = node
+        return p
+
+    daemon = {"username": daemon_user, "extra": {NODE_EXTRA: ["node-a"]}}
+    return [
+        ("a pod on the daemon's own node", daemon, pod("node-a", "True"), pod("node-a"), True),
+        ("a pod on another node", daemon, pod("node-b", "True"), pod("node-b"), False),
+        ("a token without a node", {"username": daemon_user, "extra": {}}, pod("node-a", "True"),
+         pod("node-a"), False),
+        ("an unscheduled pod", daemon, pod(None, "True"), pod(None), False),
+        ("the kubelet's Ready flipped by the daemon", daemon, pod("node-a", "True", ready="True"),
+         pod("node-a"), False),
+        ("someone else's status update", {"username": "system:node:node-b", "extra": {}},
+         pod("node-b", ready="True"), pod("node-b"), None),
+    ]
+
+
+def cmd_cel(_):
+    print("admission policy CEL (cel-python)")
+    try:
+        import celpy
+    except ImportError:
+        err("python module celpy is missing: pip install cel-python (scripts/setup.sh and "
+            "deploy/check.sh --install-deps install it)")
+        finish("cel")
+    docs = load_all(GATE_POLICY)
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    bindings = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    if len(policies) != 1 or len(bindings) != 1:
+        err("%s: expected one policy and one binding" % rel(GATE_POLICY))
+        finish("cel")
+    policy, binding = policies[0], bindings[0]
+    if binding["spec"].get("policyName") != policy["metadata"]["name"]:
+        err("%s: the binding names policy %r" % (rel(GATE_POLICY), binding["spec"].get("policyName")))
+    if binding["spec"].get("validationActions") != ["Deny"]:
+        err("%s: the binding must deny (validationActions: [Deny])" % rel(GATE_POLICY))
+    if policy["spec"].get("failurePolicy") != "Fail":
+        err("%s: failurePolicy must be Fail" % rel(GATE_POLICY))
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    if not any("pods/status" in r.get("resources", []) and "UPDATE" in r.get("operations", []) for r in rules):
+        err("%s: the policy must match UPDATE of pods/status (how a PATCH is admitted)" % rel(GATE_POLICY))
+    # The service account the policy names is the one the DaemonSet runs as.
+    rendered = render_kustomization(DEPLOY)
+    ds = by_kind(rendered, "DaemonSet", "canaryscope")[0]
+    daemon_user = "system:serviceaccount:%s:%s" % (ds["metadata"]["namespace"],
+                                                   ds["spec"]["template"]["spec"]["serviceAccountName"])
+    env = celpy.Environment()
+
+    def program(text, where):
+        try:
+            return env.program(env.compile(text))
+        except Exception as e:  # noqa: BLE001 - any compile error is a finding
+            err("%s: %s does not compile: %s" % (rel(GATE_POLICY), where, e))
+            return None
+
+    matches = [(m["name"], program(m["expression"], "matchCondition " + m["name"]))
+               for m in policy["spec"].get("matchConditions", [])]
+    validations = [(v.get("message") or v.get("messageExpression", ""), program(v["expression"], "validation"),
+                    program(v["messageExpression"], "messageExpression") if "messageExpression" in v else None)
+                   for v in policy["spec"]["validations"]]
+    if ERRORS:
+        finish("cel")
+    for name, user, obj, old, admitted in gate_policy_cases(daemon_user):
+        activation = {
+            "request": celpy.json_to_cel({"userInfo": user, "operation": "UPDATE", "subResource": "status"}),
+            "object": celpy.json_to_cel(obj),
+            "oldObject": celpy.json_to_cel(old),
+        }
+        def holds(p):
+            # An evaluation error denies, as failurePolicy: Fail does.
+            try:
+                result = p.evaluate(activation)
+            except Exception:  # noqa: BLE001
+                return False
+            return not isinstance(result, Exception) and bool(result)
+
+        matched = all(holds(p) for _, p in matches)
+        if admitted is None:
+            if matched:
+                err("cel: %s: matched the policy, which is for the daemon only" % name)
+            else:
+                ok("cel: %s: not the daemon's, not judged" % name)
+            continue
+        if not matched:
+            err("cel: %s: the daemon's request did not match the policy" % name)
+            continue
+        denied = []
+        for message, p, message_program in validations:
+            if not holds(p):
+                text = str(message_program.evaluate(activation)) if message_program else message
+                denied.append(text)
+        if admitted and denied:
+            err("cel: %s: denied (%s), must be allowed" % (name, "; ".join(denied)))
+        elif not admitted and not denied:
+            err("cel: %s: allowed, must be denied" % name)
+        else:
+            ok("cel: %s: %s" % (name, "allowed" if admitted else "denied: " + "; ".join(denied)))
+    finish("cel")
+
+
 def cmd_validate(_):
     print("manifest validation")
     try:
@@ -1101,6 +1246,15 @@ def cmd_validate(_):
     for path in (ARGO, FLAGGER):
         for d in load_all(path):
             validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)
+    # ValidatingAdmissionPolicy v1 exists from Kubernetes 1.30 on.
+    for d in load_all(GATE_POLICY):
+        validate_doc("%s %s/%s" % (rel(GATE_POLICY), d.get("kind"), d["metadata"]["name"]), d, crds, kv,
+                     GATE_POLICY_K8S_VERSIONS)
+    for path in sorted(glob.glob(os.path.join(DEPLOY, "examples", "*.yaml"))):
+        for d in load_all(path):
+            if d is not None:
+                validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)
+                check_gated_example(rel(path), d)
     rollout = commented_example(ARGO, "Rollout")
     if rollout is not None:
         validate_doc("%s example Rollout" % rel(ARGO), rollout, crds, kv)
@@ -1201,6 +1355,7 @@ def main():
     p.add_argument("dir")
     p.set_defaults(fn=cmd_promconfig)
     sub.add_parser("validate").set_defaults(fn=cmd_validate)
+    sub.add_parser("cel").set_defaults(fn=cmd_cel)
     p = sub.add_parser("extract-schemas")
     p.add_argument("--crd", action="append", required=True, help="upstream CRD YAML file")
     p.add_argument("--kind", action="append", required=True, help="kind to extract")

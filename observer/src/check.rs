@@ -44,6 +44,25 @@ pub struct HotCalls {
     pub selected: std::collections::BTreeMap<String, u64>,
 }
 
+/// What the daemon on this node says of the readiness gate.
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct ReadinessGate {
+    /// The condition type pods declare as a readiness gate.
+    pub condition_type: &'static str,
+    /// Whether the daemon keeps the condition; `None` when it did not say.
+    pub enabled: Option<bool>,
+    /// Pods of this node that declare the gate, by the condition the API
+    /// server holds (`true`, `false`, `none`).
+    pub pods: std::collections::BTreeMap<String, u64>,
+}
+
+impl ReadinessGate {
+    /// Pods of this node that use the gate.
+    pub fn pod_count(&self) -> u64 {
+        self.pods.values().sum()
+    }
+}
+
 #[derive(Serialize, Debug)]
 pub struct Item {
     pub name: String,
@@ -75,6 +94,8 @@ pub struct Report {
     pub observable: bool,
     /// Which processes the running daemon traps hot GPU calls in, and why.
     pub hot_calls: HotCalls,
+    /// Whether the daemon keeps the readiness gate, and for how many pods.
+    pub readiness_gate: ReadinessGate,
 }
 
 fn item(name: &str, ok: bool, detail: impl Into<String>) -> Item {
@@ -103,9 +124,29 @@ fn kprobes_available() -> (bool, String) {
     }
 }
 
+/// The readiness gate's series of an exposition.
+fn parse_readiness_gate(text: &str) -> ReadinessGate {
+    use crate::metrics::catalog::{PREFIX, READINESS_GATE_ENABLED, READINESS_GATE_PODS};
+    let enabled_prefix = format!("{PREFIX}{} ", READINESS_GATE_ENABLED.name);
+    let pods_prefix = format!("{PREFIX}{}{{condition=\"", READINESS_GATE_PODS.name);
+    let mut gate = ReadinessGate { condition_type: crate::gate::CONDITION_TYPE, ..ReadinessGate::default() };
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix(&enabled_prefix) {
+            gate.enabled = value.trim().parse::<f64>().ok().map(|v| v == 1.0);
+        } else if let Some(rest) = line.strip_prefix(&pods_prefix) {
+            if let Some((condition, value)) = rest.split_once("\"} ") {
+                if let Ok(n) = value.trim().parse::<f64>() {
+                    gate.pods.insert(condition.to_string(), n as u64);
+                }
+            }
+        }
+    }
+    gate
+}
+
 /// Asks the daemon's exporter for `canaryscope_gpu_hot_probed_processes`.
-fn daemon_hot_calls(address: &str) -> HotCalls {
-    let selected = scrape(address).map(|text| parse_hot_counts(&text));
+fn daemon_hot_calls(address: &str, exposition: Option<&str>) -> HotCalls {
+    let selected = exposition.map(parse_hot_counts);
     HotCalls {
         daemon: address.to_string(),
         reachable: selected.as_ref().is_some_and(|s| !s.is_empty()),
@@ -222,8 +263,22 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
     // once, record each probe's outcome, and detach.
     let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
     let observable = probes.iter().any(|p| p.attached);
-    let hot_calls = daemon_hot_calls(daemon);
-    Report { kernel: kernel_release(), facilities, gpu_libraries, probes, load_error, observable, hot_calls }
+    let exposition = scrape(daemon);
+    let hot_calls = daemon_hot_calls(daemon, exposition.as_deref());
+    let readiness_gate = exposition
+        .as_deref()
+        .map(parse_readiness_gate)
+        .unwrap_or(ReadinessGate { condition_type: crate::gate::CONDITION_TYPE, ..ReadinessGate::default() });
+    Report {
+        kernel: kernel_release(),
+        facilities,
+        gpu_libraries,
+        probes,
+        load_error,
+        observable,
+        hot_calls,
+        readiness_gate,
+    }
 }
 
 fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
@@ -294,6 +349,27 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
                 hot.daemon
             );
         }
+        let gate = &report.readiness_gate;
+        match gate.enabled {
+            Some(true) => {
+                let counts: Vec<String> = gate.pods.iter().map(|(c, n)| format!("{n} {c}")).collect();
+                println!(
+                    "Readiness gate {}: enabled by the daemon at {}; {} pods on this node use it (condition: {})",
+                    gate.condition_type,
+                    hot.daemon,
+                    gate.pod_count(),
+                    counts.join(", ")
+                );
+            }
+            Some(false) => println!(
+                "Readiness gate {}: disabled in the daemon at {} (no Kubernetes API, or --no-readiness-gate)",
+                gate.condition_type, hot.daemon
+            ),
+            None => println!(
+                "Readiness gate {}: no daemon answers at {} (it is kept by `canaryscope run` with Kubernetes)",
+                gate.condition_type, hot.daemon
+            ),
+        }
         println!(
             "{}",
             if report.observable {
@@ -320,5 +396,21 @@ mod tests {
         assert_eq!(counts.get("canary"), Some(&3));
         assert_eq!(counts.get("gpu_trouble"), Some(&0));
         assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn the_readiness_gate_is_read_from_the_exposition() {
+        let text = "canaryscope_readiness_gate_enabled 1\n\
+                    canaryscope_readiness_gate_pods{condition=\"true\"} 2\n\
+                    canaryscope_readiness_gate_pods{condition=\"false\"} 1\n\
+                    canaryscope_readiness_gate_pods{condition=\"none\"} 0\n\
+                    canaryscope_readiness_gate_pending_patches 0\n";
+        let gate = parse_readiness_gate(text);
+        assert_eq!(gate.enabled, Some(true));
+        assert_eq!(gate.pod_count(), 3);
+        assert_eq!(gate.pods.get("false"), Some(&1));
+        let off = parse_readiness_gate("canaryscope_readiness_gate_enabled 0\n");
+        assert_eq!((off.enabled, off.pod_count()), (Some(false), 0));
+        assert_eq!(parse_readiness_gate("").enabled, None);
     }
 }

@@ -173,6 +173,10 @@ pub struct ConfigFile {
     /// `--cgroup`: cgroup2 paths whose cgroups get run-queue histograms
     /// besides the kubepods hierarchy.
     pub cgroups: Vec<String>,
+    /// `false` is `--no-readiness-gate`.
+    pub readiness_gate: Option<bool>,
+    /// `--gate-timeout`.
+    pub gate_timeout: Option<String>,
 }
 
 impl ConfigFile {
@@ -204,6 +208,12 @@ pub struct Settings {
     pub hot_window: Duration,
     /// Cgroup prefixes with run-queue accounting besides kubepods.
     pub cgroups: Vec<String>,
+    /// Keep the `canaryscope.io/gpu-runtime` condition of gated pods
+    /// (with Kubernetes only).
+    pub readiness_gate: bool,
+    /// After this long without a start-up, a gated pod without the
+    /// condition gets `False`, `NoRuntimeActivity`.
+    pub gate_timeout: Option<Duration>,
 }
 
 impl Settings {
@@ -271,7 +281,20 @@ impl Settings {
         for c in &cgroups {
             parse_cgroup_prefix(c).map_err(|e| CliError::usage(format!("--cgroup {c:?}: {e}")))?;
         }
+        let readiness_gate = kube.is_some() && !args.no_readiness_gate && file.readiness_gate.unwrap_or(true);
+        let gate_timeout = match args.gate_timeout.clone().or(file.gate_timeout) {
+            Some(text) => {
+                let d = parse_duration(&text).map_err(|e| CliError::usage(format!("--gate-timeout: {e}")))?;
+                if d < Duration::from_secs(1) {
+                    return Err(CliError::usage(format!("--gate-timeout: `{text}` is shorter than 1s")));
+                }
+                Some(d)
+            }
+            None => None,
+        };
         Ok(Self {
+            readiness_gate,
+            gate_timeout,
             hold,
             hot_calls,
             hot_window,
@@ -373,6 +396,30 @@ mod tests {
             matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--hot-window: "))
         );
         let _ = std::fs::remove_file(file);
+    }
+
+    #[test]
+    fn the_readiness_gate_needs_kubernetes_and_can_be_turned_off() {
+        let s = Settings::from_run_args(&Args::default()).expect("defaults");
+        // No kubeconfig and not in a cluster: no Kubernetes, no gate.
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            assert!(!s.readiness_gate);
+        }
+        assert_eq!(s.gate_timeout, None);
+        let kubeconfig = std::env::temp_dir().join(format!("cs-gate-kubeconfig-{}", std::process::id()));
+        std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").expect("write");
+        let mut a = Args { kubeconfig: Some(kubeconfig.clone()), ..Args::default() };
+        assert!(Settings::from_run_args(&a).expect("valid").readiness_gate);
+        a.gate_timeout = Some("5m".into());
+        assert_eq!(Settings::from_run_args(&a).expect("valid").gate_timeout, Some(Duration::from_secs(300)));
+        a.gate_timeout = Some("10ms".into());
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--gate-timeout: "))
+        );
+        a.gate_timeout = None;
+        a.no_readiness_gate = true;
+        assert!(!Settings::from_run_args(&a).expect("valid").readiness_gate);
+        let _ = std::fs::remove_file(kubeconfig);
     }
 
     #[test]

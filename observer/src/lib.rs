@@ -17,6 +17,7 @@ pub mod discovery;
 pub mod event_loop;
 pub mod events;
 pub mod exit_cause;
+pub mod gate;
 pub mod metrics;
 pub mod names;
 pub mod oom;

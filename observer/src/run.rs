@@ -1,7 +1,7 @@
 //! `canaryscope run`: the node daemon. All probes, a Prometheus exporter,
 //! pod attribution from the Kubernetes API when there is one.
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     process::ExitCode,
     sync::{Arc, Mutex, RwLock},
@@ -24,6 +24,10 @@ use crate::{
     event_loop::{self, Consumer, Flow, Schedule},
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
+    gate::{
+        patcher::{Patcher, Target},
+        startup_counts, Gate, CONDITION_TYPE,
+    },
     metrics::{
         server::{self, Exposition, Published, Shared, SharedMetrics},
         Metrics,
@@ -92,6 +96,15 @@ pub struct Args {
     /// path (besides the kubepods hierarchy); repeatable.
     #[arg(long = "cgroup", value_name = "PREFIX")]
     pub cgroups: Vec<String>,
+    /// Do not keep the `canaryscope.io/gpu-runtime` condition of pods that
+    /// declare that readiness gate (the daemon then needs no write access).
+    #[arg(long)]
+    pub no_readiness_gate: bool,
+    /// A pod with the readiness gate that has not started its GPU runtime
+    /// this long after its start gets the condition False with reason
+    /// NoRuntimeActivity; without it such a pod has no condition (unready).
+    #[arg(long, value_name = "DURATION")]
+    pub gate_timeout: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -160,10 +173,27 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         }));
     }
 
+    let gate = match (&pods, &settings.kube) {
+        (Some(pods), Some(options)) if settings.readiness_gate => {
+            let patcher =
+                Patcher::start(options, pods.clone()).await.map_err(|e| CliError::usage(e.to_string()))?;
+            info!("readiness gate {CONDITION_TYPE}: kept for the pods of this node that declare it");
+            Some(GateRunner {
+                gate: Gate::new(settings.gate_timeout, unix_now()),
+                patcher,
+                pods: pods.clone(),
+                stall_threshold: settings.stall_threshold,
+            })
+        }
+        _ => None,
+    };
+
     let mut metrics = Metrics::new(settings.max_cgroups);
     metrics.probes = pipeline.statuses();
     let published: SharedMetrics = Arc::new(Mutex::new(Published::new(metrics)));
-    let shared: Shared = Arc::new(RwLock::new(Exposition::default()));
+    // Not ready until the loop has judged readiness once: a /readyz answered
+    // before the first tick must not claim a synced pod cache.
+    let shared: Shared = Arc::new(RwLock::new(Exposition { not_ready: Some("starting".into()) }));
     tokio::spawn(server::serve(listener, shared.clone(), published.clone()));
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 
@@ -171,10 +201,12 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         published,
         shared,
         pods,
+        gate,
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
         aggregates_generation: u64::MAX,
+        last_gpu: Vec::new(),
     };
     event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
     eprintln!("canaryscope: stopping; detaching probes");
@@ -186,16 +218,24 @@ struct Exporter {
     published: SharedMetrics,
     shared: Shared,
     pods: Option<PodCache>,
+    /// The readiness gate, with Kubernetes unless turned off.
+    gate: Option<GateRunner>,
     series_grace: Duration,
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
     last_generation: u64,
     /// The kernel aggregates' generation at the last read.
     aggregates_generation: u64,
+    /// GPU call counts of that read (the readiness gate judges start-ups
+    /// from them on every refresh).
+    last_gpu: Vec<(observer_common::gpu::GpuStatsKey, observer_common::gpu::GpuStats)>,
 }
 
 impl Consumer for Exporter {
-    fn events(&mut self, _: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+    fn events(&mut self, pipeline: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+        if let Some(gate) = &mut self.gate {
+            gate.events(pipeline, &events);
+        }
         let mut published = self.lock();
         for event in &mut events {
             // A host kill of a pod's container: a liveness restart fails a
@@ -250,6 +290,13 @@ impl Exporter {
         let aggregates = (generation != self.aggregates_generation)
             .then(|| (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats()));
         self.aggregates_generation = generation;
+        if let Some((gpu, _, _)) = &aggregates {
+            self.last_gpu.clone_from(gpu);
+        }
+        if let Some(gate) = &mut self.gate {
+            gate.refresh(pipeline, &stalls, &self.last_gpu);
+        }
+        let kernel = pipeline.kernel();
         let mem_limits = kernel.mem_limit_refusals();
         let in_kernel: HashSet<u64> = aggregates
             .iter()
@@ -270,6 +317,7 @@ impl Exporter {
         let mut published = self.lock();
         let metrics = &mut published.metrics;
         metrics.set_stalled(stalls.into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
+        metrics.set_gate(self.gate.as_ref().map(|g| g.patcher.summary()));
         if let Some((gpu, runq, kfd)) = aggregates {
             metrics.set_gpu(gpu);
             metrics.set_runq(runq);
@@ -304,6 +352,84 @@ impl Exporter {
             unsafe { libc::malloc_trim(0) };
         }
     }
+}
+
+/// The readiness gate in the daemon loop: evidence in, targets out.
+struct GateRunner {
+    gate: Gate,
+    patcher: Patcher,
+    pods: PodCache,
+    stall_threshold: Duration,
+}
+
+impl GateRunner {
+    /// Init failures and GPU crashes. The kernel's start-up counts are read
+    /// now, once per batch with trouble, as the baseline that a later
+    /// start-up must exceed (the counts of the last refresh may be half a
+    /// second old and miss the start-up just before a crash).
+    fn events(&mut self, pipeline: &Pipeline, events: &[Event]) {
+        let pods = &self.pods;
+        let troubles: Vec<_> = events
+            .iter()
+            .filter(|e| {
+                // Pods known not to declare the gate cost no map read.
+                let pod = e.origin.cgroup.as_deref().and_then(parse_pod_cgroup);
+                pod.is_some_and(|p| pods.get(&p.pod_uid).is_none_or(|m| m.gate.is_some()))
+            })
+            .filter_map(|e| Gate::trouble_of(e).map(|t| (e, t)))
+            .collect();
+        if troubles.is_empty() {
+            return;
+        }
+        let counts = startup_counts(&pipeline.kernel().gpu_stats());
+        for (event, (reason, message, api)) in troubles {
+            let origin = &event.origin;
+            self.gate.note_trouble(origin.cgroup_id, origin.cgroup.as_deref(), reason, message, api, &counts);
+        }
+        self.publish();
+    }
+
+    /// Stalls and start-ups, from the refresh's reads of the kernel.
+    fn refresh(
+        &mut self,
+        pipeline: &mut Pipeline,
+        stalls: &[crate::pipeline::stalls::Stall],
+        gpu: &[(observer_common::gpu::GpuStatsKey, observer_common::gpu::GpuStats)],
+    ) {
+        let counts = startup_counts(gpu);
+        let resolver = pipeline.cgroups_mut();
+        self.gate.note_stalls(stalls, self.stall_threshold, &counts, |id| resolver.path(id));
+        self.gate.note_counts(&counts, |id| resolver.path(id));
+        // Evidence is kept for gated pods while the API knows them, and for
+        // pods it does not know (yet: too new for the watch) while their
+        // cgroups exist; a pod known without the gate never needs any.
+        if self.pods.is_synced() {
+            let pods = &self.pods;
+            self.gate.retain(|cgroup, uid| match pods.get(uid) {
+                Some(meta) => meta.gate.is_some(),
+                None => resolver.exists(cgroup),
+            });
+        }
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        let now = unix_now();
+        let mut targets = HashMap::new();
+        for (uid, meta) in self.pods.gated() {
+            if let Some(desired) = self.gate.desired(&uid, &meta, now) {
+                targets.insert(uid, Target { namespace: meta.namespace, name: meta.name, desired });
+            }
+        }
+        self.patcher.set_targets(targets);
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
 }
 
 fn readiness(metrics: &Metrics, pods: Option<&PodCache>) -> Option<String> {

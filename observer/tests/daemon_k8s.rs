@@ -7,101 +7,13 @@ mod support;
 
 use std::{
     fs,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
-use support::*;
-
-const NS: &str = "inference";
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": name, "namespace": NS, "uid": uid, "resourceVersion": "1",
-            "labels": {"app": "infer", "track": track, "rollouts-pod-template-hash": hash},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("infer-{hash}"),
-                                 "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]
-        },
-        "spec": {"nodeName": "node-a", "containers": [{"name": "worker", "image": "worker:1"}]},
-        "status": {"phase": "Running", "containerStatuses": [{
-            "name": "worker", "containerID": format!("containerd://{container_id}"), "image": "worker:1",
-            "imageID": "", "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}}]}
-    })
-}
-
-#[expect(clippy::zombie_processes, reason = "the child is owned by Proc, whose Drop kills and waits")]
-fn start_apiserver(dir: &Path, port: Option<u16>) -> (Proc, u16) {
-    let port_file = dir.join("port");
-    let _ = fs::remove_file(&port_file);
-    let child = Command::new("python3")
-        .arg(repo().join("tests/fake-apiserver/fake_apiserver.py"))
-        .args(["--port", &port.unwrap_or(0).to_string(), "--port-file"])
-        .arg(&port_file)
-        .arg("--quiet")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("python3 runs the stand-in API server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(p) = fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok()) {
-            return (Proc(child), p);
-        }
-        assert!(Instant::now() < deadline, "fake API server did not start");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A fresh directory for one test's files.
-fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
-    fs::create_dir_all(&dir).expect("tmp");
-    dir
-}
-
-/// A kubeconfig pointing at the stand-in API server.
-fn write_kubeconfig(dir: &Path, api_port: u16) -> PathBuf {
-    let kubeconfig = dir.join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
-        ),
-    )
-    .expect("kubeconfig");
-    kubeconfig
-}
-
-fn control(port: u16, method: &str, path: &str, body: &str) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    assert!(out.starts_with("HTTP/1.1 2") || out.starts_with("HTTP/1.0 2"), "{method} {path}: {out}");
-}
+use support::{k8s::*, *};
 
 fn prom_query(port: u16, query: &str) -> Vec<Value> {
     let encoded: String = query

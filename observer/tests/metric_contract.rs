@@ -126,6 +126,8 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
         "canaryscope_ring_events_total",
         "canaryscope_series_overflow_total",
         "canaryscope_tracked_cgroups",
+        // 0 here (no Kubernetes); readiness_gate.rs scrapes the gate's families.
+        "canaryscope_readiness_gate_enabled",
         "canaryscope_node_gpu_memory_faults_total",
         "canaryscope_node_gpu_resets_total",
         "canaryscope_node_gpu_queue_evictions_total",

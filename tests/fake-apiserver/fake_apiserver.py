@@ -21,6 +21,49 @@ What it serves (Python 3 standard library only):
                                            one Rollout
   GET /version, /api, /api/v1, /apis, /apis/argoproj.io,
       /apis/argoproj.io/v1alpha1, /healthz, /readyz, /livez
+  PATCH /api/v1/namespaces/{ns}/pods/{name}/status
+                                           the status subresource, with
+                                           kube-apiserver's semantics for each
+                                           patch type (see "Patching status")
+
+Pods stored without status.conditions get the conditions a kubelet sets on a
+running pod (PodScheduled, Initialized, ContainersReady and Ready; Ready is
+False with reason ReadinessGatesNotReady when the pod declares readiness
+gates), so a test can see that a status patch leaves them alone. They are not
+recomputed afterwards: this server stands in for the API server, not for the
+kubelet.
+
+Patching status (PATCH .../pods/{name}/status), by Content-Type:
+
+  application/merge-patch+json           RFC 7386 JSON merge patch: objects
+                                         merge, null deletes a key, and a list
+                                         replaces the list it patches (a
+                                         patch of status.conditions replaces
+                                         them all)
+  application/strategic-merge-patch+json strategic merge patch: as above, but
+                                         the lists that kube-apiserver merges
+                                         are merged by their key:
+                                         status.conditions by type,
+                                         status.podIPs and status.hostIPs by
+                                         ip, status.resourceClaimStatuses and
+                                         metadata.ownerReferences by name /
+                                         uid; an element with "$patch":
+                                         "delete" is removed; $setElementOrder
+                                         and $retainKeys directives are
+                                         accepted and ignored
+  application/json-patch+json            RFC 6902: add, remove, replace, move,
+                                         copy, test
+  application/apply-patch+yaml           415: server-side apply is not served
+                                         here
+  anything else                          415 UnsupportedMediaType
+
+Only the status of the result is kept (metadata other than resourceVersion
+and spec stay as they were), as for the real status subresource. A patch
+naming metadata.resourceVersion that is not the current one is answered 409
+Conflict. Conditions must have a type and a status of True, False or
+Unknown, else 422 Invalid. A successful patch bumps the resourceVersion,
+emits MODIFIED and answers with the pod. Every PATCH, answered or refused,
+is recorded (see /control/patches).
 
 Rollouts are served like pods, from the Rollouts the test gives (--rollouts,
 POST /control/rollouts); only their metadata is looked at, so any status
@@ -101,6 +144,14 @@ Control API for tests (not part of Kubernetes):
                                       "pods": N, "watches": N,
                                       "rollouts": N, "rolloutWatches": N,
                                       "rolloutsAccess": 200|403|404}
+  GET    /control/patches            every PATCH received, in order:
+                                     {"items": [{"namespace", "name",
+                                     "subresource", "contentType", "body",
+                                     "code"}]}
+  POST   /control/patch-failures     body {"code": N, "count": K}: the next
+                                     K PATCH requests are answered N (409
+                                     Conflict, 500, 503, ...) and recorded
+                                     with that code; answers {"ok": true}
   POST   /control/compact            forgets all history, of pods and
                                      Rollouts: every open watch gets ERROR
                                      410 Gone and ends, and resuming from an
@@ -254,6 +305,157 @@ def parse_label_selector(text):
     return matches
 
 
+def kubelet_conditions(pod):
+    """The conditions a kubelet sets on a running pod whose containers are
+    ready; Ready waits for the readiness gates, if the pod has any."""
+    stamp = now_rfc3339()
+    gated = bool((pod.get("spec") or {}).get("readinessGates"))
+
+    def condition(kind, status="True", reason=None, message=None):
+        c = {"type": kind, "status": status, "lastProbeTime": None, "lastTransitionTime": stamp}
+        if reason:
+            c["reason"] = reason
+        if message:
+            c["message"] = message
+        return c
+
+    ready = (condition("Ready", "False", "ReadinessGatesNotReady",
+                       "the status of pod readiness gate is not set")
+             if gated else condition("Ready"))
+    return [condition("PodScheduled"), condition("Initialized"), condition("ContainersReady"), ready]
+
+
+class Invalid(Exception):
+    """A patch that cannot be applied: (code, reason, message)."""
+
+    def __init__(self, code, reason, message):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def json_merge_patch(target, patch):
+    """RFC 7386: a list (or any non-object) replaces what it patches."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = json_merge_patch(out.get(key), value)
+    return out
+
+
+# The lists of a Pod that kube-apiserver merges in a strategic-merge patch
+# (patchStrategy "merge" in the Go types), by path, and their merge keys.
+# Every other list is replaced.
+POD_MERGE_KEYS = {
+    ("status", "conditions"): "type",
+    ("status", "podIPs"): "ip",
+    ("status", "hostIPs"): "ip",
+    ("status", "resourceClaimStatuses"): "name",
+    ("metadata", "ownerReferences"): "uid",
+}
+
+
+def strategic_merge_patch(target, patch, path=()):
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$setElementOrder/") or key in ("$retainKeys", "$patch") \
+                or key.startswith("$deleteFromPrimitiveList/"):
+            continue
+        where = path + (key,)
+        merge_key = POD_MERGE_KEYS.get(where)
+        if value is None:
+            out.pop(key, None)
+        elif merge_key and isinstance(value, list):
+            merged = [dict(e) for e in (out.get(key) or []) if isinstance(e, dict)]
+            for item in value:
+                if not isinstance(item, dict) or merge_key not in item:
+                    raise Invalid(400, "BadRequest",
+                                  "%s: every element needs the merge key %r" % (".".join(where), merge_key))
+                item = dict(item)
+                delete = item.pop("$patch", None) == "delete"
+                at = next((i for i, e in enumerate(merged) if e.get(merge_key) == item[merge_key]), None)
+                if delete:
+                    if at is not None:
+                        del merged[at]
+                elif at is None:
+                    merged.append(strategic_merge_patch({}, item, where))
+                else:
+                    merged[at] = strategic_merge_patch(merged[at], item, where)
+            out[key] = merged
+        else:
+            out[key] = strategic_merge_patch(out.get(key), value, where)
+    return out
+
+
+def _pointer(path):
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise Invalid(400, "BadRequest", "json patch: bad path %r" % path)
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _walk(doc, parts):
+    for p in parts:
+        doc = doc[int(p)] if isinstance(doc, list) else doc[p]
+    return doc
+
+
+def json_patch(doc, ops):
+    """RFC 6902 on a deep copy of `doc`."""
+    doc = json.loads(json.dumps(doc))
+    if not isinstance(ops, list):
+        raise Invalid(400, "BadRequest", "a JSON patch is a list of operations")
+    for op in ops:
+        try:
+            kind, parts = op["op"], _pointer(op["path"])
+            parent = _walk(doc, parts[:-1]) if parts else None
+            last = parts[-1] if parts else None
+            if kind == "test":
+                if _walk(doc, parts) != op["value"]:
+                    raise Invalid(422, "Invalid", "json patch: test failed at %s" % op["path"])
+                continue
+            if kind in ("move", "copy"):
+                value = _walk(doc, _pointer(op["from"]))
+                if kind == "move":
+                    src = _pointer(op["from"])
+                    holder = _walk(doc, src[:-1])
+                    holder.pop(int(src[-1]) if isinstance(holder, list) else src[-1])
+                kind, op = "add", {"value": json.loads(json.dumps(value))}
+            if kind == "add":
+                if isinstance(parent, list):
+                    parent.insert(len(parent) if last == "-" else int(last), op["value"])
+                else:
+                    parent[last] = op["value"]
+            elif kind == "remove":
+                parent.pop(int(last) if isinstance(parent, list) else last)
+            elif kind == "replace":
+                _walk(doc, parts)  # must exist
+                if isinstance(parent, list):
+                    parent[int(last)] = op["value"]
+                else:
+                    parent[last] = op["value"]
+            else:
+                raise Invalid(400, "BadRequest", "json patch: unknown op %r" % kind)
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise Invalid(422, "Invalid", "json patch: cannot apply %r: %s" % (op, err))
+    return doc
+
+
+def validate_conditions(pod):
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if not isinstance(c, dict) or not c.get("type"):
+            raise Invalid(422, "Invalid", "status.conditions: every condition needs a type")
+        if c.get("status") not in ("True", "False", "Unknown"):
+            raise Invalid(422, "Invalid", 'status.conditions[type=%s].status: Unsupported value: %r: '
+                          'supported values: "False", "True", "Unknown"' % (c.get("type"), c.get("status")))
+
+
 class Kind:
     """What differs between the kinds served: names and field selectors."""
 
@@ -286,6 +488,9 @@ class Store:
         self.epoch = 0
         # Bumped by close_watches(); open watches end cleanly when it moves.
         self.closings = 0
+        # Every PATCH received, and failures to inject: [code, count].
+        self.patches = []
+        self.patch_failures = [0, 0]
 
     def _next_rv(self):
         self.rv += 1
@@ -314,6 +519,8 @@ class Store:
         if self.kind is POD:
             pod.setdefault("spec", {})
             pod.setdefault("status", {})
+            if "conditions" not in pod["status"]:
+                pod["status"]["conditions"] = kubelet_conditions(pod)
         key = (meta["namespace"], meta["name"])
         with self.cond:
             old = self.pods.get(key)
@@ -338,6 +545,65 @@ class Store:
         rv = self._next_rv()
         pod["metadata"]["resourceVersion"] = str(rv)
         self._record(rv, "DELETED", pod, None)
+        return pod
+
+    def patch_status(self, namespace, name, content_type, raw):
+        """Applies a PATCH of pods/{name}/status; returns (code, object)."""
+        with self.cond:
+            record = {"namespace": namespace, "name": name, "subresource": "status",
+                      "contentType": content_type, "body": raw.decode("utf-8", "replace")}
+            self.patches.append(record)
+            code, count = self.patch_failures
+            if count > 0:
+                self.patch_failures = [code, count - 1]
+                record["code"] = code
+                reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
+                          503: "ServiceUnavailable"}.get(code, "Failure")
+                return code, status_object(code, reason, "injected by /control/patch-failures")
+            try:
+                result = self._patch_status_locked(namespace, name, content_type, raw)
+            except Invalid as err:
+                record["code"] = err.code
+                return err.code, status_object(err.code, err.reason, err.message)
+            record["code"] = 200
+            return 200, result
+
+    def _patch_status_locked(self, namespace, name, content_type, raw):
+        old = self.pods.get((namespace, name))
+        if old is None:
+            raise Invalid(404, "NotFound", 'pods "%s" not found' % name)
+        media = (content_type or "").split(";")[0].strip()
+        if media == "application/apply-patch+yaml":
+            raise Invalid(415, "UnsupportedMediaType", "server-side apply is not served by this fake API server")
+        try:
+            patch = json.loads(raw or b"null")
+        except ValueError as err:
+            raise Invalid(400, "BadRequest", "the patch is not JSON: %s" % err)
+        if media == "application/merge-patch+json":
+            new = json_merge_patch(old, patch)
+        elif media == "application/strategic-merge-patch+json":
+            new = strategic_merge_patch(old, patch)
+        elif media == "application/json-patch+json":
+            new = json_patch(old, patch)
+        else:
+            raise Invalid(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                          "accepted media types include: application/json-patch+json, "
+                          "application/merge-patch+json, application/apply-patch+yaml, "
+                          "application/strategic-merge-patch+json")
+        if not isinstance(new, dict):
+            raise Invalid(422, "Invalid", "the patched object is not an object")
+        wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv is not None and wanted_rv != old["metadata"]["resourceVersion"]:
+            raise Invalid(409, "Conflict", 'Operation cannot be fulfilled on pods "%s": the object has been '
+                          "modified; please apply your changes to the latest version and try again" % name)
+        # The status subresource changes the status only.
+        pod = json.loads(json.dumps(old))
+        pod["status"] = new.get("status") or {}
+        validate_conditions(pod)
+        rv = self._next_rv()
+        pod["metadata"]["resourceVersion"] = str(rv)
+        self.pods[(namespace, name)] = pod
+        self._record(rv, "MODIFIED", pod, old)
         return pod
 
     def delete(self, namespace, name):
@@ -438,6 +704,9 @@ class Handler(BaseHTTPRequestHandler):
                 "resources": [{
                     "name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
                     "verbs": ["get", "list", "watch"], "shortNames": ["po"],
+                }, {
+                    "name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod",
+                    "verbs": ["get", "patch"],
                 }],
             })
         elif parts == ["apis"]:
@@ -470,6 +739,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, health)
         elif parts == ["control", "pods"]:
             self.list_or_watch(None, {})
+        elif parts == ["control", "patches"]:
+            with self.store.cond:
+                items = list(self.store.patches)
+            self.send_json(200, {"items": items})
         elif parts == ["control", "rollouts"]:
             self.list_or_watch(None, {}, self.rollouts)
         else:
@@ -543,6 +816,14 @@ class Handler(BaseHTTPRequestHandler):
                 # every change lets the client meet the new answer at once.
                 self.rollouts.close_watches()
                 self.send_json(200, {"ok": True, "code": code})
+            elif parts == ["control", "patch-failures"]:
+                body = self.read_json_body()
+                if not (isinstance(body, dict) and isinstance(body.get("code"), int)
+                        and isinstance(body.get("count"), int)):
+                    raise BadRequest('body must be {"code": N, "count": K}, got %r' % (body,))
+                with self.store.cond:
+                    self.store.patch_failures = [body["code"], body["count"]]
+                self.send_json(200, {"ok": True})
             elif parts == ["control", "compact"]:
                 self.store.compact()
                 self.rollouts.compact()
@@ -551,6 +832,18 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_status(404, "NotFound", f"no such control endpoint ({self.path})")
         except BadRequest as err:
             self.send_status(400, "BadRequest", str(err))
+
+    def do_PATCH(self):
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if len(parts) == 7 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods" \
+                and parts[6] == "status":
+            code, obj = self.store.patch_status(parts[3], parts[5], self.headers.get("Content-Type"), raw)
+            self.send_json(code, obj)
+        else:
+            self.send_status(405, "MethodNotAllowed",
+                             "this fake API server only patches pods/{name}/status (%s)" % self.path)
 
     def do_DELETE(self):
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]

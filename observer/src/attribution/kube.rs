@@ -102,6 +102,36 @@ pub struct PodMeta {
     /// stopped because the pod goes (a rollout, an eviction, a scale-down),
     /// not restarted.
     pub deleting: bool,
+    /// For a pod that declares the readiness gate
+    /// [`crate::gate::CONDITION_TYPE`] in `spec.readinessGates`: what the API
+    /// server holds of that condition. `None` for every other pod, which the
+    /// gate never touches.
+    pub gate: Option<GatedPod>,
+}
+
+/// What the readiness gate needs of a pod that declares it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GatedPod {
+    /// The gate's condition in `status.conditions`, if the pod has one.
+    pub condition: Option<GateCondition>,
+    /// `metadata.resourceVersion`: tells a watch event that reflects the
+    /// daemon's own patch from an older one (kept only for gated pods, so
+    /// the kubelet's status updates of other pods change nothing here).
+    pub resource_version: String,
+    /// `status.startTime` (else `metadata.creationTimestamp`), Unix seconds:
+    /// where `--gate-timeout` counts from.
+    pub started_at: Option<i64>,
+}
+
+/// One pod condition, as far as the gate compares it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GateCondition {
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// RFC 3339, as the API server returned it.
+    pub last_transition_time: Option<String>,
 }
 
 /// The pod's metadata, or `None` when it has no UID or name (which the API
@@ -145,6 +175,37 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         rollout: argo_rollout(pod, labels),
         containers,
         deleting: meta.deletion_timestamp.is_some(),
+        gate: gated_pod(pod),
+    })
+}
+
+/// The gate's view of a pod that declares [`crate::gate::CONDITION_TYPE`].
+fn gated_pod(pod: &Pod) -> Option<GatedPod> {
+    let spec = pod.spec.as_ref()?;
+    let gates = spec.readiness_gates.as_deref().unwrap_or_default();
+    if !gates.iter().any(|g| g.condition_type == crate::gate::CONDITION_TYPE) {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    let condition = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.type_ == crate::gate::CONDITION_TYPE)
+        .map(|c| GateCondition {
+            status: c.status.clone(),
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+            last_transition_time: c.last_transition_time.as_ref().map(|t| t.0.to_string()),
+        });
+    let started_at = status
+        .and_then(|s| s.start_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0.as_second());
+    Some(GatedPod {
+        condition,
+        resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+        started_at,
     })
 }
 
@@ -333,8 +394,19 @@ impl PodCache {
         self.len() == 0
     }
 
+    /// The pods that declare the GPU-runtime readiness gate, by cache key.
+    pub fn gated(&self) -> Vec<(String, PodMeta)> {
+        self.read().iter().filter(|(_, m)| m.gate.is_some()).map(|(k, m)| (k.clone(), m.clone())).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.read().len()
+    }
+
+    /// Files a pod as the watcher would (for tests of the cache's users).
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&self, key: &str, meta: PodMeta) {
+        self.upsert(key.to_owned(), meta);
     }
 
     #[cfg(test)]
@@ -484,7 +556,7 @@ pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
 
 /// The client configuration for `options`; [`super::rollouts`] builds its
 /// own client from it, so both watchers talk as the same identity.
-pub(super) async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
+pub(crate) async fn load_config(options: &KubeOptions) -> Result<Config, KubeError> {
     if let Some(path) = &options.kubeconfig {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|err| match err {
             KubeconfigError::ReadConfig(source, _) => {
@@ -565,7 +637,7 @@ async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared
 /// The error with its causes: kube's own messages often stop at "client
 /// error (Connect)", and the cause (refused, DNS, TLS) is what the operator
 /// needs.
-pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -814,6 +886,29 @@ mod tests {
             },
         }));
         assert_eq!(pod_meta(&p, "track").expect("meta").workload, "frontend-v2");
+    }
+
+    #[test]
+    fn only_pods_that_declare_the_gate_carry_its_condition() {
+        let mut json = serde_json::to_value(deployment_pod()).expect("json");
+        json["metadata"]["resourceVersion"] = "77".into();
+        json["status"]["startTime"] = "2026-01-01T00:00:10Z".into();
+        json["status"]["conditions"] = serde_json::json!([
+            {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
+            {"type": crate::gate::CONDITION_TYPE, "status": "False", "reason": "InitFailed",
+             "message": "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+             "lastTransitionTime": "2026-01-01T00:01:00Z"},
+        ]);
+        assert_eq!(pod_meta(&pod(json.clone()), "track").expect("meta").gate, None, "no gate declared");
+        json["spec"]["readinessGates"] = serde_json::json!([{"conditionType": "example.com/other"}, {"conditionType": crate::gate::CONDITION_TYPE}]);
+        let gate = pod_meta(&pod(json.clone()), "track").expect("meta").gate.expect("gated");
+        assert_eq!(gate.resource_version, "77");
+        assert_eq!(gate.started_at, Some(1_767_225_610));
+        let condition = gate.condition.expect("condition");
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "InitFailed"));
+        assert_eq!(condition.last_transition_time.as_deref(), Some("2026-01-01T00:01:00Z"));
+        json["status"]["conditions"] = serde_json::json!([{"type": "Ready", "status": "False"}]);
+        assert_eq!(pod_meta(&pod(json), "track").expect("meta").gate.expect("gated").condition, None);
     }
 
     #[test]
@@ -1104,6 +1199,55 @@ pub(super) mod fake_apiserver_tests {
             .await;
         assert_eq!(cache.uids(), [UID_A4]);
 
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_patches_follow_kube_apiserver_semantics_per_content_type() {
+        use kube::api::{Patch, PatchParams};
+        let dir = std::env::temp_dir().join(format!("canaryscope-kube-patch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let server = Server::start(&dir, 0, &[pod_json("web-a1", UID_A1, "node-a")]);
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(server.port())).expect("kubeconfig");
+        let options = KubeOptions { kubeconfig: Some(kubeconfig), ..KubeOptions::default() };
+        let client = Client::try_from(load_config(&options).await.expect("config")).expect("client");
+        let pods: Api<Pod> = Api::namespaced(client, "shop");
+        let types = |p: &Pod| -> Vec<String> {
+            p.status.iter().flat_map(|s| s.conditions.iter().flatten()).map(|c| c.type_.clone()).collect()
+        };
+        let gate = |status: &str| serde_json::json!({"status": {"conditions": [{"type": crate::gate::CONDITION_TYPE, "status": status}]}});
+        let params = PatchParams::default();
+        // The server gave the pod the kubelet's conditions.
+        let kubelet = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+
+        let merged =
+            pods.patch_status("web-a1", &params, &Patch::Strategic(gate("False"))).await.expect("patch");
+        assert_eq!(types(&merged), [&kubelet[..], &[crate::gate::CONDITION_TYPE]].concat());
+        let merged =
+            pods.patch_status("web-a1", &params, &Patch::Strategic(gate("True"))).await.expect("patch");
+        assert_eq!(types(&merged).len(), 5, "merged by type, not appended");
+
+        let json = Patch::Json::<()>(
+            serde_json::from_value(
+                serde_json::json!([{"op": "replace", "path": "/status/phase", "value": "Failed"}]),
+            )
+            .expect("json patch"),
+        );
+        let patched = pods.patch_status("web-a1", &params, &json).await.expect("patch");
+        assert_eq!(patched.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
+
+        // A JSON merge patch replaces the list: the kubelet's conditions go.
+        let replaced =
+            pods.patch_status("web-a1", &params, &Patch::Merge(gate("True"))).await.expect("patch");
+        assert_eq!(types(&replaced), [crate::gate::CONDITION_TYPE]);
+
+        let (status, body) = server.control("GET", "/control/patches", "").await;
+        assert_eq!(status, 200, "{body}");
+        for kind in ["strategic-merge-patch", "json-patch", "merge-patch"] {
+            assert!(body.contains(&format!("application/{kind}+json")), "{kind} not recorded: {body}");
+        }
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -188,6 +188,34 @@ pub const GPU_HOT_PROBED_PROCESSES: MetricDecl = decl(
     Node,
     &["reason"],
 );
+pub const READINESS_GATE_ENABLED: MetricDecl = decl(
+    "readiness_gate_enabled",
+    "Whether the daemon keeps the canaryscope.io/gpu-runtime condition of pods that declare that readiness gate (1) or not (0: no Kubernetes, or --no-readiness-gate).",
+    Gauge,
+    Node,
+    &[],
+);
+pub const READINESS_GATE_PODS: MetricDecl = decl(
+    "readiness_gate_pods",
+    "Pods on this node that declare the canaryscope.io/gpu-runtime readiness gate, by the condition the API server holds: true, false, or none (not set yet).",
+    Gauge,
+    Node,
+    &["condition"],
+);
+pub const READINESS_GATE_PENDING: MetricDecl = decl(
+    "readiness_gate_pending_patches",
+    "Gated pods whose condition in the API server differs from the daemon's judgement (a patch waits for the per-pod rate limit or is being retried).",
+    Gauge,
+    Node,
+    &[],
+);
+pub const READINESS_GATE_PATCHES: MetricDecl = decl(
+    "readiness_gate_patches_total",
+    "Patches of pods/status for the readiness gate, by result: ok or error (retried with backoff).",
+    Counter,
+    Node,
+    &["result"],
+);
 pub const EVENTS_LOST: MetricDecl = decl(
     "events_lost_total",
     "Events dropped in the kernel because the ring buffer was full.",
@@ -245,6 +273,10 @@ pub const CATALOG: &[&MetricDecl] = &[
     &CPU_QUOTA_CORES,
     &PROBE_ATTACHED,
     &GPU_HOT_PROBED_PROCESSES,
+    &READINESS_GATE_ENABLED,
+    &READINESS_GATE_PODS,
+    &READINESS_GATE_PENDING,
+    &READINESS_GATE_PATCHES,
     &EVENTS_LOST,
     &DECODE_ERRORS,
     &RING_EVENTS,

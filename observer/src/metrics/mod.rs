@@ -71,6 +71,8 @@ pub struct Metrics {
     pub probes: Vec<ProbeStatus>,
     /// GPU processes with hot-call probes, by reason (set by the daemon loop).
     pub hot: crate::discovery::hot::HotCounts,
+    /// The readiness gate's numbers; `None` when it is off.
+    pub gate: Option<crate::gate::patcher::Summary>,
     pub events_lost: u64,
     /// Ring-buffer records that failed to decode (set by the daemon loop).
     pub decode_errors: u64,
@@ -226,6 +228,12 @@ impl Metrics {
             || (now.4 != self.records);
         self.changed |= changed;
         (self.probes, self.hot, self.events_lost, self.decode_errors, self.records) = now;
+    }
+
+    /// The readiness gate's numbers (`None`: the gate is off).
+    pub fn set_gate(&mut self, gate: Option<crate::gate::patcher::Summary>) {
+        self.changed |= gate != self.gate;
+        self.gate = gate;
     }
 
     /// Whether anything changed since the last call.
@@ -426,6 +434,17 @@ impl Metrics {
         }
         for (reason, n) in &self.hot {
             fams.get(&GPU_HOT_PROBED_PROCESSES).value(&[reason.as_str()], *n as f64);
+        }
+        fams.get(&READINESS_GATE_ENABLED).value(&[], if self.gate.is_some() { 1.0 } else { 0.0 });
+        if let Some(gate) = &self.gate {
+            for (condition, n) in
+                [("true", gate.pods_true), ("false", gate.pods_false), ("none", gate.pods_none)]
+            {
+                fams.get(&READINESS_GATE_PODS).value(&[condition], n as f64);
+            }
+            fams.get(&READINESS_GATE_PENDING).value(&[], gate.pending as f64);
+            fams.get(&READINESS_GATE_PATCHES).value(&["ok"], gate.patches_ok as f64);
+            fams.get(&READINESS_GATE_PATCHES).value(&["error"], gate.patches_failed as f64);
         }
         fams.get(&EVENTS_LOST).value(&[], self.events_lost as f64);
         fams.get(&DECODE_ERRORS).value(&[], self.decode_errors as f64);
@@ -650,6 +669,14 @@ mod tests {
             },
             ProbeStatus { probe: "kfd", target: "kfd_ioctl".into(), attached: false, detail: "no".into() },
         ];
+        m.gate = Some(crate::gate::patcher::Summary {
+            pods_true: 2,
+            pods_false: 1,
+            pods_none: 1,
+            pending: 1,
+            patches_ok: 5,
+            patches_failed: 2,
+        });
         m.events_lost = 17;
         m.decode_errors = 2;
         m.series_overflow = 4;

@@ -2,6 +2,8 @@
 //! cgroups laid out as kubelet + containerd do, and the fixture programs.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod k8s;
+
 use std::{
     fs,
     io::{BufRead, BufReader, Write},

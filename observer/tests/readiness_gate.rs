@@ -1,0 +1,347 @@
+//! The readiness gate `canaryscope.io/gpu-runtime` end to end: the daemon
+//! as a DaemonSet would run it, pods with and without the gate on the stand-in
+//! API server (which records every PATCH and applies it as kube-apiserver
+//! would for its content type), and GPU workers in real pod cgroups running
+//! the ZLUDA-shaped library: failing its init (no GPU here), or in its
+//! healthy mode, where init, device count and allocation succeed.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{k8s::*, *};
+
+const GATE: &str = "canaryscope.io/gpu-runtime";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A test pod; `gated` pods declare the readiness gate.
+fn test_pod(name: &str, uid: &str, cid: &str, gated: bool) -> Value {
+    let mut p = pod(name, uid, cid, "canary", "canaryhash");
+    if gated {
+        p["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
+    }
+    p
+}
+
+/// One pod's cgroup and identity.
+struct TestPod {
+    name: String,
+    cg: PodCgroup,
+    json: Value,
+}
+
+impl TestPod {
+    fn new(name: &str, gated: bool) -> Self {
+        let (uid, cid) = (random_pod_uid(), random_hex(64));
+        Self { name: name.into(), cg: PodCgroup::new(&uid, &cid), json: test_pod(name, &uid, &cid, gated) }
+    }
+
+    /// The ZLUDA-shaped worker; `healthy` makes its start-up succeed.
+    fn worker(&self, healthy: bool) -> std::process::Command {
+        let mut command = self.cg.command(&fixture("cuda_app"));
+        command.arg("--alloc");
+        if healthy {
+            command.env("ZLUDA_FIXTURE_HEALTHY", "1");
+        }
+        command
+    }
+
+    /// Runs a worker whose cuInit fails, to its end.
+    fn fail_init(&self) {
+        let out = self.worker(false).output().expect("worker");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=101 "), "no GPU here: {out:?}");
+    }
+}
+
+/// The daemon on node-a, talking to the stand-in API server. With --hold:
+/// a process that maps a GPU runtime file never seen before waits until it
+/// is probed, so its very first calls (cuInit) are seen; without them there
+/// is no start-up and no init failure to judge.
+fn daemon(dir: &std::path::Path, api_port: u16, extra: &[&str]) -> Daemon {
+    let kubeconfig = write_kubeconfig(dir, api_port);
+    let mut args =
+        vec!["--hold", "--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+fn get_pod(api_port: u16, name: &str) -> Value {
+    let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
+    serde_json::from_str(&body).expect("a Pod")
+}
+
+fn gate_condition(pod: &Value) -> Option<Value> {
+    pod["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == GATE).cloned()
+}
+
+/// Every PATCH the server received for pod `name`.
+fn patches_of(api_port: u16, name: &str) -> Vec<Value> {
+    let body = control(api_port, "GET", "/control/patches", "");
+    let all: Value = serde_json::from_str(&body).expect("patches");
+    all["items"].as_array().into_iter().flatten().filter(|p| p["name"] == name).cloned().collect()
+}
+
+/// Waits until pod `name`'s gate condition has this status and reason.
+fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pod = get_pod(api_port, name);
+        if let Some(c) = gate_condition(&pod) {
+            if c["status"] == status && c["reason"] == reason {
+                return pod;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no {GATE} condition {status}/{reason} within {WAIT:?}; conditions: {}; patches: {:#?}",
+            pod["status"]["conditions"],
+            patches_of(api_port, name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The kubelet's conditions are all still there.
+fn assert_kubelet_conditions(pod: &Value) {
+    let types: Vec<&str> = pod["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    for kubelet in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert!(types.contains(&kubelet), "the kubelet's {kubelet} condition was lost: {types:?}");
+    }
+}
+
+/// Waits until the daemon's judgement has reached the API server: one
+/// scrape in which `pred` holds and no gate patch is pending. The gate judges
+/// events in the same pass that counts them, so a scrape that shows the
+/// events and nothing pending shows every patch they caused as sent.
+fn wait_settled(daemon: &Daemon, what: &str, pred: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = daemon.metrics();
+        let pending = text
+            .lines()
+            .find(|l| l.starts_with("canaryscope_readiness_gate_pending_patches "))
+            .map(metric_value);
+        if pending == Some(0.0) && pred(&text) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not settled ({what}) within {WAIT:?}; /metrics:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The count of cuInit failures of pod `name` in an exposition.
+fn cuinit_failures(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| {
+            l.starts_with("canaryscope_gpu_init_failures_total{")
+                && l.contains(&format!("pod=\"{name}\""))
+                && l.contains("function=\"cuInit\"")
+        })
+        .map(metric_value)
+        .unwrap_or(0.0)
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_gated_canary_whose_cuinit_fails_gets_false_init_failed_and_keeps_the_kubelet_conditions() {
+    assert_root();
+    let dir = scratch_dir();
+    let canary = TestPod::new("infer-canaryhash-gate1", true);
+    let plain = TestPod::new("infer-canaryhash-plain1", false);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json, plain.json])));
+    let daemon = daemon(&dir, api_port, &[]);
+
+    canary.fail_init();
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed");
+    let condition = gate_condition(&pod).expect("condition");
+    assert_eq!(
+        condition["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+        "{condition}"
+    );
+    assert!(condition["lastTransitionTime"].is_string(), "{condition}");
+    assert_kubelet_conditions(&pod);
+    for patch in patches_of(api_port, &canary.name) {
+        assert_eq!(patch["contentType"], "application/strategic-merge-patch+json", "{patch}");
+        assert_eq!(patch["subresource"], "status", "{patch}");
+    }
+
+    // `check` asks the daemon: the gate is on, one pod of the node uses it.
+    wait_settled(&daemon, "the gated pod counted as false", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"false\"} 1")
+    });
+    let out = std::process::Command::new(canaryscope())
+        .args(["check", "--json", "--daemon", &format!("127.0.0.1:{}", daemon.port)])
+        .output()
+        .expect("canaryscope check");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    let gate = &report["readiness_gate"];
+    assert_eq!(gate["condition_type"], GATE, "{gate}");
+    assert_eq!(gate["enabled"], true, "{gate}");
+    assert_eq!(gate["pods"], json!({"true": 0, "false": 1, "none": 0}), "{gate}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_gated_pod_whose_runtime_starts_up_gets_true_from_its_first_calls_despite_conflicts() {
+    assert_root();
+    let dir = scratch_dir();
+    let worker = TestPod::new("infer-canaryhash-gate2", true);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([worker.json])));
+    // The first two patches meet a conflict; the daemon must retry.
+    control(api_port, "POST", "/control/patch-failures", r#"{"code": 409, "count": 2}"#);
+    // The worker's first GPU calls are its start-up: seen thanks to --hold.
+    let _daemon = daemon(&dir, api_port, &[]);
+
+    let out = worker.worker(true).output().expect("worker");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("cuInit=0 ") && stdout.contains("cuMemAlloc=0"), "a healthy start-up: {out:?}");
+    let pod = wait_condition(api_port, &worker.name, "True", "RuntimeReady");
+    let condition = gate_condition(&pod).expect("condition");
+    assert!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("container worker: cuInit, cuDeviceGetCount")),
+        "{condition}"
+    );
+    assert_kubelet_conditions(&pod);
+    let codes: Vec<Value> = patches_of(api_port, &worker.name).iter().map(|p| p["code"].clone()).collect();
+    assert_eq!(codes, [json!(409), json!(409), json!(200)], "conflicts are retried until the patch lands");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn an_ungated_pod_on_the_node_is_never_patched() {
+    assert_root();
+    let dir = scratch_dir();
+    let gated = TestPod::new("infer-canaryhash-gate3", true);
+    let plain = TestPod::new("infer-canaryhash-plain", false);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([gated.json, plain.json])));
+    let daemon = daemon(&dir, api_port, &[]);
+
+    // Both fail, and the ungated one also starts up successfully.
+    plain.fail_init();
+    let out = plain.worker(true).output().expect("worker");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cuMemAlloc=0"), "{out:?}");
+    gated.fail_init();
+    wait_condition(api_port, &gated.name, "False", "InitFailed");
+    // The gated pod's failure was judged after the plain pod's calls: once
+    // nothing is pending, nothing about the plain pod is on its way either.
+    wait_settled(&daemon, "both pods' failures counted", |text| {
+        cuinit_failures(text, &plain.name) == 1.0 && cuinit_failures(text, &gated.name) == 1.0
+    });
+    assert_eq!(patches_of(api_port, &plain.name), Vec::<Value>::new(), "a pod without the gate was patched");
+    assert!(gate_condition(&get_pod(api_port, &plain.name)).is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn repeated_failures_cause_no_repeated_patches() {
+    assert_root();
+    let dir = scratch_dir();
+    let canary = TestPod::new("infer-canaryhash-gate4", true);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json])));
+    let daemon = daemon(&dir, api_port, &[]);
+
+    canary.fail_init();
+    wait_condition(api_port, &canary.name, "False", "InitFailed");
+    wait_settled(&daemon, "the first failure", |text| cuinit_failures(text, &canary.name) == 1.0);
+    let first = patches_of(api_port, &canary.name).len();
+    assert!(first >= 1);
+    for _ in 0..3 {
+        canary.fail_init();
+    }
+    wait_settled(&daemon, "four failures", |text| cuinit_failures(text, &canary.name) == 4.0);
+    assert_eq!(
+        patches_of(api_port, &canary.name).len(),
+        first,
+        "the same failure again is no change of the condition"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_change_while_the_api_server_is_down_is_patched_once_it_is_back() {
+    assert_root();
+    let dir = scratch_dir();
+    let canary = TestPod::new("infer-canaryhash-gate5", true);
+    let pods = json!([canary.json]);
+    let (api, api_port) = start_apiserver_with(&dir, None, Some(&pods));
+    let daemon = daemon(&dir, api_port, &[]);
+
+    drop(api);
+    canary.fail_init();
+    daemon.wait_metric("a patch that failed while the API server is down", WAIT, |l| {
+        l.starts_with("canaryscope_readiness_gate_patches_total{result=\"error\"}") && metric_value(l) >= 1.0
+    });
+    let (_api, _) = start_apiserver_with(&dir, Some(api_port), Some(&pods));
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed");
+    assert_kubelet_conditions(&pod);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_stalled_call_flips_the_condition_to_false() {
+    assert_root();
+    let dir = scratch_dir();
+    let worker = TestPod::new("infer-canaryhash-gate6", true);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([worker.json])));
+    let _daemon = daemon(&dir, api_port, &["--stall-threshold", "1s"]);
+
+    // Starts up, then hangs in cuStreamSynchronize.
+    let mut command = worker.worker(true);
+    command.args(["--sync", "--pause-before", "sync"]).env("ZLUDA_FIXTURE_SYNC_SLEEP_MS", "60000");
+    let mut process = Stepped::spawn(command);
+    process.wait_line("paused=sync");
+    wait_condition(api_port, &worker.name, "True", "RuntimeReady");
+    process.go();
+    let pod = wait_condition(api_port, &worker.name, "False", "CallStalled");
+    let condition = gate_condition(&pod).expect("condition");
+    assert_eq!(
+        condition["message"],
+        "container worker: cuStreamSynchronize has not returned within the stall threshold (1s)",
+        "{condition}"
+    );
+    drop(process);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn gate_timeout_marks_a_silent_pod_and_a_restart_leaves_a_true_condition_alone() {
+    assert_root();
+    let dir = scratch_dir();
+    let silent = TestPod::new("infer-canaryhash-silent", true);
+    // Ready from before this daemon started: nothing it sees says otherwise.
+    let earlier = TestPod::new("infer-canaryhash-earlier", true);
+    let mut earlier_json = earlier.json.clone();
+    earlier_json["status"]["conditions"] = json!([
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Ready", "status": "True"},
+        {"type": GATE, "status": "True", "reason": "RuntimeReady", "message": "from the daemon before",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([silent.json, earlier_json])));
+    let daemon = daemon(&dir, api_port, &["--gate-timeout", "2s"]);
+
+    let pod = wait_condition(api_port, &silent.name, "False", "NoRuntimeActivity");
+    let condition = gate_condition(&pod).expect("condition");
+    assert_eq!(condition["message"], "no GPU runtime call seen within 2s", "{condition}");
+    assert_kubelet_conditions(&pod);
+    // Both pods are judged in the same pass: once nothing is pending, the
+    // earlier pod's condition has been left as it was.
+    wait_settled(&daemon, "the silent pod marked", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"true\"} 1")
+    });
+    assert_eq!(patches_of(api_port, &earlier.name), Vec::<Value>::new(), "a True condition was touched");
+    let _ = std::fs::remove_dir_all(&dir);
+}

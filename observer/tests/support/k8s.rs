@@ -1,0 +1,119 @@
+//! The stand-in Kubernetes API server (tests/fake-apiserver, the only mocked
+//! part: it serves real Pod objects to kube-rs) and the pods the daemon tests
+//! give it.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+
+use super::random_hex;
+
+/// The namespace of the test pods.
+pub const NS: &str = "inference";
+
+/// A child process killed and reaped when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A running pod on node-a with one container, `worker`, owned by the
+/// ReplicaSet `infer-<hash>`.
+pub fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": NS, "uid": uid, "resourceVersion": "1",
+            "labels": {"app": "infer", "track": track, "rollouts-pod-template-hash": hash},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("infer-{hash}"),
+                                 "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]
+        },
+        "spec": {"nodeName": "node-a", "containers": [{"name": "worker", "image": "worker:1"}]},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "worker", "containerID": format!("containerd://{container_id}"), "image": "worker:1",
+            "imageID": "", "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}}]}
+    })
+}
+
+/// Starts the stand-in API server on `port` (a free one for `None`), with
+/// `pods` stored from the start when given.
+#[expect(clippy::zombie_processes, reason = "the child is owned by Proc, whose Drop kills and waits")]
+pub fn start_apiserver_with(dir: &Path, port: Option<u16>, pods: Option<&Value>) -> (Proc, u16) {
+    let port_file = dir.join("port");
+    let _ = fs::remove_file(&port_file);
+    let mut command = Command::new("python3");
+    command
+        .arg(repo().join("tests/fake-apiserver/fake_apiserver.py"))
+        .args(["--port", &port.unwrap_or(0).to_string(), "--port-file"])
+        .arg(&port_file)
+        .arg("--quiet")
+        .stdout(Stdio::null());
+    if let Some(pods) = pods {
+        let file = dir.join("pods.json");
+        fs::write(&file, pods.to_string()).expect("pods file");
+        command.arg("--pods").arg(file);
+    }
+    let child = command.spawn().expect("python3 runs the stand-in API server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = fs::read_to_string(&port_file).ok().and_then(|s| s.trim().parse().ok()) {
+            return (Proc(child), p);
+        }
+        assert!(Instant::now() < deadline, "fake API server did not start");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn start_apiserver(dir: &Path, port: Option<u16>) -> (Proc, u16) {
+    start_apiserver_with(dir, port, None)
+}
+
+/// A fresh directory for one test's files.
+pub fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("canaryscope-k8s-{}", random_hex(8)));
+    fs::create_dir_all(&dir).expect("tmp");
+    dir
+}
+
+/// A kubeconfig pointing at the stand-in API server.
+pub fn write_kubeconfig(dir: &Path, api_port: u16) -> PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("kubeconfig");
+    kubeconfig
+}
+
+/// One request to the server (control API or Kubernetes API); asserts a
+/// 2xx answer and returns its body.
+pub fn control(port: u16, method: &str, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 2") || out.starts_with("HTTP/1.0 2"), "{method} {path}: {out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
