@@ -289,6 +289,10 @@ done
 # ---------------------------------------------------------------- boot
 APPEND="console=ttyS0,115200 panic=-1 oops=panic rdinit=/init mitigations=off"
 APPEND+=" tsc=unstable 8250.nr_uarts=1 nokaslr canaryscope.job=$JOBDIR"
+# A guest soft lockup panics at once (and the panic prints the stuck CPU's
+# stack whatever the log level), instead of the run waiting out its timeout
+# with nothing to read.
+APPEND+=" softlockup_panic=1"
 if [ "$VERBOSE" = 1 ]; then
     APPEND+=" loglevel=7"
 else
