@@ -128,16 +128,25 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 
 /// The cgroup id of a `struct cgroup` on the unified hierarchy; `None` for
 /// a v1 hierarchy's cgroup, whose ids are numbered apart and may equal a
-/// reported cgroup2 id.
+/// reported cgroup2 id, and where BTF lacks the offsets to tell.
 #[inline(always)]
 fn unified_cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<Option<u64>, i64> {
+    if o.have_cgroup_tree == 0 {
+        return Ok(None);
+    }
     let root: *const u8 = read(cgroup, o.cgroup_root)?;
     let hierarchy_id: i32 = read(root, o.cgroup_root_hierarchy_id)?;
     if hierarchy_id != 0 {
         return Ok(None);
     }
+    cgroup_id(cgroup, o).map(Some)
+}
+
+/// `cgroup->kn->id`.
+#[inline(always)]
+fn cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
     let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
-    read(kn, o.kernfs_node_id).map(Some)
+    read(kn, o.kernfs_node_id)
 }
 
 /// A cgroup created under a reported one is reported too, before any task
@@ -151,18 +160,13 @@ pub fn runq_cgroup_mkdir(ctx: RawTracePointContext) -> i32 {
 
 fn try_cgroup_mkdir(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let o = offsets();
-    if o.have_cgroup_tree == 0 {
-        return Ok(0);
-    }
     let cgroup = ctx.arg::<u64>(0) as *const u8;
     let Some(id) = unified_cgroup_id(cgroup, &o)? else { return Ok(0) };
     let parent_css: *const u8 = read(cgroup, o.cgroup_self + o.cgroup_parent)?;
     if parent_css.is_null() {
         return Ok(0);
     }
-    let parent = parent_css.wrapping_sub(o.cgroup_self as usize);
-    let parent_kn: *const u8 = read(parent, o.cgroup_kn)?;
-    let parent_id: u64 = read(parent_kn, o.kernfs_node_id)?;
+    let parent_id = cgroup_id(parent_css.wrapping_sub(o.cgroup_self as usize), &o)?;
     if reported(parent_id) || is_root_path(ctx.arg::<u64>(1) as *const u8) {
         RUNQ_CGROUPS.insert(&id, &1, 0).map_err(|e| e as i64)?;
     }
@@ -194,11 +198,7 @@ pub fn runq_cgroup_rmdir(ctx: RawTracePointContext) -> i32 {
 }
 
 fn try_cgroup_rmdir(ctx: &RawTracePointContext) -> Result<i32, i64> {
-    let o = offsets();
-    if o.have_cgroup_tree == 0 {
-        return Ok(0);
-    }
-    let Some(id) = unified_cgroup_id(ctx.arg::<u64>(0) as *const u8, &o)? else { return Ok(0) };
+    let Some(id) = unified_cgroup_id(ctx.arg::<u64>(0) as *const u8, &offsets())? else { return Ok(0) };
     let _ = RUNQ_CGROUPS.remove(&id);
     Ok(0)
 }

@@ -290,10 +290,11 @@ impl Exporter {
         let aggregates = (generation != self.aggregates_generation)
             .then(|| (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats()));
         self.aggregates_generation = generation;
-        if let Some((gpu, _, _)) = &aggregates {
-            self.last_gpu.clone_from(gpu);
-        }
         if let Some(gate) = &mut self.gate {
+            // Only the gate needs the last counts again when nothing moved.
+            if let Some((gpu, _, _)) = &aggregates {
+                self.last_gpu.clone_from(gpu);
+            }
             gate.refresh(pipeline, &stalls, &self.last_gpu);
         }
         let kernel = pipeline.kernel();

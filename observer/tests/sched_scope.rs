@@ -94,11 +94,7 @@ fn a_cgroup_prefix_gets_run_queue_accounting_and_a_removed_cgroup_leaves_it() {
     std::fs::create_dir(&job).expect("mkdir job");
     let job_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&job).expect("job"));
     assert!(reported.get(&job_id, 0).is_ok(), "a child of a reported cgroup is reported");
-    let procs = job.join("cgroup.procs");
-    let mut cmd = Command::new(&busy);
-    // SAFETY: only a file write between fork and exec.
-    unsafe { cmd.pre_exec(move || std::fs::write(&procs, b"0")) };
-    let out = spin_on_cpu0(cmd, 2, 1).wait().expect("busy");
+    let out = spin_on_cpu0(command_in(&job, &busy), 2, 1).wait().expect("busy");
     assert!(out.success());
     let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
         PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");

@@ -371,12 +371,17 @@ impl SystemCgroup {
 
     /// A command whose process joins this cgroup before it execs.
     pub fn command(&self, program: &Path) -> Command {
-        let procs = self.dir.join("cgroup.procs");
-        let mut cmd = Command::new(program);
-        // SAFETY: only a file write between fork and exec.
-        unsafe { cmd.pre_exec(move || fs::write(&procs, b"0")) };
-        cmd
+        command_in(&self.dir, program)
     }
+}
+
+/// A command whose process joins the cgroup2 directory `dir` before it execs.
+pub fn command_in(dir: &Path, program: &Path) -> Command {
+    let procs = dir.join("cgroup.procs");
+    let mut cmd = Command::new(program);
+    // SAFETY: only a file write between fork and exec.
+    unsafe { cmd.pre_exec(move || fs::write(&procs, b"0")) };
+    cmd
 }
 
 impl Drop for SystemCgroup {
