@@ -178,6 +178,13 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
             let patcher =
                 Patcher::start(options, pods.clone()).await.map_err(|e| CliError::usage(e.to_string()))?;
             info!("readiness gate {CONDITION_TYPE}: kept for the pods of this node that declare it");
+            if !settings.hold {
+                eprintln!(
+                    "canaryscope: warning: readiness gate without --hold: a gated pod whose process calls a \
+                     never-seen GPU runtime file at once can have its start-up missed and stay unready \
+                     (README: Run the gate with --hold)"
+                );
+            }
             Some(GateRunner {
                 gate: Gate::new(settings.gate_timeout, unix_now()),
                 patcher,

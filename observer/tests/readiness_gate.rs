@@ -53,10 +53,12 @@ impl TestPod {
     }
 }
 
-/// The daemon on node-a, talking to the stand-in API server. With --hold:
-/// a process that maps a GPU runtime file never seen before waits until it
-/// is probed, so its very first calls (cuInit) are seen; without them there
-/// is no start-up and no init failure to judge.
+/// The daemon on node-a, talking to the stand-in API server, configured as
+/// the README says the gate must run: with --hold, so that a process that
+/// maps a GPU runtime file never seen before waits until it is probed and
+/// its very first calls (cuInit) are seen. Without it the worker here, whose
+/// `main` calls cuInit at once, races with the attach and its start-up can
+/// be missed: the daemon warns about that configuration at start.
 fn daemon(dir: &std::path::Path, api_port: u16, extra: &[&str]) -> Daemon {
     let kubeconfig = write_kubeconfig(dir, api_port);
     let mut args =
