@@ -293,10 +293,15 @@ APPEND+=" tsc=unstable 8250.nr_uarts=1 nokaslr canaryscope.job=$JOBDIR"
 # stack whatever the log level), instead of the run waiting out its timeout
 # with nothing to read.
 APPEND+=" softlockup_panic=1"
+# Before it panics, the watchdog asks every other CPU for its stack by NMI,
+# which reaches a CPU spinning with interrupts off: the lockup's other half.
+# Those stacks print at the default level (warning), so the console shows
+# warnings; outside verbose mode the console filter still hides the boot.
+APPEND+=" softlockup_all_cpu_backtrace=1"
 if [ "$VERBOSE" = 1 ]; then
     APPEND+=" loglevel=7"
 else
-    APPEND+=" quiet loglevel=3"
+    APPEND+=" quiet loglevel=5"
 fi
 
 QEMU=(qemu-system-x86_64

@@ -10,10 +10,19 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-if [ $# -eq 0 ]; then
-    echo "usage: tests/vm/test.sh TEST_BINARY... (cargo xtask test passes them)" >&2
+usage() {
+    echo "usage: tests/vm/test.sh [--repeat N] TEST_BINARY... (cargo xtask test passes them)" >&2
     exit 2
+}
+# --repeat N runs the whole list N times in one boot and stops at the first
+# failure: a hunt for a rare guest lockup, not a CI step.
+repeat=1
+if [ "${1:-}" = --repeat ]; then
+    [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage
+    repeat="$2"
+    shift 2
 fi
+[ $# -gt 0 ] || usage
 snap="$repo/target/vm/run-$$"
 mkdir -p "$snap"
 trap 'rm -rf "$snap"' EXIT
@@ -29,4 +38,4 @@ done
 # inside CI's budget instead of holding it for the default 40 minutes.
 "$here/run.sh" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
-    sh -c "set -e; cd '$repo'; for t in $tests; do echo \"==> [vm] \$(basename \$t)\"; \"\$t\" --ignored --test-threads=1; done"
+    sh -c "set -e; cd '$repo'; for round in \$(seq $repeat); do for t in $tests; do echo \"==> [vm] \$(basename \$t) (round \$round of $repeat)\"; \"\$t\" --ignored --test-threads=1; done; done"
