@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use observer_common::{
     discovery::{
-        ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, MAX_GPU_FILES_KNOWN,
-        MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
+        ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, HOLD_CGROUP_DEPTH,
+        MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOLD_CGROUPS, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
     },
     task::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
@@ -28,7 +28,7 @@ use observer_common::{
 use crate::{
     common::{current_header, emit, emit_urgent},
     gpu::read_global,
-    kernel::{current_fd_file, offsets, read},
+    kernel::{cgroup_id, cgroup_parent, current_fd_file, offsets, read},
 };
 
 /// Load-time global: non-zero when `--hold` asked for processes to be held.
@@ -42,6 +42,11 @@ static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 /// GPU runtime files userspace has handled, by device and inode.
 #[map(name = "GPU_FILES_KNOWN")] // observer_common::discovery::GPU_FILES_KNOWN_MAP
 static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(MAX_GPU_FILES_KNOWN, 0);
+
+/// Cgroups whose processes, and those of the cgroups below, are held even
+/// without `--hold`: the pods with the readiness gate. cgroup id -> 1.
+#[map(name = "HOLD_CGROUPS")] // observer_common::discovery::HOLD_CGROUPS_MAP
+static HOLD_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_HOLD_CGROUPS, 0);
 
 /// Processes stopped until their probes exist: tgid -> boot ns of the stop.
 #[map(name = "HELD_PIDS")] // observer_common::discovery::HELD_MAP
@@ -183,7 +188,7 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
     let header = current_header(EventKind::GpuMap as u32);
     let mut held = 0;
     let mut held_at_ns = 0;
-    if read_global(&HOLD_ENABLED) != 0 && !has_controlling_tty() {
+    if (read_global(&HOLD_ENABLED) != 0 || in_held_cgroup()) && !has_controlling_tty() {
         held_at_ns = header.ts_boot_ns;
         if HELD_PIDS.insert(&header.pid, &held_at_ns, 0).is_ok() {
             // SAFETY: signals the current process, which is a user task here.
@@ -208,6 +213,41 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
         _pad: 0,
     });
     0
+}
+
+/// Whether the current process's cgroup, or one of its ancestors, is one
+/// userspace asked to hold (a gated pod's cgroup: userspace knows it before
+/// the pod's container cgroups exist). Runs only for a GPU runtime mapping
+/// being reported, so the walk costs nothing on hot paths.
+///
+/// match-proto: struct css_set *task_struct::cgroups; struct cgroup
+/// *css_set::dfl_cgrp.
+#[inline(always)]
+fn in_held_cgroup() -> bool {
+    // SAFETY: helper without arguments; read-only map lookup.
+    if unsafe { HOLD_CGROUPS.get(&bpf_get_current_cgroup_id()) }.is_some() {
+        return true;
+    }
+    let o = offsets();
+    if o.have_task_cgroup == 0 || o.have_cgroup_tree == 0 {
+        return false; // only the process's own cgroup can be told
+    }
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Ok(css_set) = read::<*const u8>(task, o.task_cgroups) else { return false };
+    let Ok(mut cgroup) = read::<*const u8>(css_set, o.css_set_dfl_cgrp) else { return false };
+    for _ in 0..HOLD_CGROUP_DEPTH {
+        cgroup = match cgroup_parent(cgroup, &o) {
+            Ok(parent) if !parent.is_null() => parent,
+            _ => return false,
+        };
+        let Ok(id) = cgroup_id(cgroup, &o) else { return false };
+        // SAFETY: read-only map lookup.
+        if unsafe { HOLD_CGROUPS.get(&id) }.is_some() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether the current process has a controlling terminal. Such a process

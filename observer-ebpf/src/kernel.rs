@@ -59,6 +59,30 @@ pub fn task_cgroup_id(task: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
     read(kn, o.kernfs_node_id)
 }
 
+/// `cgroup->kn->id`.
+///
+/// match-proto: struct kernfs_node *cgroup::kn; u64 kernfs_node::id (5.5+).
+#[inline(always)]
+pub fn cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
+    let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
+    read(kn, o.kernfs_node_id)
+}
+
+/// The parent of a `struct cgroup` (null for a hierarchy's root), through
+/// `cgroup->self.parent`, a `struct cgroup_subsys_state *` embedded at
+/// `cgroup_self`.
+///
+/// match-proto: struct cgroup_subsys_state cgroup::self; struct
+/// cgroup_subsys_state *cgroup_subsys_state::parent.
+#[inline(always)]
+pub fn cgroup_parent(cgroup: *const u8, o: &KernelOffsets) -> Result<*const u8, i64> {
+    let parent_css: *const u8 = read(cgroup, o.cgroup_self + o.cgroup_parent)?;
+    Ok(match parent_css.is_null() {
+        true => parent_css,
+        false => parent_css.wrapping_sub(o.cgroup_self as usize),
+    })
+}
+
 /// The `struct file` behind `fd` of the current task, via
 /// task->files->fdt->fd[fd].
 ///

@@ -23,7 +23,7 @@ use observer_common::{
 
 use crate::{
     common::record_latency,
-    kernel::{field, offsets, read},
+    kernel::{cgroup_id, cgroup_parent, field, offsets, read},
     offset,
 };
 
@@ -142,13 +142,6 @@ fn unified_cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<Option<u64>
     cgroup_id(cgroup, o).map(Some)
 }
 
-/// `cgroup->kn->id`.
-#[inline(always)]
-fn cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
-    let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
-    read(kn, o.kernfs_node_id)
-}
-
 /// A cgroup created under a reported one is reported too, before any task
 /// can enter it.
 ///
@@ -162,11 +155,11 @@ fn try_cgroup_mkdir(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let o = offsets();
     let cgroup = ctx.arg::<u64>(0) as *const u8;
     let Some(id) = unified_cgroup_id(cgroup, &o)? else { return Ok(0) };
-    let parent_css: *const u8 = read(cgroup, o.cgroup_self + o.cgroup_parent)?;
-    if parent_css.is_null() {
+    let parent = cgroup_parent(cgroup, &o)?;
+    if parent.is_null() {
         return Ok(0);
     }
-    let parent_id = cgroup_id(parent_css.wrapping_sub(o.cgroup_self as usize), &o)?;
+    let parent_id = cgroup_id(parent, &o)?;
     if reported(parent_id) || is_root_path(ctx.arg::<u64>(1) as *const u8) {
         RUNQ_CGROUPS.insert(&id, &1, 0).map_err(|e| e as i64)?;
     }

@@ -293,6 +293,7 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
         stall_threshold_ns: u64::MAX,
         families: Families::ALL,
         hold: false,
+        hold_scoped: false,
         kfd_syscall_fallback: false,
         // What the daemon would do by default; nothing is troubled yet.
         hot_policy: Policy::for_daemon(

@@ -25,6 +25,7 @@ use crate::{
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
     gate::{
+        hold_scope::GatedHold,
         patcher::{Patcher, Target},
         startup_counts, Gate, CONDITION_TYPE,
     },
@@ -142,6 +143,9 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: settings.probes,
         hold: settings.hold,
+        // Gated pods' processes are held whatever --hold says: their
+        // start-up calls are the gate's evidence.
+        hold_scoped: settings.readiness_gate && settings.kube.is_some(),
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
         runq_prefixes: Some(settings.cgroups.clone()),
@@ -177,19 +181,16 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         (Some(pods), Some(options)) if settings.readiness_gate => {
             let patcher =
                 Patcher::start(options, pods.clone()).await.map_err(|e| CliError::usage(e.to_string()))?;
-            info!("readiness gate {CONDITION_TYPE}: kept for the pods of this node that declare it");
-            if !settings.hold {
-                eprintln!(
-                    "canaryscope: warning: readiness gate without --hold: a gated pod whose process calls a \
-                     never-seen GPU runtime file at once can have its start-up missed and stay unready \
-                     (README: Run the gate with --hold)"
-                );
-            }
+            info!(
+                "readiness gate {CONDITION_TYPE}: kept for the pods of this node that declare it; their \
+                 processes are held at a GPU runtime file's first mapping until its probes exist"
+            );
             Some(GateRunner {
                 gate: Gate::new(settings.gate_timeout, unix_now()),
                 patcher,
                 pods: pods.clone(),
                 stall_threshold: settings.stall_threshold,
+                hold: GatedHold::default(),
             })
         }
         _ => None,
@@ -368,6 +369,8 @@ struct GateRunner {
     patcher: Patcher,
     pods: PodCache,
     stall_threshold: Duration,
+    /// The gated pods whose processes the kernel holds.
+    hold: GatedHold,
 }
 
 impl GateRunner {
@@ -404,6 +407,8 @@ impl GateRunner {
         stalls: &[crate::pipeline::stalls::Stall],
         gpu: &[(observer_common::gpu::GpuStatsKey, observer_common::gpu::GpuStats)],
     ) {
+        let gated: HashSet<String> = self.pods.gated().into_iter().map(|(uid, _)| uid).collect();
+        pipeline.hold_gated_pods(&mut self.hold, &gated);
         let counts = startup_counts(gpu);
         let resolver = pipeline.cgroups_mut();
         self.gate.note_stalls(stalls, self.stall_threshold, &counts, |id| resolver.path(id));

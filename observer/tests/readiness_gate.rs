@@ -53,16 +53,14 @@ impl TestPod {
     }
 }
 
-/// The daemon on node-a, talking to the stand-in API server, configured as
-/// the README says the gate must run: with --hold, so that a process that
-/// maps a GPU runtime file never seen before waits until it is probed and
-/// its very first calls (cuInit) are seen. Without it the worker here, whose
-/// `main` calls cuInit at once, races with the attach and its start-up can
-/// be missed: the daemon warns about that configuration at start.
+/// The daemon on node-a, talking to the stand-in API server, as the
+/// DaemonSet runs it: without --hold. The worker here maps a GPU runtime
+/// file the daemon has never seen and its `main` calls cuInit at once; its
+/// start-up is seen only because a gated pod's processes are held until
+/// that file's probes exist.
 fn daemon(dir: &std::path::Path, api_port: u16, extra: &[&str]) -> Daemon {
     let kubeconfig = write_kubeconfig(dir, api_port);
-    let mut args =
-        vec!["--hold", "--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"];
+    let mut args = vec!["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"];
     args.extend_from_slice(extra);
     Daemon::start(&args)
 }
@@ -217,6 +215,46 @@ fn a_gated_pod_whose_runtime_starts_up_gets_true_from_its_first_calls_despite_co
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `gpu_dlopen` in `pod` on a fresh copy of the ZLUDA-shaped library
+/// (a file the daemon has never seen, found by no loader ahead of time) and
+/// returns the daemon's announcement of that copy's probes.
+fn dlopen_fresh_copy(daemon: &Daemon, dir: &std::path::Path, pod: &TestPod) -> String {
+    use std::os::unix::process::CommandExt;
+    fixture("cuda_first"); // builds the library below
+    let copy = dir.join(&pod.name).join("libcuda.so.1");
+    std::fs::create_dir_all(dir.join(&pod.name)).expect("mkdir");
+    std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &copy).expect("copy");
+    let mut command = pod.cg.command(&fixture("gpu_dlopen"));
+    command.arg(&copy);
+    // SAFETY: setsid is async-signal-safe. A process with a controlling
+    // terminal is never held (job control would see the stop).
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let out = command.output().expect("gpu_dlopen");
+    assert!(out.status.success(), "{out:?}");
+    daemon.wait_stderr_line(&format!("probing {}", copy.display()), Duration::from_secs(30))
+}
+
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn without_hold_a_gated_pods_process_is_held_at_a_new_runtime_file_and_an_ungated_ones_is_not() {
+    assert_root();
+    let dir = scratch_dir();
+    let gated = TestPod::new("infer-canaryhash-held", true);
+    let plain = TestPod::new("infer-canaryhash-free", false);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([gated.json, plain.json])));
+    let daemon = daemon(&dir, api_port, &[]);
+    let free = dlopen_fresh_copy(&daemon, &dir, &plain);
+    assert!(!free.contains("held"), "an ungated pod's process was held: {free}");
+    let held = dlopen_fresh_copy(&daemon, &dir, &gated);
+    assert!(held.contains("held until probed"), "a gated pod's process was not held: {held}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
 fn an_ungated_pod_on_the_node_is_never_patched() {
@@ -227,12 +265,14 @@ fn an_ungated_pod_on_the_node_is_never_patched() {
     let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([gated.json, plain.json])));
     let daemon = daemon(&dir, api_port, &[]);
 
-    // Both fail, and the ungated one also starts up successfully.
+    // Both fail, and the ungated one also starts up successfully. The gated
+    // pod goes first: its process is held at the runtime file the daemon
+    // has not seen, so the ungated pod's calls find that file probed.
+    gated.fail_init();
+    wait_condition(api_port, &gated.name, "False", "InitFailed");
     plain.fail_init();
     let out = plain.worker(true).output().expect("worker");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cuMemAlloc=0"), "{out:?}");
-    gated.fail_init();
-    wait_condition(api_port, &gated.name, "False", "InitFailed");
     // The gated pod's failure was judged after the plain pod's calls: once
     // nothing is pending, nothing about the plain pod is on its way either.
     wait_settled(&daemon, "both pods' failures counted", |text| {

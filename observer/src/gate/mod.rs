@@ -36,6 +36,7 @@
 //! - A pod that has not called the runtime gets no condition (Kubernetes
 //!   keeps it unready), unless `--gate-timeout` is set and the pod has no
 //!   condition yet: then `False`, `NoRuntimeActivity`.
+pub mod hold_scope;
 pub mod patcher;
 
 use std::{

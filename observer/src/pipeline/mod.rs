@@ -9,7 +9,7 @@ pub mod reader;
 pub mod runq_scope;
 pub mod stalls;
 
-use std::path::PathBuf;
+use std::{collections::HashSet, path::PathBuf};
 
 use crate::{
     attribution::CgroupResolver,
@@ -22,6 +22,7 @@ use crate::{
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
     events::{Detail, Event, Origin, Raw},
+    gate::hold_scope::GatedHold,
     metrics::CpuSnapshot,
     probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
@@ -42,6 +43,9 @@ pub struct Options {
     /// Stop a process that maps an unknown GPU runtime file until its
     /// probes exist (`--hold`).
     pub hold: bool,
+    /// Hold only the processes of cgroups named later (the gated pods', see
+    /// `gate::hold_scope`); the watchdog is started as for `hold`.
+    pub hold_scoped: bool,
     /// See KFD ioctls through the syscall fallback even where the
     /// `kfd_ioctl` kprobe would work (tests of the fallback).
     pub kfd_syscall_fallback: bool,
@@ -108,7 +112,7 @@ impl Pipeline {
         // The watchdog exists before any program that could hold a process.
         // Without the hold the map stays with the object: a program loads
         // only while every map it uses is still open.
-        let hold = match options.hold && options.families.gpu {
+        let hold = match (options.hold || options.hold_scoped) && options.families.gpu {
             true => kernel.take_held_map().map(Hold::start).transpose()?,
             false => None,
         };
@@ -316,6 +320,16 @@ impl Pipeline {
     /// The cgroup prefixes with run-queue accounting (none in `trace`).
     pub fn runq_roots(&self) -> &[String] {
         self.runq_scope.as_ref().map(runq_scope::RunqScope::roots).unwrap_or_default()
+    }
+
+    /// Keeps the gated pods' cgroups in the kernel's hold set; nothing when
+    /// no hold watchdog runs (no GPU probes), since no process may be held
+    /// without one.
+    pub fn hold_gated_pods(&mut self, hold: &mut GatedHold, gated: &HashSet<String>) {
+        let Some(root) = self.attribution.cgroups().root().map(std::path::Path::to_path_buf) else { return };
+        if self.tracker.hold_watchdog().is_some() {
+            hold.refresh(gated, &root, &mut self.kernel);
+        }
     }
 
     /// The kernel's aggregates.

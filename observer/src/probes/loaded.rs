@@ -7,7 +7,9 @@ use aya::{
     Ebpf,
 };
 use observer_common::{
-    discovery::{GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP},
+    discovery::{
+        GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOLD_CGROUPS_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP,
+    },
     gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
     memlimit::{MemLimitKey, MEM_LIMIT_MAP},
@@ -47,6 +49,7 @@ pub struct Loaded {
     known_files: BpfHashMap<MapData, GpuFileKey, u32>,
     hot_cgroups: BpfHashMap<MapData, u64, u32>,
     hot_tgids: BpfHashMap<MapData, u32, u32>,
+    hold_cgroups: BpfHashMap<MapData, u64, u32>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
@@ -77,6 +80,7 @@ impl Loaded {
             known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
             hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
             hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
+            hold_cgroups: typed(&mut ebpf, HOLD_CGROUPS_MAP)?,
             ebpf,
         })
     }
@@ -213,6 +217,21 @@ impl Loaded {
         // probes then come from the map scan after its loader is done.
         if let Err(e) = result {
             log::debug!("{HOT_CGROUPS_MAP}: {e}");
+        }
+    }
+
+    /// Tells the kernel side whether processes of a cgroup, and of the
+    /// cgroups below it, are held at their first mapping of a GPU runtime
+    /// file it has not seen (a gated pod's, see `gate::hold_scope`).
+    pub fn set_hold_cgroup(&mut self, cgroup_id: u64, held: bool) {
+        let result = match held {
+            true => self.hold_cgroups.insert(cgroup_id, 1, 0),
+            false => self.hold_cgroups.remove(&cgroup_id),
+        };
+        // A full map costs that pod the hold: its start-up may then race
+        // the attach, as without the gate.
+        if let Err(e) = result {
+            log::warn!("{HOLD_CGROUPS_MAP}: {e}");
         }
     }
 

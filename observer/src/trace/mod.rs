@@ -156,6 +156,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: args.probes,
         hold: args.hold,
+        hold_scoped: false,
         kfd_syscall_fallback: args.kfd_syscall_fallback,
         hot_policy: Policy::for_trace(
             args.hot_calls,

@@ -450,6 +450,23 @@ impl Daemon {
     }
 
     /// (status code, body) of a GET, or None when nothing answers.
+    /// The first line the daemon printed to stderr that contains `needle`,
+    /// waiting up to `timeout` for it.
+    pub fn wait_stderr_line(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.stderr.lock().expect("lock").lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not print {needle:?}; stderr:\n{}",
+                self.stderr.lock().expect("lock")
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(self.port, path)
     }
