@@ -18,7 +18,7 @@ PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev
     libamdhip64-5 gcc make pkg-config
     bpftool bpftrace libbpf-tools prometheus
-    qemu-system-x86 busybox-static cpio kmod
+    qemu-system-x86 busybox-static cpio kmod xz-utils zstd
     buildah util-linux python3
 )
 if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then

@@ -3,8 +3,8 @@
 # (kprobes, BTF, amdgpu + /dev/kfd) with the host's root filesystem mounted
 # read-only over 9p and made the job's root. Exits with the command's exit status.
 #
-#   tests/vm/run.sh [--mem MB] [--smp N] [--timeout SECS] [--env NAME[=VALUE]]...
-#                   [-i|--interactive] -- CMD [ARGS...]
+#   tests/vm/run.sh [--kernel 6.1|6.12|6.1-cloud] [--mem MB] [--smp N] [--timeout SECS]
+#                   [--env NAME[=VALUE]]... [-i|--interactive] -- CMD [ARGS...]
 #
 # See tests/vm/README.md.
 set -euo pipefail
@@ -19,6 +19,11 @@ die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 125; }
 usage() {
     cat >&2 <<'EOF'
 usage: tests/vm/run.sh [options] -- CMD [ARGS...]
+  --kernel FLAVOUR    6.1 (default: Debian 12's kernel), 6.12 (Debian 12's 6.12
+                      from its security suite), 6.1-cloud (the cloud flavour)
+  --tcg-thread MODE   single: one host thread runs every guest CPU in turn;
+                      multi: a host thread per guest CPU (default: multi;
+                      env CANARYSCOPE_VM_TCG_THREAD)
   --mem MB            guest memory (default 3072)
   --smp N             guest CPUs (default 2)
   --timeout SECS      kill the VM after SECS seconds (default 600); exit 124
@@ -32,6 +37,8 @@ EOF
 }
 
 # ---------------------------------------------------------------- arguments
+FLAVOUR=6.1
+TCG_THREAD="${CANARYSCOPE_VM_TCG_THREAD:-multi}"
 MEM=3072
 SMP=2
 TIMEOUT=600
@@ -39,6 +46,10 @@ INTERACTIVE=0
 EXTRA_ENV=()
 while [ $# -gt 0 ]; do
     case "$1" in
+        --kernel) [ $# -ge 2 ] || usage; FLAVOUR="$2"; shift 2 ;;
+        --kernel=*) FLAVOUR="${1#*=}"; shift ;;
+        --tcg-thread) [ $# -ge 2 ] || usage; TCG_THREAD="$2"; shift 2 ;;
+        --tcg-thread=*) TCG_THREAD="${1#*=}"; shift ;;
         --mem) [ $# -ge 2 ] || usage; MEM="$2"; shift 2 ;;
         --mem=*) MEM="${1#*=}"; shift ;;
         --smp) [ $# -ge 2 ] || usage; SMP="$2"; shift 2 ;;
@@ -55,6 +66,15 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ $# -gt 0 ] || usage
+# Each flavour: the package names apt knows it by (an extended regex on the
+# version part of linux-image-VERSION).
+case "$FLAVOUR" in
+    6.1) KPATTERN='6\.1\.0-[0-9]+-amd64' ;;
+    6.12) KPATTERN='6\.12\.[0-9]+\+deb12-amd64' ;;
+    6.1-cloud) KPATTERN='6\.1\.0-[0-9]+-cloud-amd64' ;;
+    *) die "--kernel wants 6.1, 6.12 or 6.1-cloud, got '$FLAVOUR'" ;;
+esac
+[[ "$TCG_THREAD" =~ ^(single|multi)$ ]] || die "--tcg-thread wants single or multi, got '$TCG_THREAD'"
 [[ "$MEM" =~ ^[0-9]+$ ]] || die "--mem wants a number of MB, got '$MEM'"
 [[ "$SMP" =~ ^[0-9]+$ ]] || die "--smp wants a number, got '$SMP'"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "--timeout wants a number of seconds, got '$TIMEOUT'"
@@ -73,6 +93,7 @@ SETUP_HINT="run scripts/setup.sh (as root) to install it"
 need qemu-system-x86_64 "$SETUP_HINT (Debian package qemu-system-x86)"
 need cpio "$SETUP_HINT (Debian package cpio)"
 need depmod "$SETUP_HINT (Debian package kmod)"
+need xz "$SETUP_HINT (Debian package xz-utils)"
 need modprobe "$SETUP_HINT (Debian package kmod)"
 need apt-get "this harness needs a Debian host"
 need apt-cache "this harness needs a Debian host"
@@ -110,19 +131,22 @@ flock 9  # serialise cache preparation between concurrent runs
 # lib/modules/<version>/ and depmod's output, marked by .ready.
 latest_cached_kernel() {
     local d best=""
-    for d in "$CACHE"/kernel-6.1.0-*-amd64; do
+    for d in "$CACHE"/kernel-*; do
         [ -e "$d/.ready" ] || continue
+        [[ "${d##*/kernel-}" =~ ^$KPATTERN$ ]] || continue
         best="$(printf '%s\n%s\n' "$best" "${d##*/kernel-}" | sed '/^$/d' | sort -V | tail -n1)"
     done
     printf '%s' "$best"
 }
 
 resolve_kernel_from_apt() {
-    local v
-    v="$(apt-cache depends linux-image-amd64 2>/dev/null \
-        | sed -n 's/^ *Depends: *\(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' | head -n1)"
+    local v=""
+    if [ "$FLAVOUR" = 6.1 ]; then
+        v="$(apt-cache depends linux-image-amd64 2>/dev/null \
+            | sed -n 's/^ *Depends: *\(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' | head -n1)"
+    fi
     if [ -z "$v" ]; then
-        v="$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' 2>/dev/null \
+        v="$(apt-cache search --names-only "^linux-image-$KPATTERN\$" 2>/dev/null \
             | awk '{print $1}' | sort -V | tail -n1)"
     fi
     printf '%s' "${v#linux-image-}"
@@ -136,13 +160,13 @@ fi
 if [ -z "$KVER" ]; then
     KVER="$(resolve_kernel_from_apt)"
     if [ -z "$KVER" ]; then
-        say "updating apt package lists (no linux-image-6.1.0-*-amd64 known yet)"
+        say "updating apt package lists (no kernel of flavour $FLAVOUR known yet)"
         apt-get update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
         KVER="$(resolve_kernel_from_apt)"
     fi
-    [ -n "$KVER" ] || die "apt knows no linux-image-6.1.0-NN-amd64 package; is this a Debian 12 host?"
+    [ -n "$KVER" ] || die "apt knows no kernel package of flavour $FLAVOUR; is this a Debian 12 host?"
 fi
-[[ "$KVER" =~ ^6\.1\.0-[0-9]+-amd64$ ]] || die "unexpected kernel version '$KVER' (want 6.1.0-NN-amd64)"
+[[ "$KVER" =~ ^$KPATTERN$ ]] || die "unexpected kernel version '$KVER' for --kernel $FLAVOUR"
 
 KDIR="$CACHE/kernel-$KVER"
 VMLINUZ="$KDIR/boot/vmlinuz-$KVER"
@@ -176,10 +200,18 @@ fi
 
 # ---------------------------------------------------------------- initramfs
 # Modules the guest needs, in load order (dependencies first), from modules.dep.
-GUEST_MODULES=(virtio_pci 9pnet_virtio 9p amdgpu)
+# amdgpu is optional: a flavour without it (cloud) boots without /dev/kfd,
+# and the suites that need it say so and are not run there.
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p)
+if modprobe -d "$KDIR" -S "$KVER" --show-depends amdgpu >/dev/null 2>&1; then
+    GUEST_MODULES+=(amdgpu)
+else
+    say "kernel $KVER has no amdgpu module: the guest has no /dev/kfd"
+fi
 module_load_list() {
     local m
     for m in "${GUEST_MODULES[@]}"; do
+        # A module built into this kernel needs no file ("builtin" lines).
         modprobe -d "$KDIR" -S "$KVER" --show-depends "$m" \
             || die "modprobe could not resolve module $m in $KDIR"
     done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
@@ -203,7 +235,13 @@ if [ ! -e "$INITRD" ] || [ "$STAMP_WANT" != "$STAMP_HAVE" ]; then
     while IFS= read -r ko; do
         rel="${ko#"$KDIR"/}"
         mkdir -p "$stage/$(dirname "$rel")"
-        cp "$ko" "$stage/$rel"
+        # busybox insmod hands the kernel the file as it is: newer Debian
+        # kernels ship xz-compressed modules, so they go in decompressed.
+        case "$rel" in
+            *.ko.xz) rel="${rel%.xz}"; xz -dc "$ko" > "$stage/$rel" || die "xz -d $ko failed" ;;
+            *.ko.zst) rel="${rel%.zst}"; zstd -qdc "$ko" > "$stage/$rel" || die "zstd -d $ko failed" ;;
+            *) cp "$ko" "$stage/$rel" ;;
+        esac
         printf '/%s\n' "$rel" >> "$stage/lib/modules/load-order"
     done <<< "$MODS"
     (cd "$stage" && find . -print0 | LC_ALL=C sort -z \
@@ -305,7 +343,7 @@ else
 fi
 
 QEMU=(qemu-system-x86_64
-    -accel tcg -cpu max -m "$MEM" -smp "$SMP"
+    -accel "tcg,thread=$TCG_THREAD" -cpu max -m "$MEM" -smp "$SMP"
     -nographic -no-reboot -net none
     -kernel "$VMLINUZ" -initrd "$INITRD" -append "$APPEND"
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
@@ -336,6 +374,9 @@ else
 fi
 
 QEMU+=(-pidfile "$JOBDIR/qemu.pid")
+# The monitor on a socket: where each virtual CPU is (tests/vm/stall-dump.py)
+# can be read from outside a guest that no longer runs its own code.
+QEMU+=(-monitor "unix:$JOBDIR/monitor.sock,server=on,wait=off")
 # Run the pipeline in the background and wait for it, so that INT/TERM sent to
 # this script are handled at once: the trap stops qemu instead of orphaning it.
 stop_qemu() {

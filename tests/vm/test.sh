@@ -11,17 +11,20 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 usage() {
-    echo "usage: tests/vm/test.sh [--repeat N] TEST_BINARY... (cargo xtask test passes them)" >&2
+    echo "usage: tests/vm/test.sh [--kernel FLAVOUR] [--repeat N] TEST_BINARY... (cargo xtask test passes them)" >&2
     exit 2
 }
 # --repeat N runs the whole list N times in one boot and stops at the first
 # failure: a hunt for a rare guest lockup, not a CI step.
 repeat=1
-if [ "${1:-}" = --repeat ]; then
-    [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage
-    repeat="$2"
-    shift 2
-fi
+kernel=6.1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --repeat) [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage; repeat="$2"; shift 2 ;;
+        --kernel) [ $# -ge 2 ] || usage; kernel="$2"; shift 2 ;;
+        *) break ;;
+    esac
+done
 [ $# -gt 0 ] || usage
 snap="$repo/target/vm/run-$$"
 mkdir -p "$snap"
@@ -36,6 +39,6 @@ for t in "$@"; do
 done
 # The suites take 4-5 minutes under TCG; a hung guest fails the step well
 # inside CI's budget instead of holding it for the default 40 minutes.
-"$here/run.sh" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
+"$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
     sh -c "set -e; cd '$repo'; for round in \$(seq $repeat); do for t in $tests; do echo \"==> [vm] \$(basename \$t) (round \$round of $repeat)\"; \"\$t\" --ignored --test-threads=1; done; done"

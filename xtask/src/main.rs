@@ -40,6 +40,9 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Boot the test VM (Debian 6.1 kernel with amdgpu) and run CMD inside it.
     Vm {
+        /// Which Debian kernel the VM boots: 6.1, 6.12 or 6.1-cloud.
+        #[arg(long, default_value = "6.1", value_parser = ["6.1", "6.12", "6.1-cloud"])]
+        kernel: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
@@ -117,7 +120,9 @@ fn main() -> ExitCode {
         Task::Fuzz { seconds, targets } => {
             run(Command::new(root().join("fuzz/run.sh")).arg(seconds.to_string()).args(targets))
         }
-        Task::Vm { cmd } => run(Command::new(root().join("tests/vm/run.sh")).arg("--").args(cmd)),
+        Task::Vm { kernel, cmd } => {
+            run(Command::new(root().join("tests/vm/run.sh")).args(["--kernel", kernel.as_str(), "--"]).args(cmd))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
