@@ -95,6 +95,13 @@ chmod 1777 $R/run/lock
 if [ -n "$TARGET_DIR" ]; then
     if [ -d "$R$TARGET_DIR" ]; then
         mount -t 9p -o "$O9P,cache=mmap" target "$R$TARGET_DIR" || log "cannot mount $TARGET_DIR writable"
+        # The kernel's symbols, once per kernel version, for the host's dump
+        # of a stalled guest (stall-dump.py); Debian's System.map is a stub.
+        # nokaslr keeps the addresses the same on every boot.
+        syms="$R$TARGET_DIR/vm/kallsyms-$(uname -r)"
+        if [ -d "$R$TARGET_DIR/vm" ] && [ ! -s "$syms" ]; then
+            cat /proc/kallsyms > "$syms.tmp" && mv "$syms.tmp" "$syms"
+        fi
     else
         log "$TARGET_DIR is not visible in the guest; not mounted writable"
     fi

@@ -21,9 +21,9 @@ usage() {
 usage: tests/vm/run.sh [options] -- CMD [ARGS...]
   --kernel FLAVOUR    6.1 (default: Debian 12's kernel), 6.12 (Debian 12's 6.12
                       from its security suite), 6.1-cloud (the cloud flavour)
-  --tcg-thread MODE   single: one host thread runs every guest CPU in turn;
-                      multi: a host thread per guest CPU (default: multi;
-                      env CANARYSCOPE_VM_TCG_THREAD)
+  --tcg-thread MODE   single: one host thread runs every guest CPU in turn
+                      (default); multi: a host thread per guest CPU, faster
+                      but it wedges (see README); env CANARYSCOPE_VM_TCG_THREAD
   --mem MB            guest memory (default 3072)
   --smp N             guest CPUs (default 2)
   --timeout SECS      kill the VM after SECS seconds (default 600); exit 124
@@ -38,7 +38,10 @@ EOF
 
 # ---------------------------------------------------------------- arguments
 FLAVOUR=6.1
-TCG_THREAD="${CANARYSCOPE_VM_TCG_THREAD:-multi}"
+# One host thread for every guest CPU: with a thread per CPU, QEMU 7.2 lets
+# a CPU run translated code that another CPU has since patched (text_poke),
+# and the guest wedges in an int3 loop (README.md: the soft lockup).
+TCG_THREAD="${CANARYSCOPE_VM_TCG_THREAD:-single}"
 MEM=3072
 SMP=2
 TIMEOUT=600
@@ -395,7 +398,7 @@ trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 exec 3<&0
 
-say "booting VM (tcg, ${MEM} MB, ${SMP} CPUs, kernel $KVER, timeout ${TIMEOUT}s)"
+say "booting VM (tcg thread=$TCG_THREAD, ${MEM} MB, ${SMP} CPUs, kernel $KVER, timeout ${TIMEOUT}s)"
 t0=$(date +%s.%N)
 if [ "$INTERACTIVE" = 1 ]; then
     { timeout --foreground -k 10 "$TIMEOUT" "${QEMU[@]}" <&3 2>"$QEMU_ERR" \
@@ -405,7 +408,35 @@ else
           && echo 0 > "$JOBDIR/qemu.rc" || echo $? > "$JOBDIR/qemu.rc"; } | tee "$LOG" | "${FILTER[@]}" &
 fi
 PIPE_PID=$!
+# A stalled guest (soft lockup, RCU stall) may never finish printing its own
+# stacks: that dump waits for the stuck CPU. The host then reads every
+# virtual CPU through the monitor, prints it, and stops the VM, so the run
+# fails with the evidence instead of waiting out its timeout.
+# The same just before the timeout kills a guest that printed nothing.
+stall_watch() {
+    local last_call=$(( $(date +%s) + TIMEOUT - 15 ))
+    while kill -0 "$PIPE_PID" 2>/dev/null; do
+        if [ "$(date +%s)" -ge "$last_call" ]; then
+            say "about to time out: every virtual CPU, read through the QEMU monitor"
+            python3 "$HERE/stall-dump.py" "$JOBDIR/monitor.sock" "$REPO/target/vm/kallsyms-$KVER" >&2 || true
+            return 0
+        fi
+        if LC_ALL=C grep -aqE 'BUG: soft lockup|rcu: INFO: rcu_(preempt|sched) (self-)?detected' "$LOG"; then
+            sleep 10 # what the guest still prints of its own comes first
+            kill -0 "$PIPE_PID" 2>/dev/null || return 0
+            say "guest stalled: every virtual CPU, read through the QEMU monitor"
+            python3 "$HERE/stall-dump.py" "$JOBDIR/monitor.sock" "$REPO/target/vm/kallsyms-$KVER" >&2 || true
+            touch "$JOBDIR/stalled"
+            stop_qemu
+            return 0
+        fi
+        sleep 2
+    done
+}
+stall_watch &
+WATCH_PID=$!
 wait "$PIPE_PID" || true
+kill "$WATCH_PID" 2>/dev/null || true
 t1=$(date +%s.%N)
 elapsed="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
 qemu_rc="$(cat "$JOBDIR/qemu.rc" 2>/dev/null || echo '?')"
@@ -430,6 +461,9 @@ if [ -z "$status" ] && { [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; }; then
     exit 124
 fi
 if [ -z "$status" ]; then
+    if [ -e "$JOBDIR/stalled" ]; then
+        printf '%s: error: the guest kernel stalled; the virtual CPUs are dumped above\n' "$PROG" >&2
+    fi
     printf '%s: error: the VM stopped (qemu exit status %s) without reporting the command'"'"'s exit status\n' \
         "$PROG" "$qemu_rc" >&2
     if [ -s "$QEMU_ERR" ]; then sed 's/^/qemu: /' "$QEMU_ERR" >&2; fi

@@ -44,7 +44,12 @@ class Monitor:
 
 def load_symbols(path):
     addrs, names = [], []
-    with open(path) as f:
+    try:
+        f = open(path)
+    except OSError as e:
+        print(f"stall-dump: no kernel symbols ({e}): raw addresses only", file=sys.stderr)
+        return addrs, names
+    with f:
         for line in f:
             parts = line.split()
             if len(parts) >= 3 and parts[1] in "tTwW":
