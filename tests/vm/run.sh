@@ -206,6 +206,8 @@ fi
 # amdgpu is optional: a flavour without it (cloud) boots without /dev/kfd,
 # and the suites that need it say so and are not run there.
 GUEST_MODULES=(virtio_pci 9pnet_virtio 9p)
+modprobe -d "$KDIR" -S "$KVER" --show-depends 9pnet_virtio >/dev/null 2>&1 \
+    || die "kernel $KVER has no 9p over virtio (CONFIG_NET_9P is off): the guest could not mount the host root"
 if modprobe -d "$KDIR" -S "$KVER" --show-depends amdgpu >/dev/null 2>&1; then
     GUEST_MODULES+=(amdgpu)
 else
