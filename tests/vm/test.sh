@@ -41,4 +41,4 @@ done
 # inside CI's budget instead of holding it for the default 40 minutes.
 "$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
-    sh -c "set -e; cd '$repo'; for round in \$(seq $repeat); do for t in $tests; do echo \"==> [vm] \$(basename \$t) (round \$round of $repeat)\"; \"\$t\" --ignored --test-threads=1; done; done"
+    sh -c "set -e; cd '$repo'; \"$snap/canaryscope\" check --json > \"$repo/target/vm/check-\$(uname -r).json\" 2>/dev/null || true; for round in \$(seq $repeat); do for t in $tests; do echo \"==> [vm] \$(basename \$t) (round \$round of $repeat)\"; \"\$t\" --ignored --test-threads=1; done; done"

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <build|run|test|vm|bench|image|fixtures>`.
+//! Project tasks: `cargo xtask <build|run|test|vm|matrix|bench|image|fixtures>`.
 //!
 //! Every task says what it is doing before it does it: builds, VM boots and
 //! benchmarks take long enough that silence would look like a hang.
@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod fixtures;
 mod image;
+mod matrix;
 mod test;
 
 #[derive(Parser)]
@@ -46,6 +47,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Write README.md's kernel matrix from the last suite's `check` reports (host and VMs).
+    Matrix,
     /// Build the container image (OCI archive) the DaemonSet runs.
     Image,
     /// Fuzz the parsers of outside input (cargo-fuzz/libFuzzer) for SECONDS per target.
@@ -117,12 +120,13 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),
         Task::Image => image::run(),
+        Task::Matrix => matrix::write_readme(),
         Task::Fuzz { seconds, targets } => {
             run(Command::new(root().join("fuzz/run.sh")).arg(seconds.to_string()).args(targets))
         }
-        Task::Vm { kernel, cmd } => {
-            run(Command::new(root().join("tests/vm/run.sh")).args(["--kernel", kernel.as_str(), "--"]).args(cmd))
-        }
+        Task::Vm { kernel, cmd } => run(Command::new(root().join("tests/vm/run.sh"))
+            .args(["--kernel", kernel.as_str(), "--"])
+            .args(cmd)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

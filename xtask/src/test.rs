@@ -77,6 +77,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         crate::image::run()?;
     }
     if !args.no_vm {
+        crate::matrix::check_host()?;
         step("VM tests: Debian 6.1 kernel with kprobes, amdgpu and /dev/kfd (QEMU, software emulation)");
         let binaries = test_binaries(&[
             "vm_kfd",
@@ -95,6 +96,8 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         // processes) get a timeout of their own under emulation.
         step("VM tests: first GPU calls of never-seen libraries, default mode and --hold (Debian 6.1)");
         run(Command::new(root().join("tests/vm/test.sh")).args(test_binaries(&["first_call"])?))?;
+        step("README.md: the kernel matrix from each kernel's `canaryscope check`");
+        crate::matrix::write_readme()?;
     }
     if !args.no_bench {
         step("benchmark smoke run (cargo xtask bench --quick)");

@@ -1,0 +1,165 @@
+//! The kernel matrix: which probe families work on which kernel, as
+//! `canaryscope check --json` found it on this host and in each VM kernel
+//! the suite booted (tests/vm/test.sh saves the guest's report as
+//! target/vm/check-KERNEL.json before the tests run). The table goes into
+//! README.md between two markers, so the suite writes it, not a person.
+use std::{collections::BTreeMap, fs, path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::root;
+
+const START: &str = "<!-- kernel-matrix:start (cargo xtask matrix writes this table) -->";
+const END: &str = "<!-- kernel-matrix:end -->";
+
+/// The families in the order the README explains them.
+const FAMILIES: [(&str, &str); 9] = [
+    ("gpu", "GPU runtime calls (uprobes)"),
+    ("discovery", "new runtime files before their first call"),
+    ("kfd", "KFD ioctls"),
+    ("crash", "native crashes"),
+    ("exit", "abnormal exits"),
+    ("oom", "OOM kills"),
+    ("memlimit", "refused allocations (rlimits)"),
+    ("sched", "run-queue latency"),
+    ("throttle", "CPU throttling"),
+];
+
+/// One kernel's report: its release and each family's verdict.
+struct Column {
+    kernel: String,
+    place: &'static str,
+    verdicts: BTreeMap<&'static str, String>,
+}
+
+/// `check --json` on this host, into target/vm/check-host.json.
+pub fn check_host() -> Result<()> {
+    let bin = root().join("target/release/canaryscope");
+    let out = Command::new(&bin)
+        .args(["check", "--json"])
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    // check exits non-zero when something is missing; the report is what counts.
+    let dir = root().join("target/vm");
+    fs::create_dir_all(&dir)?;
+    fs::write(dir.join("check-host.json"), &out.stdout)?;
+    Ok(())
+}
+
+/// Renders the table from the saved reports and writes it into README.md.
+pub fn write_readme() -> Result<()> {
+    let dir = root().join("target/vm");
+    let mut columns = Vec::new();
+    if let Ok(host) = read(&dir.join("check-host.json")) {
+        columns.push(column(&host, "host")?);
+    }
+    let mut guests: Vec<_> =
+        fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_else(|_| Vec::new());
+    guests.retain(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("check-") && n != "check-host.json")
+    });
+    guests.sort();
+    for path in guests {
+        columns.push(column(&read(&path)?, "VM")?);
+    }
+    if columns.is_empty() {
+        bail!("no check reports in {}: run the suite (cargo xtask test) first", dir.display());
+    }
+    let table = render(&columns);
+    let readme_path = root().join("README.md");
+    let readme = fs::read_to_string(&readme_path).context("README.md")?;
+    let (Some(start), Some(end)) = (readme.find(START), readme.find(END)) else {
+        bail!("README.md lacks the kernel-matrix markers");
+    };
+    let updated = format!("{}{START}\n{table}{}", &readme[..start], &readme[end..]);
+    if updated != readme {
+        fs::write(&readme_path, updated)?;
+        eprintln!("    README.md: kernel matrix updated ({} kernels)", columns.len());
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<Value> {
+    let text = fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a check report", path.display()))
+}
+
+/// A family works when every probe of it attached; otherwise the first
+/// reason given. A family the report does not list at all was not loaded.
+fn column(report: &Value, place: &'static str) -> Result<Column> {
+    let kernel = report["kernel"].as_str().context("check report without a kernel")?.to_owned();
+    let probes = report["probes"].as_array().cloned().unwrap_or_default();
+    let mut verdicts = BTreeMap::new();
+    for (family, _) in FAMILIES {
+        let mine: Vec<&Value> = probes.iter().filter(|p| p["probe"] == family).collect();
+        let verdict = match mine.iter().find(|p| p["attached"] != true) {
+            _ if mine.is_empty() => match report["load_error"].as_str() {
+                Some(e) => format!("not loaded: {e}"),
+                None if family == "gpu" => "no GPU runtime library found".into(),
+                None => "not reported".into(),
+            },
+            Some(failed) => short(failed["detail"].as_str().unwrap_or("detached")),
+            None if mine.iter().any(|p| p["detail"].as_str().is_some_and(|d| d.contains("fallback"))) => {
+                "works (syscall fallback)".into()
+            }
+            None => "works".into(),
+        };
+        verdicts.insert(family, verdict);
+    }
+    Ok(Column { kernel, place, verdicts })
+}
+
+fn short(detail: &str) -> String {
+    let first = detail.split(';').next().unwrap_or(detail).trim();
+    first.replace('|', "/")
+}
+
+fn render(columns: &[Column]) -> String {
+    let mut out = String::from("| probe family |");
+    for c in columns {
+        out.push_str(&format!(" {} ({}) |", c.kernel, c.place));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(columns.len()));
+    out.push('\n');
+    for (family, what) in FAMILIES {
+        out.push_str(&format!("| `{family}`: {what} |"));
+        for c in columns {
+            out.push_str(&format!(" {} |", c.verdicts.get(family).map(String::as_str).unwrap_or("?")));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_family_works_only_when_every_probe_of_it_attached() {
+        let report = json!({
+            "kernel": "6.1.0-57-amd64",
+            "load_error": null,
+            "probes": [
+                {"probe": "sched", "attached": true, "detail": "run-queue latency per cgroup"},
+                {"probe": "sched", "attached": false, "detail": "verifier refused sched_switch; see log"},
+                {"probe": "kfd", "attached": true, "detail": "syscall fallback (no kprobes)"},
+                {"probe": "oom", "attached": true, "detail": "oom:mark_victim"},
+            ],
+        });
+        let c = column(&report, "VM").expect("column");
+        assert_eq!(c.verdicts["sched"], "verifier refused sched_switch");
+        assert_eq!(c.verdicts["kfd"], "works (syscall fallback)");
+        assert_eq!(c.verdicts["oom"], "works");
+        assert_eq!(c.verdicts["exit"], "not reported");
+        let table = render(&[c]);
+        assert!(table.starts_with("| probe family | 6.1.0-57-amd64 (VM) |\n|---|---|\n"), "{table}");
+        assert_eq!(table.lines().count(), 2 + FAMILIES.len());
+    }
+}
