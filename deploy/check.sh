@@ -40,6 +40,9 @@
 #                   the 1.30 and 1.37 schemas (ValidatingAdmissionPolicy v1 needs 1.30);
 #                   deploy/examples/*.yaml (the readiness gate declared, no exec readiness
 #                   probe, a liveness probe kept)
+#  10 dashboard     deploy/grafana/canaryscope.json is what grafana/generate.py builds with
+#                   grafana-foundation-sdk (PyPI; scripts/setup.sh installs it); its queries
+#                   run against a real Prometheus in the integration test `dashboard`
 #   9 cel           the admission policy's CEL expressions evaluated with cel-python: the
 #                   daemon's status patch allowed for a pod on its own node, denied for a
 #                   pod on another node, without a node in its token, for an unscheduled
@@ -115,6 +118,7 @@ step "6 Argo/Flagger queries: syntax and values" analysis
 step "7 promtool check config (plain Prometheus)" promconfig
 step "8 Kubernetes / CRD schema validation and policy" "$PY" deploy/tools/deploycheck.py validate
 step "9 admission policy CEL (cel-python)" "$PY" deploy/tools/deploycheck.py cel
+step "10 Grafana dashboard == what grafana/generate.py builds" "$PY" deploy/grafana/generate.py --check
 
 echo
 if [ "$failed" -gt 0 ]; then
