@@ -28,8 +28,10 @@ impl Tmux {
         let socket = format!("canaryscope-top-{}", random_hex(8));
         let dir = std::env::temp_dir().join(&socket);
         fs::create_dir_all(&dir).expect("scratch dir");
-        fs::write(dir.join("tmux.conf"), "set -g remain-on-exit on\nset -g window-size manual\n")
-            .expect("conf");
+        // remain-on-exit only: tmux 3.3 dies on `window-size` in a config
+        // read before the first session, and resize-window makes the
+        // size manual for its window anyway.
+        fs::write(dir.join("tmux.conf"), "set -g remain-on-exit on\n").expect("conf");
         let t = Self { socket, dir };
         let out = t
             .cmd(&["-f", &t.dir.join("tmux.conf").display().to_string(), "new-session", "-d", "-s", "top"])
@@ -55,6 +57,13 @@ impl Tmux {
     /// The pane's lines as shown now.
     fn screen(&self) -> Vec<String> {
         let out = self.run(&["capture-pane", "-p", "-t", "top"]);
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    }
+
+    /// The pane's lines including those scrolled off the top (the exit
+    /// status can scroll away under `stty -a` on a short pane).
+    fn history(&self) -> Vec<String> {
+        let out = self.run(&["capture-pane", "-p", "-J", "-S", "-", "-t", "top"]);
         String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
     }
 
@@ -138,9 +147,14 @@ fn the_screen_shows_a_failing_cgroup_within_two_seconds_redraws_on_resize_and_q_
     assert!(screen.iter().all(|l| l.chars().count() <= 100), "{}", screen.join("\n"));
 
     tmux.run(&["send-keys", "-t", "top", "q"]);
-    let (screen, _) =
-        tmux.wait("the exit status", Duration::from_secs(10), |s| s.iter().any(|l| l.starts_with("exit=")));
-    let text = screen.join("\n");
+    // The shell reports top's status, then stty lists the terminal's modes;
+    // the pane stays (remain-on-exit) so both can be read.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux.format("#{pane_dead}") != "1" {
+        assert!(Instant::now() < deadline, "top still running after q:\n{}", tmux.screen().join("\n"));
+        thread::sleep(Duration::from_millis(50));
+    }
+    let text = tmux.history().join("\n");
     assert!(text.contains("exit=0"), "q exits 0:\n{text}");
     assert_eq!(tmux.format("#{alternate_on}"), "0", "back on the main screen:\n{text}");
     // Raw mode is off again: the line discipline echoes and edits lines.
