@@ -100,8 +100,21 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
             .expect("prometheus (Debian package) runs"),
     );
 
+    // Counters are born with their first event, and `rate`/`increase` need
+    // a scrape before the event to see it: first Prometheus' first scrape
+    // of the daemon, later a second round of the canary's failures.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !prom(prom_port, "up{job=\"canaryscope\"} == 1")["data"]["result"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty())
+    {
+        assert!(Instant::now() < deadline, "Prometheus never scraped the daemon");
+        thread::sleep(Duration::from_millis(200));
+    }
+
     // The stable pod is healthy; the canary fails its HIP runtime, runs
-    // too many threads for its CPU limit, then outgrows its memory limit.
+    // too many threads for its CPU limit while the test lasts, and
+    // outgrows its memory limit: twice, as a crash-looping canary would.
     let out = stable
         .command(&fixture("cuda_app"))
         .args(["--version-loop", "100"])
@@ -109,15 +122,35 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         .output()
         .expect("stable");
     assert!(out.status.success(), "{out:?}");
-    let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
-    assert!(out.status.success(), "{out:?}");
     let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     canary.limit_cpu(cpus as f64 * 2.0 / 32.0);
-    let out = canary.command(&fixture("busy_threads")).args([&cpus.to_string(), "4"]).output().expect("busy");
-    assert!(out.status.success(), "{out:?}");
+    let _busy = Proc(
+        canary
+            .command(&fixture("busy_threads"))
+            .args([&cpus.to_string(), "120"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("busy_threads"),
+    );
     canary.limit_memory(50 << 20);
-    let out = canary.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
-    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
+    let failing_round = || {
+        let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
+        assert!(out.status.success(), "{out:?}");
+        let out =
+            canary.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
+    };
+    failing_round();
+    // The first round's series are in Prometheus before the second round.
+    for family in ["canaryscope_gpu_init_failures_total", "canaryscope_oom_kills_total"] {
+        let q = format!("{family}{{track=\"canary\"}}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !prom(prom_port, &q)["data"]["result"].as_array().is_some_and(|r| !r.is_empty()) {
+            assert!(Instant::now() < deadline, "Prometheus never stored {q}");
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+    failing_round();
 
     // Every target of every panel, with Grafana's variables filled in as a
     // person choosing the workload would.
@@ -157,7 +190,14 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
                 })
             })
         });
-        assert!(Instant::now() < deadline, "panels without the canary's data: {missing:?}");
+        if Instant::now() >= deadline {
+            let answers: Vec<String> = queries
+                .iter()
+                .filter(|(t, _)| missing.contains(&t.as_str()))
+                .map(|(t, q)| format!("{t}: {q}\n  {}", prom(prom_port, q)["data"]["result"]))
+                .collect();
+            panic!("panels without the canary's data: {missing:?}\n{}", answers.join("\n"));
+        }
         thread::sleep(Duration::from_millis(500));
     }
     // The healthy stable revision shows on no failure panel.
