@@ -40,14 +40,14 @@
 #                   the 1.30 and 1.37 schemas (ValidatingAdmissionPolicy v1 needs 1.30);
 #                   deploy/examples/*.yaml (the readiness gate declared, no exec readiness
 #                   probe, a liveness probe kept)
-#  10 dashboard     deploy/grafana/canaryscope.json is what grafana/generate.py builds with
-#                   grafana-foundation-sdk (PyPI; scripts/setup.sh installs it); its queries
-#                   run against a real Prometheus in the integration test `dashboard`
 #   9 cel           the admission policy's CEL expressions evaluated with cel-python: the
 #                   daemon's status patch allowed for a pod on its own node, denied for a
 #                   pod on another node, without a node in its token, for an unscheduled
 #                   pod, or when it would change another condition (Ready); other users'
 #                   requests not matched
+#  10 dashboard     deploy/grafana/canaryscope.json is what grafana/generate.py builds with
+#                   grafana-foundation-sdk (PyPI; scripts/setup.sh installs it); its queries
+#                   run against a real Prometheus in the integration test `dashboard`
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
