@@ -20,7 +20,9 @@ PACKAGES=(
     bpftool bpftrace libbpf-tools prometheus
     qemu-system-x86 busybox-static cpio kmod
     buildah util-linux python3
-    tmux
+    # tmux: the terminal of the `top` tests; chromium: draws the README's panel
+    # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
+    tmux chromium
 )
 if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
     PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)

@@ -208,6 +208,42 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
             "{title}: {result}"
         );
     }
+    if let Some(out) = std::env::var_os("CANARYSCOPE_DASHBOARD_PICTURE") {
+        picture(prom_port, &queries, std::path::Path::new(&out));
+    }
     drop(daemon);
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// For the README, on request (CANARYSCOPE_DASHBOARD_PICTURE=out.png): the
+/// panels of the canary's failures drawn by Prometheus' own graph page (one
+/// graph per panel query, over the test's last 30 s) in headless
+/// Chromium. Grafana itself is not installed here.
+fn picture(prom_port: u16, queries: &[(String, String)], out: &std::path::Path) {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect()
+    };
+    let shown: Vec<&(String, String)> =
+        queries.iter().filter(|(t, _)| CAUSED.contains(&t.as_str())).collect();
+    let params: Vec<String> = shown
+        .iter()
+        .enumerate()
+        .map(|(i, (_, q))| format!("g{i}.expr={}&g{i}.tab=0&g{i}.range_input=30s&g{i}.stacked=0", enc(q)))
+        .collect();
+    let url = format!("http://127.0.0.1:{prom_port}/graph?{}", params.join("&"));
+    // Taller than the page, so nothing scrolls it.
+    let height = 400 + 640 * shown.len();
+    let status = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg(format!("--window-size=1280,{height}"))
+        .arg("--virtual-time-budget=15000")
+        .arg(format!("--screenshot={}", out.display()))
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("chromium (scripts/setup.sh installs it)");
+    assert!(status.success() && out.exists(), "chromium drew nothing: {status}");
 }

@@ -98,6 +98,16 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
+        // A top that failed the test may still run (with its probes): the
+        // pane's shell leads the process group both are in.
+        if let Ok(out) = self.cmd(&["display-message", "-p", "-t", "top", "#{pane_pid}"]).output() {
+            if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<i32>() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+        }
         let _ = self.cmd(&["kill-server"]).output();
         let _ = fs::remove_dir_all(&self.dir);
     }
@@ -138,6 +148,10 @@ fn the_screen_shows_a_failing_cgroup_within_two_seconds_redraws_on_resize_and_q_
         s.iter().any(|l| l.contains(&uid) && failures(l).is_some_and(|n| n >= 1))
     });
     assert!(took <= Duration::from_secs(2), "the failure took {took:?} to show:\n{}", screen.join("\n"));
+    // For the README, on request: the screen as a person saw it.
+    if let Some(out) = std::env::var_os("CANARYSCOPE_TOP_SCREEN") {
+        fs::write(out, screen.join("\n") + "\n").expect("screen capture");
+    }
 
     // A smaller terminal: the footer moves to its new last line.
     tmux.run(&["resize-window", "-t", "top", "-x", "100", "-y", "25"]);
