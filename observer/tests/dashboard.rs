@@ -24,6 +24,11 @@ fn prom(port: u16, query: &str) -> Value {
     serde_json::from_str(&body).unwrap_or(Value::Null)
 }
 
+/// Whether the query returns at least one series now.
+fn has_series(port: u16, query: &str) -> bool {
+    prom(port, query)["data"]["result"].as_array().is_some_and(|r| !r.is_empty())
+}
+
 /// Panels whose events this test causes in the canary, and so must show it.
 const CAUSED: &[&str] = &[
     "GPU init failures by function",
@@ -104,10 +109,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     // a scrape before the event to see it: first Prometheus' first scrape
     // of the daemon, later a second round of the canary's failures.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !prom(prom_port, "up{job=\"canaryscope\"} == 1")["data"]["result"]
-        .as_array()
-        .is_some_and(|r| !r.is_empty())
-    {
+    while !has_series(prom_port, "up{job=\"canaryscope\"} == 1") {
         assert!(Instant::now() < deadline, "Prometheus never scraped the daemon");
         thread::sleep(Duration::from_millis(200));
     }
@@ -145,7 +147,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     for family in ["canaryscope_gpu_init_failures_total", "canaryscope_oom_kills_total"] {
         let q = format!("{family}{{track=\"canary\"}}");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !prom(prom_port, &q)["data"]["result"].as_array().is_some_and(|r| !r.is_empty()) {
+        while !has_series(prom_port, &q) {
             assert!(Instant::now() < deadline, "Prometheus never stored {q}");
             thread::sleep(Duration::from_millis(200));
         }
