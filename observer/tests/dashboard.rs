@@ -236,7 +236,7 @@ fn picture(prom_port: u16, queries: &[(String, String)], out: &std::path::Path) 
         .collect();
     let url = format!("http://127.0.0.1:{prom_port}/graph?{}", params.join("&"));
     // Taller than the page, so nothing scrolls it.
-    let height = 400 + 640 * shown.len();
+    let height = 400 + 700 * shown.len();
     let status = Command::new("chromium")
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
         .arg(format!("--window-size=1280,{height}"))
