@@ -17,7 +17,9 @@ use support::*;
 /// A tmux server of its own (its own socket and an empty config), so the
 /// test neither sees nor disturbs anyone else's sessions.
 struct Tmux {
-    socket: String,
+    /// The server's socket, in `dir`, so nothing is left behind in
+    /// tmux's shared socket directory.
+    socket: PathBuf,
     dir: PathBuf,
 }
 
@@ -25,8 +27,8 @@ impl Tmux {
     /// Starts `command` in a detached session of `cols` x `rows`. The pane
     /// stays after the command exits, so what it printed last can be read.
     fn start(command: &str, cols: u16, rows: u16) -> Self {
-        let socket = format!("canaryscope-top-{}", random_hex(8));
-        let dir = std::env::temp_dir().join(&socket);
+        let dir = std::env::temp_dir().join(format!("canaryscope-top-{}", random_hex(8)));
+        let socket = dir.join("socket");
         fs::create_dir_all(&dir).expect("scratch dir");
         // remain-on-exit only: tmux 3.3 dies on `window-size` in a config
         // read before the first session, and resize-window makes the
@@ -44,7 +46,7 @@ impl Tmux {
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket]).args(args).env("TERM", "xterm-256color");
+        c.arg("-S").arg(&self.socket).args(args).env("TERM", "xterm-256color");
         c
     }
 
