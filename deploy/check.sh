@@ -45,6 +45,9 @@
 #                   pod on another node, without a node in its token, for an unscheduled
 #                   pod, or when it would change another condition (Ready); other users'
 #                   requests not matched
+#  10 dashboard     deploy/grafana/canaryscope.json is what grafana/generate.py builds with
+#                   grafana-foundation-sdk (PyPI; scripts/setup.sh installs it); its queries
+#                   run against a real Prometheus in the integration test `dashboard`
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -115,6 +118,7 @@ step "6 Argo/Flagger queries: syntax and values" analysis
 step "7 promtool check config (plain Prometheus)" promconfig
 step "8 Kubernetes / CRD schema validation and policy" "$PY" deploy/tools/deploycheck.py validate
 step "9 admission policy CEL (cel-python)" "$PY" deploy/tools/deploycheck.py cel
+step "10 Grafana dashboard == what grafana/generate.py builds" "$PY" deploy/grafana/generate.py --check
 
 echo
 if [ "$failed" -gt 0 ]; then

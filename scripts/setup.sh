@@ -20,6 +20,9 @@ PACKAGES=(
     bpftool bpftrace libbpf-tools prometheus
     qemu-system-x86 busybox-static cpio kmod xz-utils zstd
     buildah util-linux python3
+    # tmux: the terminal of the `top` tests; chromium: draws the README's panel
+    # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
+    tmux chromium
 )
 if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
     PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)
@@ -72,6 +75,15 @@ if ! python3 -c 'import yaml, jsonschema, kubernetes_validate, celpy' 2>/dev/nul
     python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema kubernetes-validate cel-python
 else
     step "Python packages for deploy/ validation: present"
+fi
+
+# deploy/grafana/generate.py builds the dashboard with Grafana's own
+# foundation SDK (PyPI only); the dashboard test loads it back through it.
+if ! python3 -c 'import grafana_foundation_sdk' 2>/dev/null; then
+    step "installing grafana-foundation-sdk for the dashboard generator"
+    python3 -m pip install --quiet --disable-pip-version-check grafana-foundation-sdk
+else
+    step "grafana-foundation-sdk: present"
 fi
 
 # tracefs is not mounted on this kind of machine; the probes read tracepoint formats.

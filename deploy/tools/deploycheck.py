@@ -737,6 +737,7 @@ def render_kustomization(directory, component=None):
     for r in k.get("resources", []):
         path = os.path.join(directory, r)
         docs += render_kustomization(path) if os.path.isdir(path) else load_all(path)
+    docs += generated_configmaps(directory, k)
     images = list(k.get("images", []))
     layers = [(directory, k)]
     if component is not None:
@@ -763,6 +764,28 @@ def render_kustomization(directory, component=None):
                 docs[at[0]] = merge(docs[at[0]], patch)
     set_images(docs, images)
     return docs
+
+
+def generated_configmaps(directory, k):
+    """kustomize's configMapGenerator, for files only (the Grafana dashboard); the
+    name hash suffix is left off when options.disableNameSuffixHash says so."""
+    out = []
+    for g in k.get("configMapGenerator", []):
+        options = g.get("options", {})
+        data = {}
+        for f in g.get("files", []):
+            key, _, path = f.rpartition("=") if "=" in f else (os.path.basename(f), "", f)
+            with open(os.path.join(directory, path)) as fh:
+                data[key] = fh.read()
+        name = g["name"]
+        if not options.get("disableNameSuffixHash"):
+            name += "-generated"
+        meta = {"name": name}
+        for field in ("labels", "annotations"):
+            if options.get(field):
+                meta[field] = dict(options[field])
+        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return out
 
 
 def image_has_registry(image):

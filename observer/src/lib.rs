@@ -24,4 +24,5 @@ pub mod oom;
 pub mod pipeline;
 pub mod probes;
 pub mod run;
+pub mod top;
 pub mod trace;

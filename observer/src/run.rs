@@ -221,8 +221,9 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Counts events into series and publishes them for scrapes.
-struct Exporter {
+/// Counts events into series and publishes them for scrapes (and for
+/// `top` on its own probes, which reads the same text without a server).
+pub(crate) struct Exporter {
     published: SharedMetrics,
     shared: Shared,
     pods: Option<PodCache>,
@@ -282,6 +283,29 @@ impl Consumer for Exporter {
 }
 
 impl Exporter {
+    /// The daemon's series without Kubernetes or the readiness gate:
+    /// labels come from cgroup paths, as for `run --no-kubernetes`.
+    pub(crate) fn standalone(pipeline: &Pipeline, max_cgroups: usize) -> Self {
+        let mut metrics = Metrics::new(max_cgroups);
+        metrics.probes = pipeline.statuses();
+        Self {
+            published: Arc::new(Mutex::new(Published::new(metrics))),
+            shared: Arc::new(RwLock::new(Exposition::default())),
+            pods: None,
+            gate: None,
+            series_grace: Duration::from_secs(60),
+            last_refresh: Instant::now() - REFRESH_EVERY,
+            last_generation: 0,
+            aggregates_generation: u64::MAX,
+            last_gpu: Vec::new(),
+        }
+    }
+
+    /// The exposition a scrape would get now.
+    pub(crate) fn scrape(&self) -> bytes::Bytes {
+        self.lock().scrape()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -101,3 +101,19 @@ fn unknown_probe_families_are_usage_errors() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--lib needs the gpu probes"), "{err}");
 }
+
+#[test]
+fn top_from_a_bad_or_unreachable_url_is_a_usage_error() {
+    let (code, err) = run(&["top", "--from", "ftp://node-a:9464", "--once"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("http://HOST[:PORT]"), "says what a URL looks like: {err}");
+    // Bound then dropped: nothing listens there.
+    let port = support::free_port();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let (code, err) = run(&["top", "--from", &url, "--once", "--json"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains(&url) && err.contains("cannot reach"), "{err}");
+    let (code, err) = run(&["top", "--json"]);
+    assert_eq!(code, 2, "--json needs --once: {err}");
+}

@@ -26,6 +26,8 @@ pub enum Command {
     Trace(crate::trace::Args),
     /// Run as the node daemon: all probes and a Prometheus exporter.
     Run(crate::run::Args),
+    /// A live full-screen view of this node: one row per pod (or cgroup), each second.
+    Top(crate::top::Args),
     /// Report what this node supports and what the observer would attach.
     Check(crate::check::Args),
     /// Resumes processes held by `--hold` if the daemon that held them is
@@ -60,6 +62,7 @@ pub fn dispatch(command: Option<Command>) -> ExitCode {
         Command::Trace(args) => crate::trace::run(args),
         Command::Run(args) => crate::run::run(args),
         Command::Check(args) => crate::check::run(args),
+        Command::Top(args) => crate::top::run(args),
         Command::HoldWatchdog { map, daemon_pid } => {
             return crate::discovery::hold::run_watchdog(&map, daemon_pid)
         }

@@ -1,0 +1,69 @@
+//! `top` on its own probes: the daemon's pipeline and series in this
+//! process, without a server, Kubernetes or the readiness gate. Each second
+//! the rows are read from the text a scrape of `run` would return.
+use std::process::ExitCode;
+
+use super::{parse_reading, Args, Driver, TICK};
+use crate::{
+    cli::CliError,
+    config::{self, parse_duration, parse_hot_calls},
+    discovery::hot::Policy,
+    event_loop::{self, Consumer, Flow, Schedule},
+    events::Event,
+    pipeline::{Options, Pipeline},
+    probes::KernelSettings,
+    run::Exporter,
+};
+
+struct LocalTop {
+    exporter: Exporter,
+    driver: Driver,
+}
+
+impl Consumer for LocalTop {
+    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
+        self.exporter.events(pipeline, events)
+    }
+
+    fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError> {
+        // Series first, so a reading due now sees this tick's refresh.
+        self.exporter.tick(pipeline)?;
+        let exporter = &self.exporter;
+        self.driver.step(&mut || {
+            let text = exporter.scrape();
+            parse_reading(&String::from_utf8_lossy(&text)).map_err(|e| format!("own exposition: {e}"))
+        })
+    }
+}
+
+pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
+    let stall_ns = config::kernel_ns(args.stall_threshold);
+    // As the daemon's defaults: hot calls in cgroups with recent trouble.
+    let hot_calls = parse_hot_calls(config::DEFAULT_HOT_CALLS).map_err(CliError::usage)?;
+    let hot_window = parse_duration(config::DEFAULT_HOT_WINDOW).map_err(CliError::usage)?;
+    // Run-queue latency for the kubepods hierarchy, and for a cgroup
+    // prefix the person filters on.
+    let runq_prefixes = args.filter.starts_with('/').then(|| args.filter.clone()).into_iter().collect();
+    let (mut pipeline, ring) = Pipeline::start(Options {
+        settings: KernelSettings {
+            gpu_emit_all: false,
+            gpu_slow_ns: stall_ns,
+            kfd_device: None,
+            hold: false,
+        },
+        explicit_libs: args.libs.clone(),
+        stall_threshold_ns: stall_ns,
+        families: args.probes,
+        hold: false,
+        kfd_syscall_fallback: false,
+        hot_policy: Policy::for_daemon(hot_calls, hot_window),
+        runq_prefixes: Some(runq_prefixes),
+    })?;
+    let exporter = Exporter::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);
+    // The screen takes the terminal only once the probes are attached, so
+    // a refusal prints where the person can read it.
+    let driver = Driver::new(args, "own probes".to_string())?;
+    let mut top = LocalTop { exporter, driver };
+    event_loop::run(&mut pipeline, ring, &mut top, Schedule { tick: TICK, deadline: None }).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,251 @@
+//! The Grafana dashboard against real data: the Kubernetes end-to-end setup
+//! (stand-in API server, the real daemon, a real Prometheus scraping it)
+//! with a canary that fails its GPU runtime, is throttled and is OOM killed,
+//! beside a healthy stable pod. Every panel query of
+//! deploy/grafana/canaryscope.json runs against that Prometheus.
+mod support;
+
+use std::{
+    fs,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use support::{k8s::*, *};
+
+fn prom(port: u16, query: &str) -> Value {
+    let encoded: String = query
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let body = http_get(port, &format!("/api/v1/query?query={encoded}")).map(|(_, b)| b).unwrap_or_default();
+    serde_json::from_str(&body).unwrap_or(Value::Null)
+}
+
+/// Whether the query returns at least one series now.
+fn has_series(port: u16, query: &str) -> bool {
+    prom(port, query)["data"]["result"].as_array().is_some_and(|r| !r.is_empty())
+}
+
+/// Panels whose events this test causes in the canary, and so must show it.
+const CAUSED: &[&str] = &[
+    "GPU init failures by function",
+    "GPU call failures by function (cold tier)",
+    "GPU call latency p99 (cold tier)",
+    "OOM kills",
+    "Abnormal exits by cause",
+    "Throttled-period ratio",
+    "Run-queue latency p99",
+];
+/// Node-level panels: data from any running daemon.
+const NODE: &[&str] = &["Probes attached"];
+
+#[test]
+#[ignore = "needs root, python3 with grafana-foundation-sdk, and prometheus; run by `cargo xtask test`"]
+fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures() {
+    assert_root();
+    let board: Value = serde_json::from_str(
+        &fs::read_to_string(repo().join("deploy/grafana/canaryscope.json")).expect("dashboard"),
+    )
+    .expect("dashboard JSON");
+
+    // The JSON loads back through the library that built it.
+    let load = Command::new("python3")
+        .args(["-c", "import json,sys\nfrom grafana_foundation_sdk.models.dashboard import Dashboard\nd = Dashboard.from_json(json.load(open(sys.argv[1])))\nprint(d.title, len(d.panels))"])
+        .arg(repo().join("deploy/grafana/canaryscope.json"))
+        .output()
+        .expect("python3");
+    assert!(load.status.success(), "Dashboard.from_json: {}", String::from_utf8_lossy(&load.stderr));
+    let panels = board["panels"].as_array().expect("panels");
+    assert_eq!(
+        String::from_utf8_lossy(&load.stdout).trim(),
+        format!("{} {}", board["title"].as_str().unwrap_or(""), panels.len())
+    );
+
+    let dir = scratch_dir();
+    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
+    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
+    let mut canary = PodCgroup::new(&canary_uid, &canary_cid);
+    let stable = PodCgroup::new(&stable_uid, &stable_cid);
+    let (_api, api_port) = start_apiserver(&dir, None);
+    let pods = json!([
+        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
+        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
+    ]);
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+    let kubeconfig = write_kubeconfig(&dir, api_port);
+    let daemon = Daemon::start(&[
+        "--hold",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+    ]);
+
+    let prom_port = free_port();
+    let config = dir.join("prometheus.yml");
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            daemon.port
+        ),
+    )
+    .expect("prometheus.yml");
+    let _prom = Proc(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package) runs"),
+    );
+
+    // Counters are born with their first event, and `rate`/`increase` need
+    // a scrape before the event to see it: first Prometheus' first scrape
+    // of the daemon, later a second round of the canary's failures.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !has_series(prom_port, "up{job=\"canaryscope\"} == 1") {
+        assert!(Instant::now() < deadline, "Prometheus never scraped the daemon");
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    // The stable pod is healthy; the canary fails its HIP runtime, runs
+    // too many threads for its CPU limit while the test lasts, and
+    // outgrows its memory limit: twice, as a crash-looping canary would.
+    let out = stable
+        .command(&fixture("cuda_app"))
+        .args(["--version-loop", "100"])
+        .env("ZLUDA_FIXTURE_HEALTHY", "1")
+        .output()
+        .expect("stable");
+    assert!(out.status.success(), "{out:?}");
+    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    canary.limit_cpu(cpus as f64 * 2.0 / 32.0);
+    let _busy = Proc(
+        canary
+            .command(&fixture("busy_threads"))
+            .args([&cpus.to_string(), "120"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("busy_threads"),
+    );
+    canary.limit_memory(50 << 20);
+    let failing_round = || {
+        let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
+        assert!(out.status.success(), "{out:?}");
+        let out =
+            canary.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
+    };
+    failing_round();
+    // The first round's series are in Prometheus before the second round.
+    for family in ["canaryscope_gpu_init_failures_total", "canaryscope_oom_kills_total"] {
+        let q = format!("{family}{{track=\"canary\"}}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !has_series(prom_port, &q) {
+            assert!(Instant::now() < deadline, "Prometheus never stored {q}");
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+    failing_round();
+
+    // Every target of every panel, with Grafana's variables filled in as a
+    // person choosing the workload would.
+    let mut queries = Vec::new();
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().expect("a PromQL target");
+            let filled = expr
+                .replace("$namespace", NS)
+                .replace("$workload", "infer")
+                .replace("$__rate_interval", "2m");
+            queries.push((p["title"].as_str().unwrap_or("").to_string(), filled));
+        }
+    }
+    assert!(queries.len() >= 12, "{queries:#?}");
+    for (title, q) in &queries {
+        let answer = prom(prom_port, q);
+        assert_eq!(answer["status"], "success", "{title}: {q}: {answer}");
+    }
+    for title in CAUSED.iter().chain(NODE) {
+        assert!(queries.iter().any(|(t, _)| t == title), "no panel {title}");
+    }
+
+    // The canary's series reach every panel of its failures (scraped each
+    // second; rates need two scrapes after the event).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut missing: Vec<&str> = CAUSED.iter().chain(NODE).copied().collect();
+    while !missing.is_empty() {
+        missing.retain(|title| {
+            let node = NODE.contains(title);
+            !queries.iter().filter(|(t, _)| t == title).any(|(_, q)| {
+                prom(prom_port, q)["data"]["result"].as_array().is_some_and(|r| {
+                    r.iter().any(|s| {
+                        let v: f64 = s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                        (node || s["metric"]["track"] == "canary") && v > 0.0
+                    })
+                })
+            })
+        });
+        if Instant::now() >= deadline {
+            let answers: Vec<String> = queries
+                .iter()
+                .filter(|(t, _)| missing.contains(&t.as_str()))
+                .map(|(t, q)| format!("{t}: {q}\n  {}", prom(prom_port, q)["data"]["result"]))
+                .collect();
+            panic!("panels without the canary's data: {missing:?}\n{}", answers.join("\n"));
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    // The healthy stable revision shows on no failure panel.
+    for (title, q) in queries.iter().filter(|(t, _)| t.contains("failures") || t == "OOM kills") {
+        let result = prom(prom_port, q)["data"]["result"].clone();
+        assert!(
+            result.as_array().into_iter().flatten().all(|s| s["metric"]["track"] != "stable"),
+            "{title}: {result}"
+        );
+    }
+    if let Some(out) = std::env::var_os("CANARYSCOPE_DASHBOARD_PICTURE") {
+        picture(prom_port, &queries, std::path::Path::new(&out));
+    }
+    drop(daemon);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// For the README, on request (CANARYSCOPE_DASHBOARD_PICTURE=out.png): the
+/// panels of the canary's failures drawn by Prometheus' own graph page (one
+/// graph per panel query, over the test's last 30 s) in headless
+/// Chromium. Grafana itself is not installed here.
+fn picture(prom_port: u16, queries: &[(String, String)], out: &std::path::Path) {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect()
+    };
+    let shown: Vec<&(String, String)> =
+        queries.iter().filter(|(t, _)| CAUSED.contains(&t.as_str())).collect();
+    let params: Vec<String> = shown
+        .iter()
+        .enumerate()
+        .map(|(i, (_, q))| format!("g{i}.expr={}&g{i}.tab=0&g{i}.range_input=30s&g{i}.stacked=0", enc(q)))
+        .collect();
+    let url = format!("http://127.0.0.1:{prom_port}/graph?{}", params.join("&"));
+    // Taller than the page, so nothing scrolls it.
+    let height = 400 + 700 * shown.len();
+    let status = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg(format!("--window-size=1280,{height}"))
+        .arg("--virtual-time-budget=15000")
+        .arg(format!("--screenshot={}", out.display()))
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("chromium (scripts/setup.sh installs it)");
+    assert!(status.success() && out.exists(), "chromium drew nothing: {status}");
+}
