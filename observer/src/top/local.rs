@@ -55,6 +55,7 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: args.probes,
         hold: false,
+        hold_scoped: false,
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(hot_calls, hot_window),
         runq_prefixes: Some(runq_prefixes),
