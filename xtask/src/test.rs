@@ -96,12 +96,11 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         // processes) get a timeout of their own under emulation.
         step("VM tests: first GPU calls of never-seen libraries, default mode and --hold (Debian 6.1)");
         run(Command::new(root().join("tests/vm/test.sh")).args(test_binaries(&["first_call"])?))?;
-        // Debian 12's other kernel: the same suites in one boot (its own
-        // longer timeout), so a verifier or layout change there fails here.
-        step("VM tests on Debian 12's 6.12 kernel: the suites above and the first-call suite, one boot");
-        let mut on_6_12 = Command::new(root().join("tests/vm/test.sh"));
-        on_6_12.args(["--kernel", "6.12"]).args(&binaries).args(test_binaries(&["first_call"])?);
-        run(on_6_12.env("CANARYSCOPE_VM_TEST_TIMEOUT", "2400"))?;
+        // Debian 12's other kernel: the same suites, so a verifier or layout
+        // change there fails here. The first-call suite (ten runs of every
+        // case, 8 minutes) stays on 6.1 to keep CI within its hour.
+        step("VM tests on Debian 12's 6.12 kernel: the suites of the first boot");
+        run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", "6.12"]).args(&binaries))?;
         step("README.md: the kernel matrix from each kernel's `canaryscope check`");
         crate::matrix::write_readme()?;
     }
