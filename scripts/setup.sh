@@ -79,11 +79,15 @@ fi
 
 # deploy/grafana/generate.py builds the dashboard with Grafana's own
 # foundation SDK (PyPI only); the dashboard test loads it back through it.
-if ! python3 -c 'import grafana_foundation_sdk' 2>/dev/null; then
-    step "installing grafana-foundation-sdk for the dashboard generator"
-    python3 -m pip install --quiet --disable-pip-version-check grafana-foundation-sdk
+# Pinned: deploy/check.sh compares the committed JSON with the generator's
+# output, which another SDK release may spell differently.
+GRAFANA_SDK_VERSION='1769699998!10.1.0'
+have_sdk="$(python3 -c 'import importlib.metadata as m; print(m.version("grafana-foundation-sdk"))' 2>/dev/null || true)"
+if [ "$have_sdk" != "$GRAFANA_SDK_VERSION" ]; then
+    step "installing grafana-foundation-sdk $GRAFANA_SDK_VERSION for the dashboard generator"
+    python3 -m pip install --quiet --disable-pip-version-check "grafana-foundation-sdk==$GRAFANA_SDK_VERSION"
 else
-    step "grafana-foundation-sdk: present"
+    step "grafana-foundation-sdk $GRAFANA_SDK_VERSION: present"
 fi
 
 # tracefs is not mounted on this kind of machine; the probes read tracepoint formats.
