@@ -12,18 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::{k8s::*, *};
-
-fn prom_query(port: u16, query: &str) -> Vec<Value> {
-    let encoded: String = query
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect();
-    let body = http_get(port, &format!("/api/v1/query?query={encoded}")).map(|(_, b)| b).unwrap_or_default();
-    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
-}
 
 #[test]
 #[ignore = "needs root, python3 and prometheus; run by `cargo xtask test`"]
@@ -130,27 +120,8 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     assert!(lint.status.success(), "promtool check metrics: {}", String::from_utf8_lossy(&lint.stderr));
 
     // A real Prometheus scrapes the daemon and evaluates the shipped rules.
-    let prom_port = free_port();
-    let config = dir.join("prometheus.yml");
-    fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
-            repo().join("deploy/prometheus/rules.yaml").display(),
-            daemon.port
-        ),
-    )
-    .expect("prometheus.yml");
-    let _prom = Proc(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (Debian package) runs"),
-    );
+    let (_prom, prom_port) =
+        start_prometheus(&dir, daemon.port, Some(&repo().join("deploy/prometheus/rules.yaml")));
     let deadline = Instant::now() + Duration::from_secs(60);
     let alert = loop {
         let alerts = prom_query(prom_port, "ALERTS{alertname=\"CanaryGpuRuntimeInitFailure\"}");

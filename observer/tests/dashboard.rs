@@ -15,15 +15,6 @@ use std::{
 use serde_json::{json, Value};
 use support::{k8s::*, *};
 
-fn prom(port: u16, query: &str) -> Value {
-    let encoded: String = query
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect();
-    let body = http_get(port, &format!("/api/v1/query?query={encoded}")).map(|(_, b)| b).unwrap_or_default();
-    serde_json::from_str(&body).unwrap_or(Value::Null)
-}
-
 /// Whether the query returns at least one series now.
 fn has_series(port: u16, query: &str) -> bool {
     prom(port, query)["data"]["result"].as_array().is_some_and(|r| !r.is_empty())
@@ -84,26 +75,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         "node-a",
     ]);
 
-    let prom_port = free_port();
-    let config = dir.join("prometheus.yml");
-    fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
-            daemon.port
-        ),
-    )
-    .expect("prometheus.yml");
-    let _prom = Proc(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (Debian package) runs"),
-    );
+    let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape

@@ -11,7 +11,7 @@ use std::{
 
 use serde_json::{json, Value};
 
-use super::random_hex;
+use super::{free_port, http_get, random_hex};
 
 /// The namespace of the test pods.
 pub const NS: &str = "inference";
@@ -116,4 +116,49 @@ pub fn control(port: u16, method: &str, path: &str, body: &str) -> String {
     let _ = s.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 2") || out.starts_with("HTTP/1.0 2"), "{method} {path}: {out}");
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// A real Prometheus (Debian's package) scraping the daemon at `daemon_port`
+/// every second, evaluating `rules` when given; its data lives in `dir`.
+/// Returns the process (stopped when dropped) and its HTTP port.
+pub fn start_prometheus(dir: &Path, daemon_port: u16, rules: Option<&Path>) -> (Proc, u16) {
+    let port = free_port();
+    let config = dir.join("prometheus.yml");
+    let rule_files = match rules {
+        Some(r) => format!("  evaluation_interval: 1s\nrule_files:\n  - {}\n", r.display()),
+        None => String::new(),
+    };
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n{rule_files}scrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{daemon_port}']\n"
+        ),
+    )
+    .expect("prometheus.yml");
+    let prometheus = Proc(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package) runs"),
+    );
+    (prometheus, port)
+}
+
+/// Prometheus' whole answer to an instant query (`Null` while it is not up).
+pub fn prom(port: u16, query: &str) -> Value {
+    let encoded: String = query
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let body = http_get(port, &format!("/api/v1/query?query={encoded}")).map(|(_, b)| b).unwrap_or_default();
+    serde_json::from_str(&body).unwrap_or(Value::Null)
+}
+
+/// The series an instant query returns now.
+pub fn prom_query(port: u16, query: &str) -> Vec<Value> {
+    prom(port, query)["data"]["result"].as_array().cloned().unwrap_or_default()
 }
