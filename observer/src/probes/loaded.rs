@@ -209,14 +209,17 @@ impl Loaded {
     /// Tells the kernel side whether processes of a cgroup are selected for
     /// hot-call probes, so their mappings of GPU runtime files are reported.
     pub fn set_hot_cgroup(&mut self, cgroup_id: u64, selected: bool) {
-        let result = match selected {
-            true => self.hot_cgroups.insert(cgroup_id, 1, 0),
-            false => self.hot_cgroups.remove(&cgroup_id),
-        };
         // A full map costs the selected process only the head start: its
         // probes then come from the map scan after its loader is done.
-        if let Err(e) = result {
+        if let Err(e) = set_member(&mut self.hot_cgroups, cgroup_id, selected) {
             log::debug!("{HOT_CGROUPS_MAP}: {e}");
+        }
+    }
+
+    /// The same for one process.
+    pub fn set_hot_tgid(&mut self, pid: u32, selected: bool) {
+        if let Err(e) = set_member(&mut self.hot_tgids, pid, selected) {
+            log::debug!("{HOT_TGIDS_MAP}: {e}");
         }
     }
 
@@ -224,25 +227,10 @@ impl Loaded {
     /// cgroups below it, are held at their first mapping of a GPU runtime
     /// file it has not seen (a gated pod's, see `gate::hold_scope`).
     pub fn set_hold_cgroup(&mut self, cgroup_id: u64, held: bool) {
-        let result = match held {
-            true => self.hold_cgroups.insert(cgroup_id, 1, 0),
-            false => self.hold_cgroups.remove(&cgroup_id),
-        };
         // A full map costs that pod the hold: its start-up may then race
         // the attach, as without the gate.
-        if let Err(e) = result {
+        if let Err(e) = set_member(&mut self.hold_cgroups, cgroup_id, held) {
             log::warn!("{HOLD_CGROUPS_MAP}: {e}");
-        }
-    }
-
-    /// The same for one process.
-    pub fn set_hot_tgid(&mut self, pid: u32, selected: bool) {
-        let result = match selected {
-            true => self.hot_tgids.insert(pid, 1, 0),
-            false => self.hot_tgids.remove(&pid),
-        };
-        if let Err(e) = result {
-            log::debug!("{HOT_TGIDS_MAP}: {e}");
         }
     }
 
@@ -269,5 +257,17 @@ fn remove_keys<K: aya::Pod>(map: &mut Aggregate<K>, doomed: impl Fn(&K) -> bool)
     let keys: Vec<K> = map.keys().flatten().filter(|k| doomed(k)).collect();
     for key in keys {
         let _ = map.remove(&key);
+    }
+}
+
+/// Puts `key` into a kernel-side set (a hash map to 1) or takes it out.
+fn set_member<K: aya::Pod>(
+    set: &mut BpfHashMap<MapData, K, u32>,
+    key: K,
+    member: bool,
+) -> Result<(), aya::maps::MapError> {
+    match member {
+        true => set.insert(key, 1, 0),
+        false => set.remove(&key),
     }
 }
