@@ -25,7 +25,7 @@ use crate::{
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
     gate::{
-        hold_scope::GatedHold,
+        hold_scope::PodHold,
         patcher::{Patcher, Target},
         startup_counts, Gate, CONDITION_TYPE,
     },
@@ -143,9 +143,10 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         stall_threshold_ns: stall_ns,
         families: settings.probes,
         hold: settings.hold,
-        // Gated pods' processes are held whatever --hold says: their
-        // start-up calls are the gate's evidence.
-        hold_scoped: settings.readiness_gate && settings.kube.is_some(),
+        // Canary and gated pods' processes are held whatever --hold says:
+        // a canary ships the runtime file never seen before, and a gated
+        // pod's start-up calls are the gate's evidence.
+        hold_scoped: settings.kube.is_some(),
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
         runq_prefixes: Some(settings.cgroups.clone()),
@@ -164,11 +165,18 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         }
     };
 
+    let mut held_pods: Option<HeldPods> = None;
     if let (Some(pods), Some(options)) = (&pods, &settings.kube) {
         // Canary pods are told by the track label, and for Argo Rollouts by
         // a revision that is not the Rollout's stable one; without read
         // access to rollouts (or without Argo) the label alone decides.
         let rollouts = rollouts::start(options).await;
+        held_pods = Some(HeldPods {
+            hold: PodHold::default(),
+            pods: pods.clone(),
+            rollouts: rollouts.clone(),
+            gated: settings.readiness_gate,
+        });
         let pods = pods.clone();
         // Processes of canary pods get hot-call probes from their start.
         pipeline.set_canary_judge(Box::new(move |path| {
@@ -190,7 +198,6 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
                 patcher,
                 pods: pods.clone(),
                 stall_threshold: settings.stall_threshold,
-                hold: GatedHold::default(),
             })
         }
         _ => None,
@@ -210,6 +217,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         shared,
         pods,
         gate,
+        held_pods,
         series_grace: settings.series_grace,
         last_refresh: Instant::now() - REFRESH_EVERY,
         last_generation: 0,
@@ -229,6 +237,9 @@ pub(crate) struct Exporter {
     pods: Option<PodCache>,
     /// The readiness gate, with Kubernetes unless turned off.
     gate: Option<GateRunner>,
+    /// The pods whose processes are held at a never-seen GPU runtime file
+    /// (with Kubernetes).
+    held_pods: Option<HeldPods>,
     series_grace: Duration,
     last_refresh: Instant,
     /// The pod cache's generation at the last refresh.
@@ -293,6 +304,7 @@ impl Exporter {
             shared: Arc::new(RwLock::new(Exposition::default())),
             pods: None,
             gate: None,
+            held_pods: None,
             series_grace: Duration::from_secs(60),
             last_refresh: Instant::now() - REFRESH_EVERY,
             last_generation: 0,
@@ -322,6 +334,9 @@ impl Exporter {
         let aggregates = (generation != self.aggregates_generation)
             .then(|| (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats()));
         self.aggregates_generation = generation;
+        if let Some(held) = &mut self.held_pods {
+            held.refresh(pipeline);
+        }
         if let Some(gate) = &mut self.gate {
             // Only the gate needs the last counts again when nothing moved.
             if let Some((gpu, _, _)) = &aggregates {
@@ -387,14 +402,34 @@ impl Exporter {
     }
 }
 
+/// The pods whose processes the kernel holds at a GPU runtime file it has
+/// not seen until that file's probes exist (see `gate::hold_scope`): canary
+/// pods, whose new runtime file is the one a rollback decision rests on, and
+/// with the readiness gate the pods that declare it.
+struct HeldPods {
+    hold: PodHold,
+    pods: PodCache,
+    rollouts: rollouts::RolloutCache,
+    gated: bool,
+}
+
+impl HeldPods {
+    fn refresh(&mut self, pipeline: &mut Pipeline) {
+        let (rollouts, gated) = (&self.rollouts, self.gated);
+        let uids = self.pods.uids_where(|meta| {
+            let canary = canary_reason(meta, Some(rollouts)).is_some();
+            canary || (gated && meta.gate.is_some())
+        });
+        pipeline.hold_pods(&mut self.hold, &uids);
+    }
+}
+
 /// The readiness gate in the daemon loop: evidence in, targets out.
 struct GateRunner {
     gate: Gate,
     patcher: Patcher,
     pods: PodCache,
     stall_threshold: Duration,
-    /// The gated pods whose processes the kernel holds.
-    hold: GatedHold,
 }
 
 impl GateRunner {
@@ -431,8 +466,6 @@ impl GateRunner {
         stalls: &[crate::pipeline::stalls::Stall],
         gpu: &[(observer_common::gpu::GpuStatsKey, observer_common::gpu::GpuStats)],
     ) {
-        let gated: HashSet<String> = self.pods.gated().into_iter().map(|(uid, _)| uid).collect();
-        pipeline.hold_gated_pods(&mut self.hold, &gated);
         let counts = startup_counts(gpu);
         let resolver = pipeline.cgroups_mut();
         self.gate.note_stalls(stalls, self.stall_threshold, &counts, |id| resolver.path(id));

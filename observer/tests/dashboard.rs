@@ -67,13 +67,10 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     ]);
     control(api_port, "POST", "/control/pods", &pods.to_string());
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::start(&[
-        "--hold",
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-    ]);
+    // As the DaemonSet runs it, without --hold: the canary's processes are
+    // held at its runtime file all the same.
+    let daemon =
+        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
 
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
 

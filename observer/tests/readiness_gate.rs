@@ -14,9 +14,11 @@ use support::{k8s::*, *};
 const GATE: &str = "canaryscope.io/gpu-runtime";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A test pod; `gated` pods declare the readiness gate.
-fn test_pod(name: &str, uid: &str, cid: &str, gated: bool) -> Value {
-    let mut p = pod(name, uid, cid, "canary", "canaryhash");
+/// A test pod of the canary (`track` canary) or stable revision; `gated`
+/// pods declare the readiness gate.
+fn test_pod(name: &str, uid: &str, cid: &str, gated: bool, canary: bool) -> Value {
+    let (track, hash) = if canary { ("canary", "canaryhash") } else { ("stable", "stablehash") };
+    let mut p = pod(name, uid, cid, track, hash);
     if gated {
         p["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
     }
@@ -31,9 +33,18 @@ struct TestPod {
 }
 
 impl TestPod {
+    /// A pod of the canary revision.
     fn new(name: &str, gated: bool) -> Self {
+        Self::of_revision(name, gated, true)
+    }
+
+    fn of_revision(name: &str, gated: bool, canary: bool) -> Self {
         let (uid, cid) = (random_pod_uid(), random_hex(64));
-        Self { name: name.into(), cg: PodCgroup::new(&uid, &cid), json: test_pod(name, &uid, &cid, gated) }
+        Self {
+            name: name.into(),
+            cg: PodCgroup::new(&uid, &cid),
+            json: test_pod(name, &uid, &cid, gated, canary),
+        }
     }
 
     /// The ZLUDA-shaped worker; `healthy` makes its start-up succeed.
@@ -241,17 +252,21 @@ fn dlopen_fresh_copy(daemon: &Daemon, dir: &std::path::Path, pod: &TestPod) -> S
 
 #[test]
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
-fn without_hold_a_gated_pods_process_is_held_at_a_new_runtime_file_and_an_ungated_ones_is_not() {
+fn without_hold_a_canary_or_gated_pods_process_is_held_at_a_new_runtime_file_and_a_stable_ones_is_not() {
     assert_root();
     let dir = scratch_dir();
-    let gated = TestPod::new("infer-canaryhash-held", true);
-    let plain = TestPod::new("infer-canaryhash-free", false);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([gated.json, plain.json])));
+    let stable_gated = TestPod::of_revision("infer-stablehash-gated", true, false);
+    let canary = TestPod::new("infer-canaryhash-plain", false);
+    let stable = TestPod::of_revision("infer-stablehash-plain", false, false);
+    let pods = json!([stable_gated.json, canary.json, stable.json]);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&pods));
     let daemon = daemon(&dir, api_port, &[]);
-    let free = dlopen_fresh_copy(&daemon, &dir, &plain);
-    assert!(!free.contains("held"), "an ungated pod's process was held: {free}");
-    let held = dlopen_fresh_copy(&daemon, &dir, &gated);
-    assert!(held.contains("held until probed"), "a gated pod's process was not held: {held}");
+    let free = dlopen_fresh_copy(&daemon, &dir, &stable);
+    assert!(!free.contains("held"), "a stable, ungated pod's process was held: {free}");
+    for pod in [&stable_gated, &canary] {
+        let held = dlopen_fresh_copy(&daemon, &dir, pod);
+        assert!(held.contains("held until probed"), "{}'s process was not held: {held}", pod.name);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -394,6 +394,11 @@ impl PodCache {
         self.len() == 0
     }
 
+    /// The cache keys (pod UIDs) of the pods `keep` accepts.
+    pub fn uids_where(&self, keep: impl Fn(&PodMeta) -> bool) -> std::collections::HashSet<String> {
+        self.read().iter().filter(|(_, m)| keep(m)).map(|(k, _)| k.clone()).collect()
+    }
+
     /// The pods that declare the GPU-runtime readiness gate, by cache key.
     pub fn gated(&self) -> Vec<(String, PodMeta)> {
         self.read().iter().filter(|(_, m)| m.gate.is_some()).map(|(k, m)| (k.clone(), m.clone())).collect()

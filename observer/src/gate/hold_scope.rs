@@ -35,12 +35,12 @@ impl HoldCgroups for crate::probes::Loaded {
 
 /// The gated pods' cgroups, as put into the kernel's set.
 #[derive(Debug, Default)]
-pub struct GatedHold {
+pub struct PodHold {
     /// Pod UID -> its pod cgroup's id.
     held: HashMap<String, u64>,
 }
 
-impl GatedHold {
+impl PodHold {
     /// Puts the cgroup of every gated pod that has one into the kernel's set
     /// and takes out those of pods no longer gated (or gone). A pod whose
     /// cgroup does not exist yet is looked for again on the next call.
@@ -181,7 +181,7 @@ mod tests {
         let gated = pod_dir(tmp.path(), Some("burstable"), GATED);
         pod_dir(tmp.path(), None, PLAIN);
         let mut kernel = KernelSet::default();
-        let mut hold = GatedHold::default();
+        let mut hold = PodHold::default();
         hold.refresh(&HashSet::from([GATED.to_owned()]), tmp.path(), &mut kernel);
         assert_eq!(
             kernel.0.keys().copied().collect::<Vec<_>>(),
@@ -197,7 +197,7 @@ mod tests {
         let tmp = Scratch::new("later");
         fs::create_dir_all(tmp.path().join("kubepods.slice")).expect("mkdir");
         let mut kernel = KernelSet::default();
-        let mut hold = GatedHold::default();
+        let mut hold = PodHold::default();
         let gated = HashSet::from([GATED.to_owned()]);
         hold.refresh(&gated, tmp.path(), &mut kernel);
         assert!(kernel.0.is_empty());

@@ -22,7 +22,7 @@ use crate::{
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
     events::{Detail, Event, Origin, Raw},
-    gate::hold_scope::GatedHold,
+    gate::hold_scope::PodHold,
     metrics::CpuSnapshot,
     probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
@@ -325,7 +325,7 @@ impl Pipeline {
     /// Keeps the gated pods' cgroups in the kernel's hold set; nothing when
     /// no hold watchdog runs (no GPU probes), since no process may be held
     /// without one.
-    pub fn hold_gated_pods(&mut self, hold: &mut GatedHold, gated: &HashSet<String>) {
+    pub fn hold_pods(&mut self, hold: &mut PodHold, gated: &HashSet<String>) {
         let Some(root) = self.attribution.cgroups().root().map(std::path::Path::to_path_buf) else { return };
         if self.tracker.hold_watchdog().is_some() {
             hold.refresh(gated, &root, &mut self.kernel);
