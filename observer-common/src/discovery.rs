@@ -41,11 +41,12 @@ pub const MAX_HOT_SCOPES: u32 = 4096;
 /// Load-time global: non-zero when the hold is enabled (`--hold`).
 pub const GLOBAL_HOLD: &str = "HOLD_ENABLED";
 /// Cgroups whose processes are held without `--hold`: hash cgroup id -> 1.
-/// The daemon puts the cgroup of each pod with the readiness gate here; a
-/// process in it or in any cgroup below it (its containers, made later) is
-/// held like `--hold` holds every process, so a gated pod's start-up is seen.
+/// The daemon puts the cgroup of each canary pod, and of each pod with the
+/// readiness gate, here; a process in it or in any cgroup below it (its
+/// containers, made later) is held like `--hold` holds every process, so such
+/// a pod's first calls are seen.
 pub const HOLD_CGROUPS_MAP: &str = "HOLD_CGROUPS";
-/// Capacity of [`HOLD_CGROUPS_MAP`]: gated pods on one node.
+/// Capacity of [`HOLD_CGROUPS_MAP`]: canary and gated pods on one node.
 pub const MAX_HOLD_CGROUPS: u32 = 1024;
 /// How many ancestors of a process's cgroup the kernel side compares with
 /// [`HOLD_CGROUPS_MAP`]: a container sits one level below its pod, a

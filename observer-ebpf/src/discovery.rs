@@ -44,7 +44,7 @@ static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(MAX_GPU_FILES_KNOWN, 0);
 
 /// Cgroups whose processes, and those of the cgroups below, are held even
-/// without `--hold`: the pods with the readiness gate. cgroup id -> 1.
+/// without `--hold`: canary pods and pods with the readiness gate. cgroup id -> 1.
 #[map(name = "HOLD_CGROUPS")] // observer_common::discovery::HOLD_CGROUPS_MAP
 static HOLD_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_HOLD_CGROUPS, 0);
 
@@ -216,8 +216,8 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
 }
 
 /// Whether the current process's cgroup, or one of its ancestors, is one
-/// userspace asked to hold (a gated pod's cgroup: userspace knows it before
-/// the pod's container cgroups exist). Runs only for a GPU runtime mapping
+/// userspace asked to hold (a canary or gated pod's cgroup: userspace knows
+/// it before the pod's container cgroups exist). Runs only for a GPU runtime mapping
 /// being reported, so the walk costs nothing on hot paths.
 ///
 /// match-proto: struct css_set *task_struct::cgroups; struct cgroup

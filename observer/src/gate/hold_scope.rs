@@ -1,12 +1,12 @@
-//! The hold for gated pods: a process of a pod with the readiness gate that
-//! maps a GPU runtime file canaryscope has never seen is stopped until that
-//! file's probes exist, as `--hold` does for every process. A gated pod's
-//! verdict rests on its start-up calls, and a canary ships exactly such a
-//! file and calls `cuInit` at once, so without this its start-up would race
-//! the attach and the pod could stay unready.
+//! The hold for chosen pods: a process of a canary pod, or of a pod with
+//! the readiness gate, that maps a GPU runtime file canaryscope has never
+//! seen is stopped until that file's probes exist, as `--hold` does for
+//! every process. A canary ships exactly such a file and calls `cuInit` at
+//! once, and a gated pod's verdict rests on its start-up calls, so without
+//! this those first calls would race the attach.
 //!
 //! The kernel side compares the mapping process's cgroup and its ancestors
-//! with a set of cgroup ids; this module keeps the gated pods' cgroups in
+//! with a set of cgroup ids; this module keeps the chosen pods' cgroups in
 //! that set. A pod's cgroup exists before its containers' (the kubelet makes
 //! it first, then the sandbox, then each container), so the containers are
 //! covered from their first process on, whatever their own cgroups are.
@@ -33,7 +33,7 @@ impl HoldCgroups for crate::probes::Loaded {
     }
 }
 
-/// The gated pods' cgroups, as put into the kernel's set.
+/// The chosen pods' cgroups, as put into the kernel's set.
 #[derive(Debug, Default)]
 pub struct PodHold {
     /// Pod UID -> its pod cgroup's id.
@@ -41,30 +41,28 @@ pub struct PodHold {
 }
 
 impl PodHold {
-    /// Puts the cgroup of every gated pod that has one into the kernel's set
-    /// and takes out those of pods no longer gated (or gone). A pod whose
+    /// Puts the cgroup of every chosen pod that has one into the kernel's set
+    /// and takes out those of pods no longer chosen (or gone). A pod whose
     /// cgroup does not exist yet is looked for again on the next call.
-    pub fn refresh(&mut self, gated: &HashSet<String>, cgroup2: &Path, kernel: &mut impl HoldCgroups) {
+    pub fn refresh(&mut self, chosen: &HashSet<String>, cgroup2: &Path, kernel: &mut impl HoldCgroups) {
         self.held.retain(|uid, id| {
-            let keep = gated.contains(uid);
+            let keep = chosen.contains(uid);
             if !keep {
                 kernel.set_hold_cgroup(*id, false);
             }
             keep
         });
-        if gated.iter().all(|uid| self.held.contains_key(uid)) {
+        if chosen.iter().all(|uid| self.held.contains_key(uid)) {
             return; // nothing to look for: no walk of the hierarchy
         }
-        for (uid, id) in pod_cgroups(cgroup2, |uid| gated.contains(uid) && !self.held.contains_key(uid)) {
-            debug!(
-                "holding the processes of gated pod {uid} (cgroup {id}) at their first GPU runtime mapping"
-            );
+        for (uid, id) in pod_cgroups(cgroup2, |uid| chosen.contains(uid) && !self.held.contains_key(uid)) {
+            debug!("holding the processes of pod {uid} (cgroup {id}) at their first GPU runtime mapping");
             kernel.set_hold_cgroup(id, true);
             self.held.insert(uid, id);
         }
     }
 
-    /// How many gated pods' cgroups are in the kernel's set.
+    /// How many chosen pods' cgroups are in the kernel's set.
     pub fn len(&self) -> usize {
         self.held.len()
     }

@@ -43,7 +43,7 @@ pub struct Options {
     /// Stop a process that maps an unknown GPU runtime file until its
     /// probes exist (`--hold`).
     pub hold: bool,
-    /// Hold only the processes of cgroups named later (the gated pods', see
+    /// Hold only the processes of cgroups named later (canary and gated pods', see
     /// `gate::hold_scope`); the watchdog is started as for `hold`.
     pub hold_scoped: bool,
     /// See KFD ioctls through the syscall fallback even where the
@@ -322,13 +322,13 @@ impl Pipeline {
         self.runq_scope.as_ref().map(runq_scope::RunqScope::roots).unwrap_or_default()
     }
 
-    /// Keeps the gated pods' cgroups in the kernel's hold set; nothing when
+    /// Keeps the chosen pods' cgroups (canary and gated) in the kernel's hold set; nothing when
     /// no hold watchdog runs (no GPU probes), since no process may be held
     /// without one.
-    pub fn hold_pods(&mut self, hold: &mut PodHold, gated: &HashSet<String>) {
+    pub fn hold_pods(&mut self, hold: &mut PodHold, chosen: &HashSet<String>) {
         let Some(root) = self.attribution.cgroups().root().map(std::path::Path::to_path_buf) else { return };
         if self.tracker.hold_watchdog().is_some() {
-            hold.refresh(gated, &root, &mut self.kernel);
+            hold.refresh(chosen, &root, &mut self.kernel);
         }
     }
 
