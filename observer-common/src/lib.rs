@@ -200,7 +200,6 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::gpu::GpuStatsKey {}
     unsafe impl aya::Pod for crate::LatencyHistogram {}
     unsafe impl aya::Pod for crate::task::KernelOffsets {}
-    unsafe impl aya::Pod for crate::sched::RunqWakeup {}
     unsafe impl aya::Pod for crate::task::ExitEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimEvent {}
     unsafe impl aya::Pod for crate::task::OomVictimInfo {}

@@ -30,22 +30,10 @@ pub fn root_path_key(path: &str) -> Option<[u8; ROOT_PATH_LEN]> {
     Some(key)
 }
 
-/// Threads with a pending wakeup (hash tid -> [`RunqWakeup`]); only threads
-/// of reported cgroups, so far fewer than the node's threads.
-pub const MAX_WAKEUPS: u32 = 16384;
 pub const MAX_RUNQ_CGROUPS: u32 = 8192;
 /// Reported cgroups: a busy node's pods, their containers and the slices
 /// above them.
 pub const MAX_REPORTED_CGROUPS: u32 = 16384;
-
-/// When a thread became runnable, and the cgroup it was in then (so that
-/// switching it in reads no cgroup pointers).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunqWakeup {
-    pub since_ns: u64,
-    pub cgroup_id: u64,
-}
 
 /// Per key: count, total and log2 histogram of durations.
 pub type RunqHistogram = crate::LatencyHistogram;

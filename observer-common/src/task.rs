@@ -72,6 +72,15 @@ pub struct KernelOffsets {
     pub cgroup_self: u32,
     pub cgroup_parent: u32,
     pub have_cgroup_tree: u32,
+    /// For run-queue latency from the scheduler's own accounting
+    /// (CONFIG_SCHED_INFO, CONFIG_FAIR_GROUP_SCHED): when a task was queued,
+    /// `task->sched_info.last_queued`, and the clock of its run queue,
+    /// `task->se.cfs_rq->rq->clock`, both in the run queue's clock.
+    pub task_last_queued: u32,
+    pub task_se_cfs_rq: u32,
+    pub cfs_rq_rq: u32,
+    pub rq_clock: u32,
+    pub have_run_delay: u32,
 }
 
 impl KernelOffsets {
@@ -117,6 +126,11 @@ impl KernelOffsets {
         cgroup_self: 0,
         cgroup_parent: 0,
         have_cgroup_tree: 0,
+        task_last_queued: 0,
+        task_se_cfs_rq: 0,
+        cfs_rq_rq: 0,
+        rq_clock: 0,
+        have_run_delay: 0,
     };
 }
 

@@ -6,7 +6,7 @@
 //! one record per process per second, so a process retrying in a loop costs
 //! one record a second and an exact count.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_boot_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task},
     macros::{map, tracepoint},
     maps::{LruHashMap, PerCpuHashMap},
     programs::TracePointContext,
@@ -117,8 +117,9 @@ fn exit(ret: i64) -> Result<u32, i64> {
         }
     }
     let tgid = header.pid;
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // The record's own timestamp paces the records, so the times a reader
+    // sees are a full second apart, whatever ran between the two reads.
+    let now = header.ts_boot_ns;
     // SAFETY: read-only map lookup.
     if let Some(last) = unsafe { MEM_RECORDED.get(&tgid) } {
         if now.saturating_sub(*last) < RECORD_EVERY_NS {

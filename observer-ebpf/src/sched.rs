@@ -1,23 +1,28 @@
-//! Run-queue latency per cgroup: time from a task becoming runnable (wakeup,
-//! or preemption while still runnable) to it running, as log2 histograms in
+//! Run-queue latency per cgroup: time from a task becoming runnable (woken,
+//! or preempted while still runnable) to it running, as log2 histograms in
 //! a per-CPU hash keyed by cgroup id. Nothing leaves the kernel per event.
 //!
-//! These programs run on every wakeup and context switch of the node, so
-//! only tasks of the cgroups canaryscope reports on (RUNQ_CGROUPS) pay for a
-//! timestamp and a histogram update; every other task costs one cgroup-id
-//! read and one failed lookup. The set follows cgroups as they are created
-//! and removed, here in the kernel, so a new pod's first tasks are counted.
+//! The scheduler already times every wait (CONFIG_SCHED_INFO, the
+//! `run_delay` of /proc/PID/schedstat): it stamps `sched_info.last_queued`
+//! with its run queue's clock when a task is queued and clears it when the
+//! task runs. The tracepoint fires just before that, so the wait is the run
+//! queue's clock now minus the stamp. One program on `sched_switch` is all
+//! it takes: no wakeup hooks and no per-task map, which halves the programs
+//! every wakeup and context switch of the node runs.
+//!
+//! Only tasks of the cgroups canaryscope reports on (RUNQ_CGROUPS) get a
+//! histogram update; every other task being switched in costs its cgroup id
+//! (four direct loads) and one failed lookup. The set follows cgroups as
+//! they are created and removed, here in the kernel, so a new pod's first
+//! tasks are counted.
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes},
+    helpers::bpf_probe_read_kernel_str_bytes,
     macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use observer_common::{
-    sched::{
-        RunqHistogram, RunqWakeup, MAX_REPORTED_CGROUPS, MAX_RUNQ_CGROUPS, MAX_RUNQ_ROOTS, MAX_WAKEUPS,
-        ROOT_PATH_LEN,
-    },
+    sched::{RunqHistogram, MAX_REPORTED_CGROUPS, MAX_RUNQ_CGROUPS, MAX_RUNQ_ROOTS, ROOT_PATH_LEN},
     task::KernelOffsets,
 };
 
@@ -26,10 +31,6 @@ use crate::{
     kernel::{cgroup_id, cgroup_parent, field, offsets, read},
     offset,
 };
-
-/// Pending wakeups of reported tasks (tid -> when, and in which cgroup).
-#[map(name = "RUNQ_WAKEUPS")]
-static RUNQ_WAKEUPS: HashMap<u32, RunqWakeup> = HashMap::with_max_entries(MAX_WAKEUPS, 0);
 
 #[map(name = "RUNQ_LATENCY")] // observer_common::sched::RUNQ_MAP
 static RUNQ_LATENCY: PerCpuHashMap<u64, RunqHistogram> = PerCpuHashMap::with_max_entries(MAX_RUNQ_CGROUPS, 0);
@@ -40,29 +41,10 @@ static RUNQ_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_REPORTED_C
 #[map(name = "RUNQ_ROOTS")] // observer_common::sched::RUNQ_ROOTS_MAP
 static RUNQ_ROOTS: HashMap<[u8; ROOT_PATH_LEN], u8> = HashMap::with_max_entries(MAX_RUNQ_ROOTS, 0);
 
-/// `TASK_RUNNING`: a task switched out in this state was preempted and is
-/// still waiting for a CPU.
-const TASK_RUNNING: u64 = 0;
-
 #[inline(always)]
 fn reported(cgroup: u64) -> bool {
     // SAFETY: read-only map lookup.
     unsafe { RUNQ_CGROUPS.get(&cgroup).is_some() }
-}
-
-#[inline(always)]
-fn mark_runnable(task: *const u8, cgroup: u64) {
-    if !reported(cgroup) {
-        return;
-    }
-    let pid: i32 = field(task, offset!(task_pid));
-    if pid == 0 {
-        return; // the idle task (a reported root of `/`)
-    }
-    // SAFETY: helper without arguments.
-    let since_ns = unsafe { bpf_ktime_get_boot_ns() };
-    // A full map loses this wait, never the program.
-    let _ = RUNQ_WAKEUPS.insert(&(pid as u32), &RunqWakeup { since_ns, cgroup_id: cgroup }, 0);
 }
 
 /// `task->cgroups->dfl_cgrp->kn->id` by direct loads from the typed task
@@ -76,53 +58,34 @@ fn task_cgroup(task: *const u8) -> u64 {
     field(kn, offset!(kernfs_node_id))
 }
 
-#[inline(always)]
-fn woken(task: *const u8) {
-    if offset!(have_task_cgroup) == 0 {
-        return;
-    }
-    mark_runnable(task, task_cgroup(task));
-}
-
-/// match-proto: sched_wakeup(struct task_struct *p).
-#[btf_tracepoint(function = "sched_wakeup")]
-pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
-    woken(ctx.arg::<*const u8>(0));
-    0
-}
-
-/// match-proto: sched_wakeup_new(struct task_struct *p).
-#[btf_tracepoint(function = "sched_wakeup_new")]
-pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
-    woken(ctx.arg::<*const u8>(0));
-    0
-}
-
 /// match-proto: sched_switch(bool preempt, struct task_struct *prev,
-/// struct task_struct *next, unsigned int prev_state) — prev_state is the
-/// 4th argument since 5.18 (6.1 .. 6.18 alike).
+/// struct task_struct *next, unsigned int prev_state) — `next` is the 3rd
+/// argument in every kernel with BTF tracepoints.
+///
+/// match-proto: unsigned long long sched_info::last_queued (CONFIG_SCHED_INFO);
+/// struct cfs_rq *sched_entity::cfs_rq (CONFIG_FAIR_GROUP_SCHED, set for
+/// every task whatever its class: `set_task_rq`); struct rq *cfs_rq::rq;
+/// u64 rq::clock (updated by `__schedule` before the tracepoint).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
-    let prev = ctx.arg::<*const u8>(1);
-    let next = ctx.arg::<*const u8>(2);
-    let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
-    if prev_state == TASK_RUNNING {
-        // The tracepoint fires before the switch: `prev` is still the
-        // current task, whose cgroup a helper reads.
-        // SAFETY: helper without arguments.
-        mark_runnable(prev, unsafe { bpf_get_current_cgroup_id() });
-    }
-    let pid: i32 = field(next, offset!(task_pid));
-    if pid == 0 {
+    if offset!(have_run_delay) == 0 || offset!(have_task_cgroup) == 0 {
         return 0;
     }
-    let pid = pid as u32;
-    // SAFETY: read-only map lookup; the value is copied out before removal.
-    let Some(&wakeup) = (unsafe { RUNQ_WAKEUPS.get(&pid) }) else { return 0 };
-    let _ = RUNQ_WAKEUPS.remove(&pid);
-    // SAFETY: helper without arguments.
-    let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(wakeup.since_ns);
-    record_latency(&RUNQ_LATENCY, &wakeup.cgroup_id, waited);
+    let next = ctx.arg::<*const u8>(2);
+    let cgroup = task_cgroup(next);
+    if !reported(cgroup) {
+        return 0;
+    }
+    // Zero for a task that was not queued (the idle task, a task switched
+    // in again after the stamp was consumed).
+    let queued: u64 = field(next, offset!(task_last_queued));
+    if queued == 0 {
+        return 0;
+    }
+    let cfs_rq: *const u8 = field(next, offset!(task_se_cfs_rq));
+    let rq: *const u8 = field(cfs_rq, offset!(cfs_rq_rq));
+    let now: u64 = field(rq, offset!(rq_clock));
+    record_latency(&RUNQ_LATENCY, &cgroup, now.saturating_sub(queued));
     0
 }
 

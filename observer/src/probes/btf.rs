@@ -150,6 +150,15 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
             (root, hierarchy_id, self_, parent);
         o.have_cgroup_tree = 1;
     }
+    if let (Some(queued), Some(cfs_rq), Some(rq), Some(clock)) = (
+        get("task_struct", "sched_info.last_queued"),
+        get("task_struct", "se.cfs_rq"),
+        get("cfs_rq", "rq"),
+        get("rq", "clock"),
+    ) {
+        (o.task_last_queued, o.task_se_cfs_rq, o.cfs_rq_rq, o.rq_clock) = (queued, cfs_rq, rq, clock);
+        o.have_run_delay = 1;
+    }
     o
 }
 
@@ -168,6 +177,7 @@ mod tests {
         assert_eq!(o.have_vma, 1, "{o:?}");
         assert_eq!(o.have_rlimit, 1, "{o:?}");
         assert_eq!(o.have_mm, 1, "{o:?}");
+        assert_eq!(o.have_run_delay, 1, "{o:?}");
         assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t: {o:?}");
         assert_eq!(o.vma_vm_end, o.vma_vm_start + 8, "vm_start/vm_end are adjacent: {o:?}");
         // d_name is a qstr { hash_len (u64), name } on 64-bit kernels.

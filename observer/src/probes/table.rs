@@ -84,6 +84,8 @@ pub enum Need {
     /// `cgroup->root`, `cgroup_root::hierarchy_id` and `cgroup->self.parent`
     /// in BTF.
     CgroupTree,
+    /// The scheduler's own wait stamp and run-queue clock, in BTF.
+    RunDelay,
 }
 
 impl Need {
@@ -100,6 +102,11 @@ impl Need {
             Self::CgroupTree => (
                 o.have_cgroup_tree != 0 && o.have_task_cgroup != 0,
                 "cgroup root or parent offsets not found in BTF",
+            ),
+            Self::RunDelay => (
+                o.have_run_delay != 0,
+                "task_struct::sched_info.last_queued or se.cfs_rq (CONFIG_SCHED_INFO, CONFIG_FAIR_GROUP_SCHED) \
+                 not found in BTF",
             ),
             Self::MemLimits => (
                 o.have_rlimit != 0 && o.have_mm != 0,
@@ -298,8 +305,6 @@ pub const PROBES: &[Probe] = &[
     // is attached before the run-queue programs that read it.
     run_queue_scope("cgroup_mkdir", "runq_cgroup_mkdir", "cgroups created under reported ones are reported"),
     run_queue_scope("cgroup_rmdir", "runq_cgroup_rmdir", "removed cgroups leave the reported set"),
-    run_queue("sched_wakeup"),
-    run_queue("sched_wakeup_new"),
     run_queue("sched_switch"),
 ];
 
@@ -332,7 +337,7 @@ const fn run_queue(event: &'static str) -> Probe {
         label: "sched",
         target: Target::Named(event),
         programs: one(event, Hook::Btf(event)),
-        needs: &[Need::TaskCgroup],
+        needs: &[Need::TaskCgroup, Need::RunDelay],
         used: Use::Always,
         detail: Detail::Text("run-queue latency per cgroup"),
     }

@@ -2,10 +2,10 @@
 //! ns per round trip of `pingpong`.
 //!
 //! Two processes pinned to one CPU bounce a byte over pipes, so every round
-//! trip is two wakeups and two context switches: the events the observer's
-//! scheduler tracepoints fire on, system-wide, for every process on the
-//! host. It runs bare, under `canaryscope run` and under libbpf-tools'
-//! runqlat, which hooks the same events, and twice for each: in a cgroup
+//! trip is two wakeups and two context switches: the events scheduler
+//! tracepoints fire on, system-wide, for every process on the host
+//! (canaryscope hooks only the switches, runqlat both). It runs bare, under
+//! `canaryscope run` and under libbpf-tools' runqlat, and twice for each: in a cgroup
 //! canaryscope reports on (as a pod's) and in one it does not (a system
 //! service's). Targets: a slowdown of at most 0.6× runqlat's in the pod, at
 //! most 0.2× outside.
