@@ -3,7 +3,7 @@
 # (kprobes, BTF, amdgpu + /dev/kfd) with the host's root filesystem mounted
 # read-only over 9p and made the job's root. Exits with the command's exit status.
 #
-#   tests/vm/run.sh [--kernel 6.1|6.12|6.1-cloud] [--mem MB] [--smp N] [--timeout SECS]
+#   tests/vm/run.sh [--kernel 6.1|6.12|6.1-cloud|5.10] [--mem MB] [--smp N] [--timeout SECS]
 #                   [--env NAME[=VALUE]]... [-i|--interactive] -- CMD [ARGS...]
 #
 # See tests/vm/README.md.
@@ -20,7 +20,8 @@ usage() {
     cat >&2 <<'EOF'
 usage: tests/vm/run.sh [options] -- CMD [ARGS...]
   --kernel FLAVOUR    6.1 (default: Debian 12's kernel), 6.12 (Debian 12's 6.12
-                      from its security suite), 6.1-cloud (the cloud flavour)
+                      from its security suite), 6.1-cloud (the cloud flavour),
+                      5.10 (Debian 11's kernel, fetched with apt lists of its own)
   --tcg-thread MODE   single: one host thread runs every guest CPU in turn
                       (default); multi: a host thread per guest CPU, faster
                       but it wedges (see README); env CANARYSCOPE_VM_TCG_THREAD
@@ -75,7 +76,10 @@ case "$FLAVOUR" in
     6.1) KPATTERN='6\.1\.0-[0-9]+-amd64' ;;
     6.12) KPATTERN='6\.12\.[0-9]+\+deb12-amd64' ;;
     6.1-cloud) KPATTERN='6\.1\.0-[0-9]+-cloud-amd64' ;;
-    *) die "--kernel wants 6.1, 6.12 or 6.1-cloud, got '$FLAVOUR'" ;;
+    # Debian 11's kernel: an older release than the host's, so apt finds it
+    # through a configuration of the harness's own (below).
+    5.10) KPATTERN='5\.10\.0-[0-9]+-amd64'; PRIVATE_SUITE=bullseye ;;
+    *) die "--kernel wants 6.1, 6.12, 6.1-cloud or 5.10, got '$FLAVOUR'" ;;
 esac
 [[ "$TCG_THREAD" =~ ^(single|multi)$ ]] || die "--tcg-thread wants single or multi, got '$TCG_THREAD'"
 [[ "$MEM" =~ ^[0-9]+$ ]] || die "--mem wants a number of MB, got '$MEM'"
@@ -142,6 +146,38 @@ latest_cached_kernel() {
     printf '%s' "$best"
 }
 
+# apt as the host has it, or, for a kernel of another Debian release, apt
+# with a configuration of its own in the cache directory: that release's
+# suites on the host's own mirrors, its own package lists, no installed
+# packages. The host's sources and lists stay as they are.
+APT=(-q)
+[ "$(id -u)" -ne 0 ] || APT+=(-o APT::Sandbox::User=root)
+PRIVATE_SUITE="${PRIVATE_SUITE:-}"
+if [ -n "$PRIVATE_SUITE" ]; then
+    APT_DIR="$CACHE/apt-$PRIVATE_SUITE"
+    mkdir -p "$APT_DIR"/{lists/partial,cache/archives/partial,sources.list.d} || die "cannot create $APT_DIR"
+    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+    [ -r "$keyring" ] || die "missing $keyring; $SETUP_HINT (Debian package debian-archive-keyring)"
+    mirrors="$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | sort -u)"
+    [ -n "$mirrors" ] || die "the host's apt names no mirror to fetch Debian $PRIVATE_SUITE's kernel from"
+    while IFS= read -r uri; do
+        case "$uri" in
+            */debian-security/) suite="$PRIVATE_SUITE-security" ;;
+            */debian/) suite="$PRIVATE_SUITE" ;;
+            *) continue ;;
+        esac
+        printf 'deb [signed-by=%s] %s %s main\n' "$keyring" "$uri" "$suite"
+    done <<< "$mirrors" > "$APT_DIR/sources.list.tmp"
+    [ -s "$APT_DIR/sources.list.tmp" ] || die "the host's apt names no Debian mirror (…/debian/) for $PRIVATE_SUITE"
+    mv "$APT_DIR/sources.list.tmp" "$APT_DIR/sources.list"
+    APT+=(-o "Dir::Etc::sourcelist=$APT_DIR/sources.list" -o "Dir::Etc::sourceparts=$APT_DIR/sources.list.d"
+        -o "Dir::State::lists=$APT_DIR/lists" -o "Dir::Cache=$APT_DIR/cache" -o "Dir::State::status=/dev/null")
+fi
+apt_update() {
+    say "updating apt package lists${PRIVATE_SUITE:+ of Debian $PRIVATE_SUITE (in ${APT_DIR#"$REPO"/})}"
+    apt-get "${APT[@]}" update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
+}
+
 resolve_kernel_from_apt() {
     local v=""
     if [ "$FLAVOUR" = 6.1 ]; then
@@ -149,7 +185,7 @@ resolve_kernel_from_apt() {
             | sed -n 's/^ *Depends: *\(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' | head -n1)"
     fi
     if [ -z "$v" ]; then
-        v="$(apt-cache search --names-only "^linux-image-$KPATTERN\$" 2>/dev/null \
+        v="$(apt-cache "${APT[@]}" search --names-only "^linux-image-$KPATTERN\$" 2>/dev/null \
             | awk '{print $1}' | sort -V | tail -n1)"
     fi
     printf '%s' "${v#linux-image-}"
@@ -163,11 +199,10 @@ fi
 if [ -z "$KVER" ]; then
     KVER="$(resolve_kernel_from_apt)"
     if [ -z "$KVER" ]; then
-        say "updating apt package lists (no kernel of flavour $FLAVOUR known yet)"
-        apt-get update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
+        apt_update
         KVER="$(resolve_kernel_from_apt)"
     fi
-    [ -n "$KVER" ] || die "apt knows no kernel package of flavour $FLAVOUR; is this a Debian 12 host?"
+    [ -n "$KVER" ] || die "apt knows no kernel package of flavour $FLAVOUR; is this a Debian host?"
 fi
 [[ "$KVER" =~ ^$KPATTERN$ ]] || die "unexpected kernel version '$KVER' for --kernel $FLAVOUR"
 
@@ -178,12 +213,10 @@ if [ ! -e "$KDIR/.ready" ]; then
     mkdir -p "$CACHE/debs"
     deb="$(ls "$CACHE/debs/linux-image-${KVER}_"*.deb 2>/dev/null | sort -V | tail -n1 || true)"
     if [ -z "$deb" ]; then
-        apt_opts=(-q)
-        [ "$(id -u)" -ne 0 ] || apt_opts+=(-o APT::Sandbox::User=root)
-        if ! (cd "$CACHE/debs" && apt-get "${apt_opts[@]}" download "linux-image-$KVER" >&2); then
+        if ! (cd "$CACHE/debs" && apt-get "${APT[@]}" download "linux-image-$KVER" >&2); then
             say "apt-get download failed; updating package lists and retrying"
-            apt-get update -qq >&2 || die "apt-get update failed (are you root? is the network up?)"
-            (cd "$CACHE/debs" && apt-get "${apt_opts[@]}" download "linux-image-$KVER" >&2) \
+            apt_update
+            (cd "$CACHE/debs" && apt-get "${APT[@]}" download "linux-image-$KVER" >&2) \
                 || die "could not download linux-image-$KVER"
         fi
         deb="$(ls "$CACHE/debs/linux-image-${KVER}_"*.deb 2>/dev/null | sort -V | tail -n1 || true)"
