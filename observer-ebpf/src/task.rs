@@ -60,12 +60,44 @@ const SIGINFO_CODE: u32 = 8;
 const SIGINFO_ADDR: u32 = 16;
 
 /// match-proto: TP_PROTO(int sig, struct kernel_siginfo *info,
+/// struct task_struct *task, int group, int result), 5.10 .. 6.18.
+///
+/// Who generated a possibly fatal signal, for telling later who ended the
+/// process. Apart from the crash program below because it needs nothing
+/// newer than the ring buffer: it runs on every kernel of the matrix.
+#[raw_tracepoint(tracepoint = "signal_generate")]
+pub fn signal_origin(ctx: RawTracePointContext) -> i32 {
+    try_signal_origin(&ctx).unwrap_or(1)
+}
+
+fn try_signal_origin(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let sig: i32 = ctx.arg::<u64>(0) as i32;
+    if never_fatal(sig) {
+        return Ok(0);
+    }
+    let info = ctx.arg::<u64>(1) as *const u8;
+    let result = ctx.arg::<u64>(4) as i32;
+    if result != TRACE_SIGNAL_DELIVERED && result != TRACE_SIGNAL_LOSE_INFO {
+        return Ok(0);
+    }
+    // The special siginfo pointers: SEND_SIG_NOINFO (0) and SEND_SIG_PRIV (1).
+    let origin_code = match info as u64 {
+        0 => SI_NOINFO,
+        1 => SI_KERNEL,
+        _ => read(info, SIGINFO_CODE).unwrap_or(0),
+    };
+    record_origin(sig, origin_code, ctx.arg::<u64>(2) as *const u8)?;
+    Ok(0)
+}
+
+/// match-proto: TP_PROTO(int sig, struct kernel_siginfo *info,
 /// struct task_struct *task, int group, int result), 6.1 .. 6.18.
 ///
 /// A fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE) is generated in the faulting
 /// thread's own context, and so is abort()'s SIGABRT (tgkill to itself):
 /// the address space is still intact here, unlike at exit, so this is where
-/// the faulting instruction's mapping is looked up.
+/// the faulting instruction's mapping is looked up. Needs Linux 5.17
+/// (`observer::probes::table::CRASH_HELPERS`).
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
     try_signal_generate(&ctx).unwrap_or(1)
@@ -73,22 +105,9 @@ pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
 
 fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let sig: i32 = ctx.arg::<u64>(0) as i32;
-    if never_fatal(sig) {
-        return Ok(0);
-    }
     let target = ctx.arg::<u64>(2);
     let info = ctx.arg::<u64>(1) as *const u8;
     let si_code: i32 = if (info as u64) > 1 { read(info, SIGINFO_CODE).unwrap_or(0) } else { 0 };
-    let result = ctx.arg::<u64>(4) as i32;
-    if result == TRACE_SIGNAL_DELIVERED || result == TRACE_SIGNAL_LOSE_INFO {
-        // The special siginfo pointers: SEND_SIG_NOINFO (0) and SEND_SIG_PRIV (1).
-        let origin_code = match info as u64 {
-            0 => SI_NOINFO,
-            1 => SI_KERNEL,
-            _ => si_code,
-        };
-        let _ = record_origin(sig, origin_code, target as *const u8);
-    }
     if !matches!(sig, SIGSEGV | SIGBUS | SIGILL | SIGFPE | SIGABRT) {
         return Ok(0);
     }

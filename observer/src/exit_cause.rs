@@ -150,11 +150,16 @@ pub fn cause(ev: &ExitEvent) -> Cause {
         // `send_sig(sig, current, 0)`: the kernel signalling the process
         // for what it did itself (SIGPIPE, SIGXFSZ).
         SI_NOINFO if self_sent => Cause::Kernel,
+        // Without a crash record (a kernel older than the crash program,
+        // 5.17), the origin alone tells a process's own abort() (tgkill to
+        // itself) and its own faults (a fault's positive code, raised in the
+        // faulting thread) from the rest.
+        code if code <= 0 && self_sent && signal == SIGABRT => Cause::Abort,
         // SI_USER, SI_QUEUE, SI_TKILL, ...: a process asked for it.
         code if code <= 0 => Cause::Sent,
-        // Fault codes the crash record did not take (sent with a fault's
-        // code by another process, or a fault in a thread the crash record
-        // missed) and the kernel's other positive codes.
+        _ if self_sent && matches!(signal, SIGSEGV | SIGBUS | SIGILL | SIGFPE) => Cause::Fault,
+        // Fault codes sent by another process, and the kernel's other
+        // positive codes.
         _ => Cause::Kernel,
     }
 }
@@ -261,6 +266,18 @@ mod tests {
         // `kill -SEGV` from elsewhere is no crash record: sent.
         let ev = exit(11, EXIT_FLAG_ORIGIN, sent_by(7, SIGSEGV, 0, 0));
         assert_eq!(cause(&ev), Cause::Sent);
+    }
+
+    /// On a kernel without the crash program (before 5.17) the origin alone
+    /// tells a process's own fault and abort from a signal sent to it.
+    #[test]
+    fn without_a_crash_record_the_origin_tells_faults_and_aborts() {
+        assert_eq!(cause(&exit(11, EXIT_FLAG_ORIGIN, sent_by(100, SIGSEGV, 1, 0))), Cause::Fault);
+        assert_eq!(cause(&exit(7, EXIT_FLAG_ORIGIN, sent_by(100, SIGBUS, 2, 0))), Cause::Fault);
+        assert_eq!(cause(&exit(6 | 0x80, EXIT_FLAG_ORIGIN, sent_by(100, SIGABRT, -6, 0))), Cause::Abort);
+        // The same codes from another process are no fault of the target's.
+        assert_eq!(cause(&exit(11, EXIT_FLAG_ORIGIN, sent_by(7, SIGSEGV, 1, 0))), Cause::Kernel);
+        assert_eq!(cause(&exit(6, EXIT_FLAG_ORIGIN, sent_by(7, SIGABRT, -6, 0))), Cause::Sent);
     }
 
     #[test]

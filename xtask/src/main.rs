@@ -42,7 +42,7 @@ enum Task {
     /// Boot the test VM (Debian 6.1 kernel with amdgpu) and run CMD inside it.
     Vm {
         /// Which Debian kernel the VM boots: 6.1, 6.12, 6.1-cloud or 5.10.
-        #[arg(long, default_value = "6.1", value_parser = ["6.1", "6.12", "6.1-cloud"])]
+        #[arg(long, default_value = "6.1", value_parser = ["6.1", "6.12", "6.1-cloud", "5.10"])]
         kernel: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,

@@ -14,12 +14,13 @@ const START: &str = "<!-- kernel-matrix:start (cargo xtask matrix writes this ta
 const END: &str = "<!-- kernel-matrix:end -->";
 
 /// The families in the order the README explains them.
-const FAMILIES: [(&str, &str); 9] = [
+const FAMILIES: [(&str, &str); 10] = [
     ("gpu", "GPU runtime calls (uprobes)"),
     ("discovery", "new runtime files before their first call"),
     ("kfd", "KFD ioctls"),
     ("crash", "native crashes"),
     ("exit", "abnormal exits"),
+    ("exit_cause", "who sent a fatal signal"),
     ("oom", "OOM kills"),
     ("memlimit", "refused allocations (rlimits)"),
     ("sched", "run-queue latency"),

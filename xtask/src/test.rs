@@ -90,6 +90,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
             "memory_limits",
             "group_oom",
             "sched_scope",
+            "kernel_support",
         ])?;
         run(Command::new(root().join("tests/vm/test.sh")).args(&binaries))?;
         // A boot of its own, so the first-call runs (ten of each case, many
@@ -101,6 +102,18 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         // case, 8 minutes) stays on 6.1 to keep CI within its hour.
         step("VM tests on Debian 12's 6.12 kernel: the suites of the first boot");
         run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", "6.12"]).args(&binaries))?;
+        // Debian 11's 5.10: what works there is tested there, and what
+        // cannot work is named (no attach cookies, no bpf_find_vma).
+        step("VM tests on Debian 11's 5.10 kernel: what works there, and what it lacks named");
+        let degraded = test_binaries(&[
+            "kernel_support",
+            "sched_scope",
+            "cpu_oom_exit",
+            "memory_limits",
+            "exit_causes",
+            "group_oom",
+        ])?;
+        run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", "5.10"]).args(&degraded))?;
         step("README.md: the kernel matrix from each kernel's `canaryscope check`");
         crate::matrix::write_readme()?;
     }

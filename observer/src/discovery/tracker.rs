@@ -499,7 +499,11 @@ impl LibraryTracker {
             Ok(library) => {
                 debug!("inspected {display} in {:?}", t0.elapsed());
                 let flavor = library.flavor;
-                match self.probes.attach(kernel.object_mut(), library) {
+                let attached = match kernel.gpu_unavailable() {
+                    Some(why) => self.probes.refuse(library, why),
+                    None => self.probes.attach(kernel.object_mut(), library),
+                };
+                match attached {
                     Ok(functions) => {
                         log::info!("probing {display} ({flavor:?}, {functions} functions): {reason}");
                         self.announcements.push(Announcement {

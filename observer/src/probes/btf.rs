@@ -14,6 +14,23 @@ pub fn vmlinux() -> Result<Btf, BtfError> {
     Btf::from_file("/sys/kernel/btf/vmlinux").map_err(|e| BtfError::Read(e.to_string()))
 }
 
+/// The BPF helpers this kernel knows, by name without the `bpf_` prefix:
+/// the members of `enum bpf_func_id` (`BPF_FUNC_find_vma`, ...). A program
+/// that calls a helper missing here is refused by the verifier, with a
+/// message that names only its number. `None` when BTF has no such enum.
+pub fn kernel_helpers(btf: &Btf) -> Option<std::collections::BTreeSet<String>> {
+    let ids = btf.resolve_types_by_name("bpf_func_id").ok()?.into_iter().find_map(|t| match t {
+        Type::Enum(e) => Some(e),
+        _ => None,
+    })?;
+    let names = ids
+        .members
+        .iter()
+        .filter_map(|m| Some(btf.resolve_name(m).ok()?.strip_prefix("BPF_FUNC_")?.to_string()))
+        .collect();
+    Some(names)
+}
+
 /// Byte offset of `path` (dot-separated, e.g. `f_path.dentry`) in `struct
 /// name`, descending into anonymous structs and unions on the way.
 pub fn member_offset(btf: &Btf, name: &str, path: &str) -> Option<u32> {
@@ -178,6 +195,10 @@ mod tests {
         assert_eq!(o.have_rlimit, 1, "{o:?}");
         assert_eq!(o.have_mm, 1, "{o:?}");
         assert_eq!(o.have_run_delay, 1, "{o:?}");
+        let helpers = kernel_helpers(&btf).expect("enum bpf_func_id in BTF");
+        // The oldest helper and the newest one canaryscope calls (5.17).
+        assert!(helpers.contains("map_lookup_elem") && helpers.contains("find_vma"), "{helpers:?}");
+        assert!(!helpers.iter().any(|h| h.starts_with("BPF_FUNC_") || h.is_empty()), "{helpers:?}");
         assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t: {o:?}");
         assert_eq!(o.vma_vm_end, o.vma_vm_start + 8, "vm_start/vm_end are adjacent: {o:?}");
         // d_name is a qstr { hash_len (u64), name } on 64-bit kernels.

@@ -437,6 +437,13 @@ impl GpuProbes {
         self.attached.get(id).is_some_and(|l| l.hot.contains_key(&pid))
     }
 
+    /// Records `library` as unprobed for `why` (the programs could not be
+    /// loaded on this kernel), so that `check` and the probe metric say so.
+    pub fn refuse(&mut self, library: GpuLibrary, why: &str) -> Result<usize, GpuAttachError> {
+        self.failed.insert(library.id, (library.display_path.clone(), why.to_string()));
+        Err(GpuAttachError::Failed { library: library.display_path, reason: why.to_string() })
+    }
+
     /// Attaches entry and return probes to every resolved function of
     /// `library` in its tier: cold ones for every process, hot ones too
     /// when they go everywhere.

@@ -50,6 +50,8 @@ pub struct Loaded {
     hot_cgroups: BpfHashMap<MapData, u64, u32>,
     hot_tgids: BpfHashMap<MapData, u32, u32>,
     hold_cgroups: BpfHashMap<MapData, u64, u32>,
+    /// Why the GPU programs could not be loaded, if they could not.
+    gpu_unavailable: Option<String>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
@@ -81,6 +83,7 @@ impl Loaded {
             hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
             hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
             hold_cgroups: typed(&mut ebpf, HOLD_CGROUPS_MAP)?,
+            gpu_unavailable: None,
             ebpf,
         })
     }
@@ -99,6 +102,16 @@ impl Loaded {
     /// keeps it open for as long as the programs may still be loaded.
     pub fn take_held_map(&mut self) -> Option<Map> {
         self.held.take()
+    }
+
+    /// Records why the GPU programs are not loaded: every library file is
+    /// then reported unprobed with this reason.
+    pub fn set_gpu_unavailable(&mut self, why: String) {
+        self.gpu_unavailable = Some(why);
+    }
+
+    pub fn gpu_unavailable(&self) -> Option<&str> {
+        self.gpu_unavailable.as_deref()
     }
 
     /// Loads the two GPU uprobe programs; attaching comes per library.

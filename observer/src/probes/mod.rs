@@ -105,6 +105,9 @@ impl KernelFunctions {
 /// What the kernel offers, measured before loading.
 pub struct Environment {
     pub offsets: KernelOffsets,
+    /// The BPF helpers the kernel knows (from BTF); `None`: unknown, and
+    /// every program is tried.
+    pub helpers: Option<std::collections::BTreeSet<String>>,
     pub tracefs: Result<std::path::PathBuf, String>,
     pub btf_error: Option<String>,
     pub kernel: KernelFunctions,
@@ -112,9 +115,9 @@ pub struct Environment {
 
 pub fn environment() -> Environment {
     let tracefs = tracefs::ensure_mounted();
-    let (mut offsets, btf_error) = match btf::vmlinux() {
-        Ok(b) => (btf::kernel_offsets(&b), None),
-        Err(e) => (KernelOffsets::ZERO, Some(e.to_string())),
+    let (mut offsets, helpers, btf_error) = match btf::vmlinux() {
+        Ok(b) => (btf::kernel_offsets(&b), btf::kernel_helpers(&b), None),
+        Err(e) => (KernelOffsets::ZERO, None, Some(e.to_string())),
     };
     if let Ok(dir) = &tracefs {
         if let Some(fields) = tracefs::read_format(dir, "oom", "mark_victim") {
@@ -122,7 +125,7 @@ pub fn environment() -> Environment {
             offsets.mark_victim_anon_rss = tracefs::field_offset(&fields, "anon_rss").unwrap_or(0);
         }
     }
-    Environment { offsets, tracefs, btf_error, kernel: KernelFunctions::read() }
+    Environment { offsets, helpers, tracefs, btf_error, kernel: KernelFunctions::read() }
 }
 
 /// Loads the object with its globals set, takes its maps, and loads the
@@ -142,9 +145,17 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
         .load(EBPF_OBJECT)?;
     let mut loaded = Loaded::new(ebpf)?;
     // A kernel whose verifier refuses the GPU programs still gets every
-    // other family; the failure shows up in `check` and the probe metric.
-    if let Err(e) = loaded.load_gpu_programs() {
-        warn!("GPU runtime probes unavailable: {e}");
+    // other family; the failure shows up in `check` and the probe metric,
+    // with the kernel feature it lacks where that is known.
+    let refused = match table::Need::Helpers(table::GPU_CALL_HELPERS).check(env) {
+        Err(missing) => Some(missing),
+        Ok(()) => {
+            loaded.load_gpu_programs().err().map(|e| format!("the kernel refused the GPU programs: {e}"))
+        }
+    };
+    if let Some(why) = refused {
+        warn!("GPU runtime probes unavailable: {why}");
+        loaded.set_gpu_unavailable(why);
     }
     Ok(loaded)
 }

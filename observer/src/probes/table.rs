@@ -86,10 +86,32 @@ pub enum Need {
     CgroupTree,
     /// The scheduler's own wait stamp and run-queue clock, in BTF.
     RunDelay,
+    /// BPF helpers the programs call, each newer than the oldest kernels.
+    Helpers(&'static [KernelHelper]),
 }
 
+/// A BPF helper a program calls, and the Linux release that brought it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelHelper {
+    /// As in `enum bpf_func_id`, without `BPF_FUNC_`.
+    pub name: &'static str,
+    pub since: &'static str,
+}
+
+/// What the GPU call programs need: the attach cookie tells them which
+/// probed function fired.
+pub const GPU_CALL_HELPERS: &[KernelHelper] = &[KernelHelper { name: "get_attach_cookie", since: "5.15" }];
+
+/// What the crash program needs to read the faulting thread's registers and
+/// find the mapping of the faulting instruction.
+pub const CRASH_HELPERS: &[KernelHelper] = &[
+    KernelHelper { name: "get_current_task_btf", since: "5.11" },
+    KernelHelper { name: "task_pt_regs", since: "5.15" },
+    KernelHelper { name: "find_vma", since: "5.17" },
+];
+
 impl Need {
-    fn check(self, env: &Environment) -> Result<(), String> {
+    pub fn check(self, env: &Environment) -> Result<(), String> {
         let o = &env.offsets;
         let (ok, why) = match self {
             Self::Tracefs => return env.tracefs.as_ref().map(|_| ()).map_err(Clone::clone),
@@ -103,6 +125,18 @@ impl Need {
                 o.have_cgroup_tree != 0 && o.have_task_cgroup != 0,
                 "cgroup root or parent offsets not found in BTF",
             ),
+            Self::Helpers(wanted) => {
+                let Some(known) = &env.helpers else { return Ok(()) };
+                let missing: Vec<String> = wanted
+                    .iter()
+                    .filter(|h| !known.contains(h.name))
+                    .map(|h| format!("bpf_{} (Linux {})", h.name, h.since))
+                    .collect();
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                return Err(format!("this kernel lacks the BPF helper(s) {}", missing.join(", ")));
+            }
             Self::RunDelay => (
                 o.have_run_delay != 0,
                 "task_struct::sched_info.last_queued or se.cfs_rq (CONFIG_SCHED_INFO, CONFIG_FAIR_GROUP_SCHED) \
@@ -208,10 +242,19 @@ pub const PROBES: &[Probe] = &[
     },
     Probe {
         family: Family::Exits,
+        label: "exit_cause",
+        target: Target::Named("signal_generate:sender"),
+        programs: one("signal_origin", Hook::Raw("signal_generate")),
+        needs: &[],
+        used: Use::Always,
+        detail: Detail::Text("who sent a possibly fatal signal, for an exit's cause"),
+    },
+    Probe {
+        family: Family::Exits,
         label: "crash",
         target: Target::Named("signal_generate"),
         programs: one("signal_generate", Hook::Raw("signal_generate")),
-        needs: &[],
+        needs: &[Need::Helpers(CRASH_HELPERS)],
         used: Use::Always,
         detail: Detail::Depends {
             offers: |o| o.have_vma != 0,
@@ -469,6 +512,28 @@ mod tests {
         targets.sort_unstable();
         targets.dedup();
         assert_eq!(targets.len(), all, "two entries would report under one target");
+    }
+
+    /// A kernel without a helper gets a reason that names it and its
+    /// release; one with every helper, or whose helpers are unknown, tries.
+    #[test]
+    fn a_missing_helper_is_named_with_its_release() {
+        let mut env = crate::probes::environment();
+        let all: std::collections::BTreeSet<String> =
+            CRASH_HELPERS.iter().chain(GPU_CALL_HELPERS).map(|h| h.name.to_string()).collect();
+        env.helpers = Some(all.clone());
+        assert_eq!(Need::Helpers(CRASH_HELPERS).check(&env), Ok(()));
+        env.helpers = None;
+        assert_eq!(Need::Helpers(CRASH_HELPERS).check(&env), Ok(()));
+        // As on Linux 5.11 to 5.14: the task as a BTF pointer, not yet its
+        // registers or the lookup of its mappings.
+        env.helpers = Some(all.into_iter().filter(|h| h != "find_vma" && h != "task_pt_regs").collect());
+        assert_eq!(
+            Need::Helpers(CRASH_HELPERS).check(&env),
+            Err("this kernel lacks the BPF helper(s) bpf_task_pt_regs (Linux 5.15), bpf_find_vma (Linux 5.17)".into())
+        );
+        let crash = PROBES.iter().find(|p| p.label == "crash").expect("crash probe");
+        assert!(crash.needs.contains(&Need::Helpers(CRASH_HELPERS)), "{:?}", crash.needs);
     }
 
     #[test]

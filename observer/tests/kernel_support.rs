@@ -1,0 +1,83 @@
+//! What canaryscope offers on the kernel it runs on, as `check` and the
+//! daemon's probe metric say it: on any kernel of the VM matrix (5.10 to
+//! 6.18) every probe is attached, or it is detached with the kernel feature
+//! it lacks named, and only where the kernel really lacks it. The families
+//! that attach are exercised by the other suites run on the same kernel.
+mod support;
+
+use std::{collections::BTreeSet, process::Command, time::Duration};
+
+use observer::probes::{
+    btf::{kernel_helpers, vmlinux},
+    table::{KernelHelper, CRASH_HELPERS, GPU_CALL_HELPERS},
+};
+use serde_json::Value;
+use support::*;
+
+/// The helpers of `wanted` this kernel lacks, as `check` names them.
+fn lacking(known: &BTreeSet<String>, wanted: &[KernelHelper]) -> Vec<String> {
+    wanted
+        .iter()
+        .filter(|h| !known.contains(h.name))
+        .map(|h| format!("bpf_{} (Linux {})", h.name, h.since))
+        .collect()
+}
+
+/// A probe is attached exactly when the kernel has what it needs; a
+/// detached one names every helper it lacks.
+fn assert_attached_unless_lacking(probe: &Value, missing: &[String]) {
+    let detail = probe["detail"].as_str().unwrap_or_default();
+    if missing.is_empty() {
+        assert_eq!(probe["attached"], true, "the kernel has every helper it needs: {probe}");
+    } else {
+        assert_eq!(probe["attached"], false, "{probe}");
+        for helper in missing {
+            assert!(detail.contains(helper.as_str()), "the reason names {helper}: {detail}");
+        }
+        assert!(!detail.contains("Verifier output"), "a named feature, not a verifier log: {detail}");
+    }
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
+    assert_root();
+    let btf = vmlinux().expect("kernel BTF");
+    let known = kernel_helpers(&btf).expect("enum bpf_func_id in kernel BTF");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let (crash_missing, gpu_missing) = (lacking(&known, CRASH_HELPERS), lacking(&known, GPU_CALL_HELPERS));
+    eprintln!("kernel {}: lacks {crash_missing:?} {gpu_missing:?}", kernel.trim());
+
+    let out = Command::new(canaryscope()).args(["check", "--json"]).output().expect("run check");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let probes = report["probes"].as_array().expect("probes");
+    let mut seen = BTreeSet::new();
+    for probe in probes {
+        let name = probe["probe"].as_str().unwrap_or_default();
+        seen.insert(name.to_string());
+        match name {
+            "crash" => assert_attached_unless_lacking(probe, &crash_missing),
+            // One line per GPU runtime file found on the node.
+            "gpu" => assert_attached_unless_lacking(probe, &gpu_missing),
+            // Everything else attaches on every kernel of the matrix.
+            _ => assert_eq!(probe["attached"], true, "{probe}"),
+        }
+    }
+    for family in ["exit", "exit_cause", "crash", "oom", "memlimit", "discovery", "sched", "throttle", "gpu"]
+    {
+        assert!(seen.contains(family), "check reports {family}: {seen:?}");
+    }
+    assert_eq!(report["observable"], true, "{report}");
+
+    // The daemon says the same on its probe metric, and keeps running.
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let crash = daemon.wait_metric("the crash probe's state", Duration::from_secs(5), |l| {
+        l.starts_with("canaryscope_probe_attached{") && l.contains("probe=\"crash\"")
+    });
+    assert_eq!(metric_value(&crash), if crash_missing.is_empty() { 1.0 } else { 0.0 }, "{crash}");
+    let sched = daemon.wait_metric("the run-queue probe's state", Duration::from_secs(5), |l| {
+        l.starts_with("canaryscope_probe_attached{") && l.contains("target=\"sched_switch\"")
+    });
+    assert_eq!(metric_value(&sched), 1.0, "{sched}");
+}
