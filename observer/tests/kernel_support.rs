@@ -1,8 +1,9 @@
 //! What canaryscope offers on the kernel it runs on, as `check` and the
 //! daemon's probe metric say it: on any kernel of the VM matrix (5.10 to
 //! 6.18) every probe is attached, or it is detached with the kernel feature
-//! it lacks named, and only where the kernel really lacks it. The families
-//! that attach are exercised by the other suites run on the same kernel.
+//! it lacks named, and only where the kernel really lacks it. GPU calls are
+//! probed everywhere, in the shape the kernel allows. The families that
+//! attach are exercised by the other suites run on the same kernel.
 mod support;
 
 use std::{collections::BTreeSet, process::Command, time::Duration};
@@ -58,8 +59,15 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
         seen.insert(name.to_string());
         match name {
             "crash" => assert_attached_unless_lacking(probe, &crash_missing),
-            // One line per GPU runtime file found on the node.
-            "gpu" => assert_attached_unless_lacking(probe, &gpu_missing),
+            // One line per GPU runtime file found on the node: probed on
+            // every kernel, through a program pair per function where
+            // there are no attach cookies.
+            "gpu" => {
+                assert_eq!(probe["attached"], true, "{probe}");
+                let detail = probe["detail"].as_str().unwrap_or_default();
+                let per_function = detail.contains("a program pair per function");
+                assert_eq!(per_function, !gpu_missing.is_empty(), "{detail}");
+            }
             // Everything else attaches on every kernel of the matrix.
             _ => assert_eq!(probe["attached"], true, "{probe}"),
         }

@@ -499,6 +499,9 @@ impl LibraryTracker {
             Ok(library) => {
                 debug!("inspected {display} in {:?}", t0.elapsed());
                 let flavor = library.flavor;
+                if kernel.gpu_slots() {
+                    self.probes.use_slots();
+                }
                 let attached = match kernel.gpu_unavailable() {
                     Some(why) => self.probes.refuse(library, why),
                     None => self.probes.attach(kernel.object_mut(), library),

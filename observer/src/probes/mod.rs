@@ -7,6 +7,7 @@
 //! everything.
 pub mod btf;
 pub mod gpu;
+pub mod gpu_slots;
 pub mod kfd;
 pub mod loaded;
 pub mod maps;
@@ -16,7 +17,7 @@ pub mod tracefs;
 use std::collections::HashSet;
 
 use aya::EbpfLoader;
-use log::warn;
+use log::{info, warn};
 use observer_common::{
     gpu as gpu_common,
     task::{KernelOffsets, GLOBAL_OFFSETS},
@@ -148,7 +149,13 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
     // other family; the failure shows up in `check` and the probe metric,
     // with the kernel feature it lacks where that is known.
     let refused = match table::Need::Helpers(table::GPU_CALL_HELPERS).check(env) {
-        Err(missing) => Some(missing),
+        // No attach cookies: a pair of programs per probed function
+        // (gpu_slots.rs), loaded as functions are probed.
+        Err(missing) => {
+            info!("GPU runtime probes: one program pair per function ({missing})");
+            loaded.use_gpu_slots();
+            None
+        }
         Ok(()) => {
             loaded.load_gpu_programs().err().map(|e| format!("the kernel refused the GPU programs: {e}"))
         }

@@ -432,6 +432,10 @@ pub enum AttachError {
     Load(ProgramError),
     #[error("attach: {0}")]
     Attach(ProgramError),
+    #[error("no free program slot: without attach cookies (Linux < 5.15) at most {0} functions are probed at once")]
+    NoSlot(u32),
+    #[error("the slot cookie map: {0}")]
+    SlotMap(String),
 }
 
 /// Loads and attaches one program at its hook.
