@@ -410,7 +410,9 @@ impl GpuProbes {
             };
             let hot = match &self.slots {
                 Some(_) => {
-                    format!("{hot}; a program pair per function (no attach cookies before Linux 5.15)")
+                    format!(
+                        "{hot}; fallback before Linux 5.15 (no attach cookies): a program pair per function"
+                    )
                 }
                 None => hot,
             };

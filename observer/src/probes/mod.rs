@@ -80,7 +80,7 @@ impl KernelFunctions {
             .chain(table::hardware_probes())
             .filter_map(|p| match p.used {
                 table::Use::IfKernelHas(f) | table::Use::UnlessKernelHas(f) => Some(f),
-                table::Use::Always => None,
+                table::Use::Always | table::Use::IfHelpers(_) | table::Use::UnlessHelpers(_) => None,
             })
             .collect();
         let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
@@ -99,6 +99,8 @@ impl KernelFunctions {
             table::Use::Always => true,
             table::Use::IfKernelHas(f) => self.kprobes && self.present.contains(f),
             table::Use::UnlessKernelHas(f) => !(self.kprobes && self.present.contains(f)),
+            // Decided by the environment, which knows the helpers.
+            table::Use::IfHelpers(_) | table::Use::UnlessHelpers(_) => true,
         }
     }
 }
@@ -127,6 +129,18 @@ pub fn environment() -> Environment {
         }
     }
     Environment { offsets, helpers, tracefs, btf_error, kernel: KernelFunctions::read() }
+}
+
+impl Environment {
+    /// Whether a table entry applies to this kernel.
+    pub fn uses(&self, used: table::Use) -> bool {
+        let lacks = |wanted: &'static [table::KernelHelper]| table::Need::Helpers(wanted).check(self).is_err();
+        match used {
+            table::Use::IfHelpers(wanted) => !lacks(wanted),
+            table::Use::UnlessHelpers(wanted) => lacks(wanted),
+            other => self.kernel.uses(other),
+        }
+    }
 }
 
 /// Loads the object with its globals set, takes its maps, and loads the
