@@ -134,7 +134,8 @@ pub fn environment() -> Environment {
 impl Environment {
     /// Whether a table entry applies to this kernel.
     pub fn uses(&self, used: table::Use) -> bool {
-        let lacks = |wanted: &'static [table::KernelHelper]| table::Need::Helpers(wanted).check(self).is_err();
+        let lacks =
+            |wanted: &'static [table::KernelHelper]| table::Need::Helpers(wanted).check(self).is_err();
         match used {
             table::Use::IfHelpers(wanted) => !lacks(wanted),
             table::Use::UnlessHelpers(wanted) => lacks(wanted),
