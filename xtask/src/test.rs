@@ -109,6 +109,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         let degraded = test_binaries(&[
             "kernel_support",
             "gpu_hip",
+            "gpu_cuda",
             "hot_calls",
             "sched_scope",
             "cpu_oom_exit",
