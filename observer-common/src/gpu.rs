@@ -21,6 +21,14 @@ pub const MAX_STATS_ENTRIES: u32 = 16384;
 /// Nesting depth kept per thread and API (hipMalloc inside cuMemAlloc is a
 /// different API, but a runtime may call its own public entry points).
 pub const MAX_NESTING: usize = 4;
+/// Kernels without attach cookies (before 5.15) get one entry and one return
+/// program per probed function of a library file, each reading its cookie
+/// from [`SLOT_COOKIES_MAP`] at its slot: this many functions at a time.
+pub const MAX_GPU_SLOTS: u32 = 256;
+pub const SLOT_COOKIES_MAP: &str = "GPU_SLOT_COOKIES";
+/// The slot programs' names: `gpu_enter_s7`, `gpu_exit_s7`.
+pub const SLOT_ENTER_PREFIX: &str = "gpu_enter_s";
+pub const SLOT_EXIT_PREFIX: &str = "gpu_exit_s";
 
 wire_enum! {
     /// Which GPU API a probed function belongs to.

@@ -57,6 +57,7 @@ pub const USERSPACE_MAPS: &[&str] = &[
     AGGREGATES_GENERATION_MAP,
     gpu::INFLIGHT_MAP,
     gpu::STATS_MAP,
+    gpu::SLOT_COOKIES_MAP,
     kfd::KFD_STATS_MAP,
     sched::RUNQ_MAP,
     sched::RUNQ_CGROUPS_MAP,

@@ -81,6 +81,9 @@ pub struct KernelOffsets {
     pub cfs_rq_rq: u32,
     pub rq_clock: u32,
     pub have_run_delay: u32,
+    /// `task->stack`: the kernel stack, whose top holds the user registers
+    /// (the crash program of kernels without `bpf_task_pt_regs`).
+    pub task_stack: u32,
 }
 
 impl KernelOffsets {
@@ -131,6 +134,7 @@ impl KernelOffsets {
         cfs_rq_rq: 0,
         rq_clock: 0,
         have_run_delay: 0,
+        task_stack: 0,
     };
 }
 
@@ -157,6 +161,9 @@ wire_enum! {
         /// A file mapping: `vma_start`, `vma_pgoff`, `file_ino` and `file_name`
         /// are set.
         File = 2,
+        /// The kernel has no lookup of mappings (before 5.17): with a GPU call
+        /// in flight, its library ([`CrashInfo::in_call_library`]) is named.
+        NotLookedUp = 3,
     }
 }
 
@@ -190,6 +197,9 @@ pub struct CrashInfo {
     pub in_call_function: u32,
     /// An [`IpMapping`] as a number: what maps `ip`.
     pub ip_mapping: u32,
+    /// The library index (attach cookie) of the call in flight.
+    pub in_call_library: u32,
+    pub _pad: u32,
     pub vma_start: u64,
     /// In pages of [`PAGE_SIZE`] bytes.
     pub vma_pgoff: u64,
@@ -209,6 +219,8 @@ impl Default for CrashInfo {
             in_call_api: 0,
             in_call_function: 0,
             ip_mapping: IpMapping::Unknown as u32,
+            in_call_library: 0,
+            _pad: 0,
             vma_start: 0,
             vma_pgoff: 0,
             file_ino: 0,
@@ -366,10 +378,10 @@ mod tests {
             assert_eq!(in_call_api(in_call_api_code(api)), Some(api));
         }
         assert_eq!(in_call_api(0), None);
-        for m in [IpMapping::Unknown, IpMapping::Anonymous, IpMapping::File] {
+        for m in [IpMapping::Unknown, IpMapping::Anonymous, IpMapping::File, IpMapping::NotLookedUp] {
             assert_eq!(IpMapping::from_u32(m as u32), Some(m));
         }
-        assert_eq!(IpMapping::from_u32(3), None);
+        assert_eq!(IpMapping::from_u32(4), None);
         assert_eq!(CrashInfo::default().ip_mapping, IpMapping::Unknown as u32);
     }
 
@@ -392,7 +404,7 @@ mod tests {
     #[test]
     fn crash_info_has_no_implicit_padding() {
         let c = CrashInfo::default();
-        let explicit = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + c.file_name.len();
+        let explicit = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + c.file_name.len();
         assert_eq!(core::mem::size_of::<CrashInfo>(), explicit);
     }
 }

@@ -10,14 +10,15 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use observer_common::{
     gpu::{
         cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
-        InflightKey, InflightStack, DEFAULT_STALL_NS, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
+        InflightKey, InflightStack, DEFAULT_STALL_NS, MAX_GPU_SLOTS, MAX_INFLIGHT_THREADS, MAX_NESTING,
+        MAX_STATS_ENTRIES,
     },
     EventKind,
 };
@@ -63,12 +64,13 @@ pub fn frame_slot(depth: &u32, back: u32) -> (usize, bool) {
 
 #[uprobe]
 pub fn gpu_enter(ctx: ProbeContext) -> u32 {
-    try_gpu_enter(&ctx).unwrap_or(1)
-}
-
-fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
     // SAFETY: helper reading this program's own attach cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    try_gpu_enter(cookie).unwrap_or(1)
+}
+
+#[inline(always)]
+fn try_gpu_enter(cookie: u64) -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let key = InflightKey { tid: pid_tgid as u32, api: cookie_api(cookie) };
     // SAFETY: plain helper without pointer arguments.
@@ -111,19 +113,19 @@ fn try_gpu_enter(ctx: &ProbeContext) -> Result<u32, i64> {
 
 #[uretprobe]
 pub fn gpu_exit(ctx: RetProbeContext) -> u32 {
-    try_gpu_exit(&ctx).unwrap_or(1)
-}
-
-fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: helper reading this program's own attach cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    try_gpu_exit(cookie, ctx.ret()).unwrap_or(1)
+}
+
+#[inline(always)]
+fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let api = cookie_api(cookie);
     let function = cookie_function(cookie);
     let key = InflightKey { tid: pid_tgid as u32, api };
     // SAFETY: plain helper without pointer arguments.
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    let result: i32 = ctx.ret();
 
     // A return without a recorded entry (the probe attached mid-call) still
     // counts, with an unknown duration of zero.
@@ -164,3 +166,55 @@ fn try_gpu_exit(ctx: &RetProbeContext) -> Result<u32, i64> {
     }
     Ok(0)
 }
+
+// Kernels without attach cookies (before 5.15). Userspace gives each probed
+// function of a library file a slot, writes the cookie it would have
+// attached into GPU_SLOT_COOKIES there, and attaches that slot's pair of
+// programs; everything after the cookie is the same code, reached through
+// one BPF-to-BPF call so the 256 pairs stay small.
+
+#[map(name = "GPU_SLOT_COOKIES")] // observer_common::gpu::SLOT_COOKIES_MAP
+static GPU_SLOT_COOKIES: Array<u64> = Array::with_max_entries(MAX_GPU_SLOTS, 0);
+
+#[inline(never)]
+fn slot_enter(slot: u32) -> u32 {
+    let Some(&cookie) = GPU_SLOT_COOKIES.get(slot) else { return 1 };
+    try_gpu_enter(cookie).unwrap_or(1)
+}
+
+#[inline(never)]
+fn slot_exit(slot: u32, result: i32) -> u32 {
+    let Some(&cookie) = GPU_SLOT_COOKIES.get(slot) else { return 1 };
+    try_gpu_exit(cookie, result).unwrap_or(1)
+}
+
+macro_rules! gpu_slots {
+    ($($slot:literal)*) => {
+        paste::paste! {
+            $(
+                #[uprobe]
+                pub fn [<gpu_enter_s $slot>](_ctx: ProbeContext) -> u32 {
+                    slot_enter($slot)
+                }
+
+                #[uretprobe]
+                pub fn [<gpu_exit_s $slot>](ctx: RetProbeContext) -> u32 {
+                    slot_exit($slot, ctx.ret())
+                }
+            )*
+        }
+    };
+}
+
+// MAX_GPU_SLOTS of them (observer_common::gpu); a unit test on the userspace
+// side checks that the object has exactly that many pairs.
+gpu_slots!(
+    0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+    32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63
+    64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95
+    96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127
+    128 129 130 131 132 133 134 135 136 137 138 139 140 141 142 143 144 145 146 147 148 149 150 151 152 153 154 155 156 157 158 159
+    160 161 162 163 164 165 166 167 168 169 170 171 172 173 174 175 176 177 178 179 180 181 182 183 184 185 186 187 188 189 190 191
+    192 193 194 195 196 197 198 199 200 201 202 203 204 205 206 207 208 209 210 211 212 213 214 215 216 217 218 219 220 221 222 223
+    224 225 226 227 228 229 230 231 232 233 234 235 236 237 238 239 240 241 242 243 244 245 246 247 248 249 250 251 252 253 254 255
+);

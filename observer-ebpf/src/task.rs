@@ -91,19 +91,38 @@ fn try_signal_origin(ctx: &RawTracePointContext) -> Result<i32, i64> {
 }
 
 /// match-proto: TP_PROTO(int sig, struct kernel_siginfo *info,
-/// struct task_struct *task, int group, int result), 6.1 .. 6.18.
+/// struct task_struct *task, int group, int result), 5.10 .. 6.18.
 ///
 /// A fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE) is generated in the faulting
 /// thread's own context, and so is abort()'s SIGABRT (tgkill to itself):
 /// the address space is still intact here, unlike at exit, so this is where
 /// the faulting instruction's mapping is looked up. Needs Linux 5.17
-/// (`observer::probes::table::CRASH_HELPERS`).
+/// (`observer::probes::table::CRASH_HELPERS`); `signal_generate_stack` is
+/// the shape for older kernels.
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
-    try_signal_generate(&ctx).unwrap_or(1)
+    try_crash::<true>(&ctx).unwrap_or(1)
 }
 
-fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
+/// The crash program of kernels before 5.17: the user registers are read
+/// where the kernel keeps them, at the top of the thread's kernel stack,
+/// and no mapping is looked up (userspace names the library of the GPU call
+/// in flight instead). Only helpers of 5.8 and before.
+#[raw_tracepoint(tracepoint = "signal_generate")]
+pub fn signal_generate_stack(ctx: RawTracePointContext) -> i32 {
+    try_crash::<false>(&ctx).unwrap_or(1)
+}
+
+/// x86-64 without KASAN: `THREAD_SIZE` (16 KiB) and `struct pt_regs` (21
+/// registers); `task_pt_regs(task)` is the last pt_regs below the stack's
+/// top (`TOP_OF_KERNEL_STACK_PADDING` is 0 on x86-64 before FRED, 6.9).
+const THREAD_SIZE: u64 = 16 * 1024;
+const PT_REGS_SIZE: u64 = 21 * 8;
+
+/// `FIND_VMA`: the kernel has `bpf_task_pt_regs` and `bpf_find_vma`; the
+/// other instance calls neither, so it loads where they do not exist.
+#[inline(always)]
+fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let sig: i32 = ctx.arg::<u64>(0) as i32;
     let target = ctx.arg::<u64>(2);
     let info = ctx.arg::<u64>(1) as *const u8;
@@ -128,15 +147,19 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
     crash.si_code = si_code;
     crash.addr = if sig != SIGABRT && (info as u64) > 1 { read(info, SIGINFO_ADDR).unwrap_or(0) } else { 0 };
     crash.tid = tid;
-    // The verifier wants a BTF-typed task for these helpers; this is the
-    // same task as `current`.
-    // SAFETY: helper without arguments.
-    let task_btf = unsafe { bpf_get_current_task_btf() };
-    // SAFETY: trusted task pointer from the helper above.
-    let regs = unsafe { bpf_task_pt_regs(task_btf) } as *const u8;
+    let regs = if FIND_VMA {
+        // The verifier wants a BTF-typed task for this helper; this is the
+        // same task as `current`.
+        // SAFETY: helper without arguments, then a trusted task pointer.
+        unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+    } else {
+        let stack: *const u8 = read(current as *const u8, offsets().task_stack)?;
+        stack.wrapping_add((THREAD_SIZE - PT_REGS_SIZE) as usize)
+    };
     crash.ip = read(regs, PT_REGS_IP).unwrap_or(0);
 
     crash.in_call_api = 0;
+    crash.in_call_library = 0;
     // The innermost API wins: a crash inside hipMalloc called by cuMemAlloc
     // is reported as hipMalloc (the CUDA frame is visible in the library).
     for api in [Api::Hip, Api::Cuda] {
@@ -150,13 +173,14 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
             let frame = stack.frames[slot];
             crash.in_call_api = in_call_api_code(api);
             crash.in_call_function = frame.function;
+            crash.in_call_library = frame.library;
             break;
         }
     }
 
-    crash.ip_mapping = IpMapping::Unknown as u32;
+    crash.ip_mapping = if FIND_VMA { IpMapping::Unknown } else { IpMapping::NotLookedUp } as u32;
     crash.file_name = [0; LIBRARY_NAME_LEN];
-    if offsets().have_vma != 0 && crash.ip != 0 {
+    if FIND_VMA && offsets().have_vma != 0 && crash.ip != 0 {
         // The helper only accepts a stack pointer as the callback's context.
         let mut found = VmaFound {
             mapping: IpMapping::Unknown as u32,
@@ -169,7 +193,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
         // helper requires; `found` lives on this stack for the whole call.
         unsafe {
             bpf_find_vma(
-                task_btf,
+                bpf_get_current_task_btf(),
                 crash.ip,
                 vma_found as *mut c_void,
                 (&mut found as *mut VmaFound).cast::<c_void>(),

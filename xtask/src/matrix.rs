@@ -103,10 +103,16 @@ fn column(report: &Value, place: &'static str) -> Result<Column> {
                 None => "not reported".into(),
             },
             Some(failed) => short(failed["detail"].as_str().unwrap_or("detached")),
-            None if mine.iter().any(|p| p["detail"].as_str().is_some_and(|d| d.contains("fallback"))) => {
-                "works (syscall fallback)".into()
-            }
-            None => "works".into(),
+            // "...; syscall fallback (why): ...": the clause's part before the why.
+            None => match mine
+                .iter()
+                .find_map(|p| p["detail"].as_str()?.split(';').find(|clause| clause.contains("fallback")))
+            {
+                Some(clause) => {
+                    format!("works ({})", clause.split(['(', ':']).next().unwrap_or(clause).trim())
+                }
+                None => "works".into(),
+            },
         };
         verdicts.insert(family, verdict);
     }
@@ -152,12 +158,14 @@ mod tests {
                 {"probe": "sched", "attached": false, "detail": "verifier refused sched_switch; see log"},
                 {"probe": "kfd", "attached": true, "detail": "syscall fallback (no kprobes)"},
                 {"probe": "oom", "attached": true, "detail": "oom:mark_victim"},
+                {"probe": "gpu", "attached": true, "detail": "Hip: 32 functions; fallback before Linux 5.15 (no cookies): pairs"},
             ],
         });
         let c = column(&report, "VM").expect("column");
         assert_eq!(c.verdicts["sched"], "verifier refused sched_switch");
         assert_eq!(c.verdicts["kfd"], "works (syscall fallback)");
         assert_eq!(c.verdicts["oom"], "works");
+        assert_eq!(c.verdicts["gpu"], "works (fallback before Linux 5.15)");
         assert_eq!(c.verdicts["exit"], "not reported");
         let table = render(&[c]);
         assert!(table.starts_with("| probe family | 6.1.0-57-amd64 (VM) |\n|---|---|\n"), "{table}");

@@ -102,11 +102,15 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         // case, 8 minutes) stays on 6.1 to keep CI within its hour.
         step("VM tests on Debian 12's 6.12 kernel: the suites of the first boot");
         run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", "6.12"]).args(&binaries))?;
-        // Debian 11's 5.10: what works there is tested there, and what
-        // cannot work is named (no attach cookies, no bpf_find_vma).
+        // Debian 11's 5.10: what works there is tested there (GPU calls
+        // through a program pair per function: no attach cookies), and what
+        // cannot work is named (no bpf_find_vma for the crash program).
         step("VM tests on Debian 11's 5.10 kernel: what works there, and what it lacks named");
         let degraded = test_binaries(&[
             "kernel_support",
+            "gpu_hip",
+            "gpu_cuda",
+            "hot_calls",
             "sched_scope",
             "cpu_oom_exit",
             "memory_limits",

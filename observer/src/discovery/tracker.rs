@@ -129,6 +129,23 @@ impl LibraryTracker {
         self.hold.as_ref().map(Hold::watchdog_pid)
     }
 
+    /// Probes a library file in the shape this kernel allows: through the
+    /// shared programs, through slot programs where there are no attach
+    /// cookies, or not at all, with the reason kept for `check`.
+    fn attach_library(
+        &mut self,
+        kernel: &mut Loaded,
+        library: gpu::GpuLibrary,
+    ) -> Result<usize, GpuAttachError> {
+        if kernel.gpu_slots() {
+            self.probes.use_slots();
+        }
+        match kernel.gpu_unavailable() {
+            Some(why) => self.probes.refuse(library, why),
+            None => self.probes.attach(kernel.object_mut(), library),
+        }
+    }
+
     /// Probes what the user named; each must be a GPU runtime that attaches.
     pub fn probe_explicit(
         &mut self,
@@ -139,9 +156,7 @@ impl LibraryTracker {
             let display = path.display().to_string();
             let library = gpu::inspect(path, &display).map_err(|e| ExplicitLibraryError(e.to_string()))?;
             let key = GpuFileKey::from_stat(library.id.dev, library.id.ino);
-            self.probes
-                .attach(kernel.object_mut(), library)
-                .map_err(|e| ExplicitLibraryError(e.to_string()))?;
+            self.attach_library(kernel, library).map_err(|e| ExplicitLibraryError(e.to_string()))?;
             kernel.mark_known(key);
         }
         Ok(())
@@ -499,11 +514,7 @@ impl LibraryTracker {
             Ok(library) => {
                 debug!("inspected {display} in {:?}", t0.elapsed());
                 let flavor = library.flavor;
-                let attached = match kernel.gpu_unavailable() {
-                    Some(why) => self.probes.refuse(library, why),
-                    None => self.probes.attach(kernel.object_mut(), library),
-                };
-                match attached {
+                match self.attach_library(kernel, library) {
                     Ok(functions) => {
                         log::info!("probing {display} ({flavor:?}, {functions} functions): {reason}");
                         self.announcements.push(Announcement {

@@ -176,6 +176,7 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
         (o.task_last_queued, o.task_se_cfs_rq, o.cfs_rq_rq, o.rq_clock) = (queued, cfs_rq, rq, clock);
         o.have_run_delay = 1;
     }
+    o.task_stack = get("task_struct", "stack").unwrap_or(0);
     o
 }
 

@@ -19,7 +19,7 @@ use aya::{
 use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::AttachError;
+use super::{gpu_slots::Slots, AttachError};
 use observer_common::gpu::{cookie, Api, GpuFunction, Tier};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
@@ -306,6 +306,8 @@ pub struct GpuProbes {
     failed: HashMap<FileId, (String, String)>,
     /// Library paths by the index carried in attach cookies.
     table: Vec<String>,
+    /// On a kernel without attach cookies: which function has which slot.
+    slots: Option<Slots>,
 }
 
 impl Default for GpuProbes {
@@ -374,7 +376,13 @@ pub enum GpuAttachError {
 
 impl GpuProbes {
     pub fn new(hot: HotPlacement) -> Self {
-        Self { hot, attached: HashMap::new(), failed: HashMap::new(), table: Vec::new() }
+        Self { hot, attached: HashMap::new(), failed: HashMap::new(), table: Vec::new(), slots: None }
+    }
+
+    /// Probes functions through slot programs from now on: the kernel has
+    /// no attach cookies (gpu_slots.rs).
+    pub fn use_slots(&mut self) {
+        self.slots.get_or_insert_with(Slots::default);
     }
 
     pub fn hot_placement(&self) -> HotPlacement {
@@ -399,6 +407,14 @@ impl GpuProbes {
                 HotPlacement::PerProcess => {
                     format!(", {} hot in {} selected processes", l.hot_functions(), l.hot.len())
                 }
+            };
+            let hot = match &self.slots {
+                Some(_) => {
+                    format!(
+                        "{hot}; fallback before Linux 5.15 (no attach cookies): a program pair per function"
+                    )
+                }
+                None => hot,
             };
             crate::probes::ProbeStatus {
                 probe: "gpu",
@@ -456,8 +472,15 @@ impl GpuProbes {
         let everywhere = self.hot == HotPlacement::Everywhere;
         let wanted = |f: &GpuFunction| f.tier == Tier::Cold || everywhere;
         let started = std::time::Instant::now();
-        let attached =
-            attach_functions(ebpf, &library.path, &library, library_index, wanted, UProbeScope::AllProcesses);
+        let attached = attach_functions(
+            ebpf,
+            self.slots.as_mut(),
+            &library.path,
+            &library,
+            library_index,
+            wanted,
+            UProbeScope::AllProcesses,
+        );
         debug!("attached {} in {:?}", library.display_path, started.elapsed());
         let AttachOutcome { links, count, first_error } = attached;
         // The path went away while attaching (usually through
@@ -518,6 +541,7 @@ impl GpuProbes {
         let path = library.attach_path();
         let outcome = attach_functions(
             ebpf,
+            self.slots.as_mut(),
             &path,
             &library.library,
             library.index,
@@ -582,6 +606,9 @@ impl GpuProbes {
                 let mut links = library.links;
                 links.extend(library.hot.into_values().flatten());
                 detach_links(ebpf, links);
+                if let Some(slots) = self.slots.as_mut() {
+                    slots.release_library(library.index);
+                }
                 info!("no longer probing {path}: deleted, and no process maps it any more");
                 retired.push((path, id));
             }
@@ -623,6 +650,7 @@ struct AttachOutcome {
 /// `library` that `wanted` picks, through `path`, for `scope`.
 fn attach_functions(
     ebpf: &mut Ebpf,
+    mut slots: Option<&mut Slots>,
     path: &Path,
     library: &GpuLibrary,
     library_index: u32,
@@ -639,9 +667,21 @@ fn attach_functions(
             continue;
         };
         let point_cookie = cookie(library_index, api, index as u32);
+        // Without attach cookies the slot's programs carry the cookie.
+        let (programs, attach_cookie) = match slots.as_deref_mut() {
+            None => ([ENTER_PROGRAM, EXIT_PROGRAM], Some(point_cookie)),
+            Some(slots) => match slots.programs_for(ebpf, point_cookie) {
+                Ok((enter, exit)) => ([enter, exit], None),
+                Err(e) => {
+                    debug!("no slot for {} {}: {e}", library.display_path, function.name);
+                    outcome.first_error.get_or_insert(e);
+                    continue;
+                }
+            },
+        };
         let mut ok = true;
-        for program_name in [ENTER_PROGRAM, EXIT_PROGRAM] {
-            match attach_point(ebpf, program_name, path, offset, point_cookie, scope) {
+        for program_name in programs {
+            match attach_point(ebpf, program_name, path, offset, attach_cookie, scope) {
                 Ok(link) => outcome.links.push((program_name, link)),
                 Err(e) => {
                     debug!("attach {} {}: {e}", library.display_path, function.name);
@@ -662,14 +702,14 @@ fn attach_point(
     program_name: &'static str,
     path: &Path,
     offset: u64,
-    point_cookie: u64,
+    point_cookie: Option<u64>,
     scope: UProbeScope,
 ) -> Result<UProbeLinkId, AttachError> {
     uprobe(ebpf, program_name)?
         .attach(
             UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
-                cookie: Some(point_cookie),
+                cookie: point_cookie,
             },
             path,
             scope,

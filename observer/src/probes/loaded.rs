@@ -52,6 +52,8 @@ pub struct Loaded {
     hold_cgroups: BpfHashMap<MapData, u64, u32>,
     /// Why the GPU programs could not be loaded, if they could not.
     gpu_unavailable: Option<String>,
+    /// The kernel has no attach cookies: GPU functions get slot programs.
+    gpu_slots: bool,
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
@@ -84,6 +86,7 @@ impl Loaded {
             hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
             hold_cgroups: typed(&mut ebpf, HOLD_CGROUPS_MAP)?,
             gpu_unavailable: None,
+            gpu_slots: false,
             ebpf,
         })
     }
@@ -112,6 +115,15 @@ impl Loaded {
 
     pub fn gpu_unavailable(&self) -> Option<&str> {
         self.gpu_unavailable.as_deref()
+    }
+
+    /// GPU functions are probed through slot programs (no attach cookies).
+    pub fn use_gpu_slots(&mut self) {
+        self.gpu_slots = true;
+    }
+
+    pub fn gpu_slots(&self) -> bool {
+        self.gpu_slots
     }
 
     /// Loads the two GPU uprobe programs; attaching comes per library.

@@ -7,6 +7,7 @@
 //! everything.
 pub mod btf;
 pub mod gpu;
+pub mod gpu_slots;
 pub mod kfd;
 pub mod loaded;
 pub mod maps;
@@ -16,7 +17,7 @@ pub mod tracefs;
 use std::collections::HashSet;
 
 use aya::EbpfLoader;
-use log::warn;
+use log::{info, warn};
 use observer_common::{
     gpu as gpu_common,
     task::{KernelOffsets, GLOBAL_OFFSETS},
@@ -79,7 +80,7 @@ impl KernelFunctions {
             .chain(table::hardware_probes())
             .filter_map(|p| match p.used {
                 table::Use::IfKernelHas(f) | table::Use::UnlessKernelHas(f) => Some(f),
-                table::Use::Always => None,
+                table::Use::Always | table::Use::IfHelpers(_) | table::Use::UnlessHelpers(_) => None,
             })
             .collect();
         let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
@@ -98,6 +99,8 @@ impl KernelFunctions {
             table::Use::Always => true,
             table::Use::IfKernelHas(f) => self.kprobes && self.present.contains(f),
             table::Use::UnlessKernelHas(f) => !(self.kprobes && self.present.contains(f)),
+            // Decided by the environment, which knows the helpers.
+            table::Use::IfHelpers(_) | table::Use::UnlessHelpers(_) => true,
         }
     }
 }
@@ -128,6 +131,19 @@ pub fn environment() -> Environment {
     Environment { offsets, helpers, tracefs, btf_error, kernel: KernelFunctions::read() }
 }
 
+impl Environment {
+    /// Whether a table entry applies to this kernel.
+    pub fn uses(&self, used: table::Use) -> bool {
+        let lacks =
+            |wanted: &'static [table::KernelHelper]| table::Need::Helpers(wanted).check(self).is_err();
+        match used {
+            table::Use::IfHelpers(wanted) => !lacks(wanted),
+            table::Use::UnlessHelpers(wanted) => lacks(wanted),
+            other => self.kernel.uses(other),
+        }
+    }
+}
+
 /// Loads the object with its globals set, takes its maps, and loads the
 /// GPU uprobe programs (attached later, per library file).
 pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, LoadError> {
@@ -148,7 +164,13 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
     // other family; the failure shows up in `check` and the probe metric,
     // with the kernel feature it lacks where that is known.
     let refused = match table::Need::Helpers(table::GPU_CALL_HELPERS).check(env) {
-        Err(missing) => Some(missing),
+        // No attach cookies: a pair of programs per probed function
+        // (gpu_slots.rs), loaded as functions are probed.
+        Err(missing) => {
+            info!("GPU runtime probes: one program pair per function ({missing})");
+            loaded.use_gpu_slots();
+            None
+        }
         Ok(()) => {
             loaded.load_gpu_programs().err().map(|e| format!("the kernel refused the GPU programs: {e}"))
         }

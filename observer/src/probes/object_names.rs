@@ -72,7 +72,10 @@ fn every_program_userspace_attaches_is_in_the_object_in_its_section() {
             }
         }
     }
-    for program in [ENTER_PROGRAM, EXIT_PROGRAM] {
+    let slots = (0..observer_common::gpu::MAX_GPU_SLOTS)
+        .filter_map(super::gpu_slots::slot_programs)
+        .flat_map(|(enter, exit)| [enter, exit]);
+    for program in [ENTER_PROGRAM, EXIT_PROGRAM].into_iter().chain(slots) {
         if !matches!(symbols.get(program), Some((s, SymbolKind::Text)) if s == "uprobe" || s == "uretprobe") {
             wrong.push(format!("{program}: not a uprobe program in the object"));
         }
@@ -84,7 +87,11 @@ fn every_program_userspace_attaches_is_in_the_object_in_its_section() {
 fn every_program_in_the_object_is_attached_by_userspace() {
     // The other direction: a program renamed in the kernel code only would
     // otherwise sit in the object, never attached.
-    let attached: BTreeSet<&str> = table::program_names().chain([ENTER_PROGRAM, EXIT_PROGRAM]).collect();
+    let slots = (0..observer_common::gpu::MAX_GPU_SLOTS)
+        .filter_map(super::gpu_slots::slot_programs)
+        .flat_map(|(enter, exit)| [enter, exit]);
+    let attached: BTreeSet<&str> =
+        table::program_names().chain([ENTER_PROGRAM, EXIT_PROGRAM]).chain(slots).collect();
     let in_object: Vec<String> = symbols()
         .into_iter()
         .filter(|(_, (section, kind))| *kind == SymbolKind::Text && section != ".text")

@@ -88,6 +88,8 @@ pub enum Need {
     RunDelay,
     /// BPF helpers the programs call, each newer than the oldest kernels.
     Helpers(&'static [KernelHelper]),
+    /// `task_struct::stack` in BTF.
+    TaskStack,
 }
 
 /// A BPF helper a program calls, and the Linux release that brought it.
@@ -137,6 +139,7 @@ impl Need {
                 }
                 return Err(format!("this kernel lacks the BPF helper(s) {}", missing.join(", ")));
             }
+            Self::TaskStack => (o.task_stack != 0, "task_struct::stack not found in BTF"),
             Self::RunDelay => (
                 o.have_run_delay != 0,
                 "task_struct::sched_info.last_queued or se.cfs_rq (CONFIG_SCHED_INFO, CONFIG_FAIR_GROUP_SCHED) \
@@ -166,6 +169,11 @@ pub enum Use {
     IfKernelHas(&'static str),
     /// Only where [`Use::IfKernelHas`] of this function does not hold.
     UnlessKernelHas(&'static str),
+    /// Only where the kernel has these BPF helpers (or they are unknown).
+    IfHelpers(&'static [KernelHelper]),
+    /// Only where the kernel is known to lack one of these helpers: the
+    /// shape for older kernels.
+    UnlessHelpers(&'static [KernelHelper]),
 }
 
 /// One status line: the programs that make it up and what they need.
@@ -255,12 +263,24 @@ pub const PROBES: &[Probe] = &[
         target: Target::Named("signal_generate"),
         programs: one("signal_generate", Hook::Raw("signal_generate")),
         needs: &[Need::Helpers(CRASH_HELPERS)],
-        used: Use::Always,
+        used: Use::IfHelpers(CRASH_HELPERS),
         detail: Detail::Depends {
             offers: |o| o.have_vma != 0,
             yes: "faulting library resolved in the kernel (bpf_find_vma)",
             no: "no VMA offsets in BTF: crashes reported without the faulting library",
         },
+    },
+    Probe {
+        family: Family::Exits,
+        label: "crash",
+        target: Target::Named("signal_generate:stack"),
+        programs: one("signal_generate_stack", Hook::Raw("signal_generate")),
+        needs: &[Need::TaskStack],
+        used: Use::UnlessHelpers(CRASH_HELPERS),
+        detail: Detail::Text(
+            "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, and the \
+             library named is that of the GPU call in flight",
+        ),
     },
     Probe {
         family: Family::Exits,
@@ -432,6 +452,10 @@ pub enum AttachError {
     Load(ProgramError),
     #[error("attach: {0}")]
     Attach(ProgramError),
+    #[error("no free program slot: without attach cookies (Linux < 5.15) at most {0} functions are probed at once")]
+    NoSlot(u32),
+    #[error("the slot cookie map: {0}")]
+    SlotMap(String),
 }
 
 /// Loads and attaches one program at its hook.
@@ -477,7 +501,7 @@ pub fn attach_all(ebpf: &mut Ebpf, env: &Environment, families: Families) -> Vec
         });
     }
     for probe in PROBES.iter().copied().chain(hardware_probes()) {
-        if !probe.family.selected(families) || !env.kernel.uses(probe.used) {
+        if !probe.family.selected(families) || !env.uses(probe.used) {
             continue;
         }
         let result = probe.needs.iter().try_for_each(|need| need.check(env)).and_then(|()| {
@@ -540,5 +564,7 @@ mod tests {
     fn alternatives_exclude_each_other() {
         let kfd: Vec<Use> = PROBES.iter().filter(|p| p.label == "kfd").map(|p| p.used).collect();
         assert_eq!(kfd, vec![Use::IfKernelHas(KFD_IOCTL), Use::UnlessKernelHas(KFD_IOCTL)]);
+        let crash: Vec<Use> = PROBES.iter().filter(|p| p.label == "crash").map(|p| p.used).collect();
+        assert_eq!(crash, vec![Use::IfHelpers(CRASH_HELPERS), Use::UnlessHelpers(CRASH_HELPERS)]);
     }
 }
