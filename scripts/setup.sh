@@ -19,6 +19,8 @@ PACKAGES=(
     libamdhip64-5 gcc make pkg-config
     bpftool bpftrace libbpf-tools prometheus
     qemu-system-x86 busybox-static cpio kmod xz-utils zstd
+    # the keys of Debian 11's archive, for the 5.10 VM kernel (tests/vm/run.sh)
+    debian-archive-keyring
     buildah util-linux python3
     # tmux: the terminal of the `top` tests; chromium: draws the README's panel
     # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
