@@ -161,8 +161,8 @@ wire_enum! {
         /// A file mapping: `vma_start`, `vma_pgoff`, `file_ino` and `file_name`
         /// are set.
         File = 2,
-        /// The kernel has no lookup of mappings (before 5.17): with a GPU call
-        /// in flight, its library ([`CrashInfo::in_call_library`]) is named.
+        /// The kernel has no lookup of mappings (before 5.17): userspace
+        /// resolves `ip` against the process's code ranges it recorded.
         NotLookedUp = 3,
     }
 }
@@ -197,9 +197,6 @@ pub struct CrashInfo {
     pub in_call_function: u32,
     /// An [`IpMapping`] as a number: what maps `ip`.
     pub ip_mapping: u32,
-    /// The library index (attach cookie) of the call in flight.
-    pub in_call_library: u32,
-    pub _pad: u32,
     pub vma_start: u64,
     /// In pages of [`PAGE_SIZE`] bytes.
     pub vma_pgoff: u64,
@@ -219,8 +216,6 @@ impl Default for CrashInfo {
             in_call_api: 0,
             in_call_function: 0,
             ip_mapping: IpMapping::Unknown as u32,
-            in_call_library: 0,
-            _pad: 0,
             vma_start: 0,
             vma_pgoff: 0,
             file_ino: 0,
@@ -404,7 +399,7 @@ mod tests {
     #[test]
     fn crash_info_has_no_implicit_padding() {
         let c = CrashInfo::default();
-        let explicit = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + c.file_name.len();
+        let explicit = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + c.file_name.len();
         assert_eq!(core::mem::size_of::<CrashInfo>(), explicit);
     }
 }

@@ -106,8 +106,9 @@ pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
 
 /// The crash program of kernels before 5.17: the user registers are read
 /// where the kernel keeps them, at the top of the thread's kernel stack,
-/// and no mapping is looked up (userspace names the library of the GPU call
-/// in flight instead). Only helpers of 5.8 and before.
+/// and no mapping is looked up (userspace resolves the address against the
+/// process's code ranges, as for any crash the kernel could not place). Only
+/// helpers of 5.8 and before.
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate_stack(ctx: RawTracePointContext) -> i32 {
     try_crash::<false>(&ctx).unwrap_or(1)
@@ -159,7 +160,6 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
     crash.ip = read(regs, PT_REGS_IP).unwrap_or(0);
 
     crash.in_call_api = 0;
-    crash.in_call_library = 0;
     // The innermost API wins: a crash inside hipMalloc called by cuMemAlloc
     // is reported as hipMalloc (the CUDA frame is visible in the library).
     for api in [Api::Hip, Api::Cuda] {
@@ -173,7 +173,6 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
             let frame = stack.frames[slot];
             crash.in_call_api = in_call_api_code(api);
             crash.in_call_function = frame.function;
-            crash.in_call_library = frame.library;
             break;
         }
     }

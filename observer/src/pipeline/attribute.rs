@@ -316,17 +316,10 @@ impl Attributor {
 }
 
 /// The faulting object: the full path when it is a probed GPU library
-/// (matched by inode), else the file name the kernel recorded. A kernel
-/// that cannot look mappings up (before 5.17) leaves the library of the GPU
-/// call in flight, if any: the crash happened inside that call.
+/// (matched by inode), else the file name the kernel recorded.
 fn crash_library(c: &CrashInfo, gpu: &GpuProbes) -> (Option<String>, Option<u64>) {
-    match IpMapping::from_u32(c.ip_mapping) {
-        Some(IpMapping::File) => {}
-        Some(IpMapping::NotLookedUp) if in_call_api(c.in_call_api).is_some() => {
-            let path = gpu.library_path(c.in_call_library);
-            return ((path != "?").then(|| path.to_string()), None);
-        }
-        _ => return (None, None),
+    if IpMapping::from_u32(c.ip_mapping) != Some(IpMapping::File) {
+        return (None, None);
     }
     let offset = c.ip.checked_sub(c.vma_start).map(|d| d + c.vma_pgoff * PAGE_SIZE);
     let known =

@@ -278,8 +278,8 @@ pub const PROBES: &[Probe] = &[
         needs: &[Need::TaskStack],
         used: Use::UnlessHelpers(CRASH_HELPERS),
         detail: Detail::Text(
-            "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, and the \
-             library named is that of the GPU call in flight",
+            "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, the \
+             library from the process's code ranges seen by userspace",
         ),
     },
     Probe {
