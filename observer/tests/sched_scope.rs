@@ -32,6 +32,11 @@ fn spin_on_cpu0(mut cmd: Command, threads: u32, seconds: u32) -> Child {
     cmd.args([threads.to_string(), seconds.to_string()]).stdout(Stdio::piped()).spawn().expect("busy_threads")
 }
 
+/// The daemon's per-cgroup run-queue histograms (per CPU).
+fn runq_latency(daemon: &Daemon) -> PerCpuHashMap<MapData, u64, LatencyHistogram> {
+    PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY")
+}
+
 /// The kernel's own run-queue wait of every thread of a finished
 /// `busy_threads`, from its last line.
 fn kernel_run_delay_ns(child: Child) -> u64 {
@@ -51,8 +56,7 @@ fn only_tasks_of_reported_cgroups_pay_for_run_queue_accounting() {
     let daemon = Daemon::start(&["--no-kubernetes"]);
     let reported: HashMap<MapData, u64, u8> =
         HashMap::try_from(Map::HashMap(daemon.bpf_map("RUNQ_CGROUPS"))).expect("RUNQ_CGROUPS");
-    let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
-        PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
+    let latency = runq_latency(&daemon);
 
     // Made after the daemon started (the kubepods slice too, unless another
     // test's pod holds it): the kernel reports it from its creation on.
@@ -90,8 +94,7 @@ fn a_cgroups_histogram_total_is_the_kernels_run_delay_of_its_threads() {
     assert_root();
     let busy = fixture("busy_threads");
     let daemon = Daemon::start(&["--no-kubernetes"]);
-    let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
-        PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
+    let latency = runq_latency(&daemon);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let threads = 3;
     let kernel_ns = kernel_run_delay_ns(spin_on_cpu0(pod.command(&busy), threads, 2));
@@ -129,8 +132,7 @@ fn a_cgroup_prefix_gets_run_queue_accounting_and_a_removed_cgroup_leaves_it() {
     let job_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&job).expect("job"));
     assert!(reported.get(&job_id, 0).is_ok(), "a child of a reported cgroup is reported");
     kernel_run_delay_ns(spin_on_cpu0(command_in(&job, &busy), 2, 1));
-    let latency: PerCpuHashMap<MapData, u64, LatencyHistogram> =
-        PerCpuHashMap::try_from(Map::PerCpuHashMap(daemon.bpf_map("RUNQ_LATENCY"))).expect("RUNQ_LATENCY");
+    let latency = runq_latency(&daemon);
     let waits: u64 =
         latency.get(&job_id, 0).expect("the job cgroup's histogram").iter().map(|h| h.count).sum();
     assert!(waits > 0, "two threads on one CPU waited");
