@@ -1,6 +1,6 @@
 #!/bin/busybox sh
 # /init of the canaryscope test VM, built into the initramfs by tests/vm/run.sh.
-# Loads virtio/9p/amdgpu, mounts the host root (read-only, 9p) at /newroot with
+# Loads virtio/9p (or virtiofs)/amdgpu, mounts the host root (read-only) at /newroot with
 # proc/sys/dev/tracefs/debugfs/cgroup2/bpffs and writable tmpfs scratch space,
 # runs the job with that as its root, prints its exit status and powers off.
 /bin/busybox --install -s /bin
@@ -24,9 +24,12 @@ off() {
 }
 fail() { echo "vm-init: error: $*"; off; }
 
-JOB=""
+JOB="" SHARE=9p
 for w in $(cat /proc/cmdline); do
-    case "$w" in canaryscope.job=*) JOB="${w#canaryscope.job=}" ;; esac
+    case "$w" in
+        canaryscope.job=*) JOB="${w#canaryscope.job=}" ;;
+        canaryscope.share=*) SHARE="${w#canaryscope.share=}" ;;
+    esac
 done
 [ -n "$JOB" ] || fail "no canaryscope.job= on the kernel command line"
 
@@ -41,12 +44,23 @@ while read -r ko; do
     fi
 done < /lib/modules/load-order
 
-# The host root, read-only. The virtio device may take a moment to appear.
+# mount_share TAG DIR [ro]: a tree the host shares, over 9p or virtiofs
+# (kernels built without 9p, like Debian's cloud flavour).
 O9P="trans=virtio,version=9p2000.L,msize=512000"
+mount_share() {
+    if [ "$SHARE" = virtiofs ]; then
+        mount -t virtiofs ${3:+-o ro} "$1" "$2"
+    elif [ -n "${3:-}" ]; then
+        mount -t 9p -o "$O9P,ro,cache=loose" "$1" "$2"
+    else
+        mount -t 9p -o "$O9P,cache=mmap" "$1" "$2"
+    fi
+}
+# The host root, read-only. The virtio device may take a moment to appear.
 n=0
-until mount -t 9p -o "$O9P,ro,cache=loose" hostroot /newroot 2>/dev/null; do
+until mount_share hostroot /newroot ro 2>/dev/null; do
     n=$((n + 1))
-    [ "$n" -lt 50 ] || { cat /modules.log; fail "cannot mount the host root (9p tag hostroot)"; }
+    [ "$n" -lt 50 ] || { cat /modules.log; fail "cannot mount the host root ($SHARE tag hostroot)"; }
     sleep 0.1
 done
 log "host root mounted"
@@ -94,7 +108,7 @@ mkdir -p $R/run/lock $R/run/canaryscope
 chmod 1777 $R/run/lock
 if [ -n "$TARGET_DIR" ]; then
     if [ -d "$R$TARGET_DIR" ]; then
-        mount -t 9p -o "$O9P,cache=mmap" target "$R$TARGET_DIR" || log "cannot mount $TARGET_DIR writable"
+        mount_share target "$R$TARGET_DIR" || log "cannot mount $TARGET_DIR writable"
         # The kernel's symbols, once per kernel version, for the host's dump
         # of a stalled guest (stall-dump.py); Debian's System.map is a stub.
         # nokaslr keeps the addresses the same on every boot.

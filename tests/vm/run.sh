@@ -238,9 +238,25 @@ fi
 # Modules the guest needs, in load order (dependencies first), from modules.dep.
 # amdgpu is optional: a flavour without it (cloud) boots without /dev/kfd,
 # and the suites that need it say so and are not run there.
-GUEST_MODULES=(virtio_pci 9pnet_virtio 9p)
-modprobe -d "$KDIR" -S "$KVER" --show-depends 9pnet_virtio >/dev/null 2>&1 \
-    || die "kernel $KVER has no 9p over virtio (CONFIG_NET_9P is off): the guest could not mount the host root"
+# The host root reaches the guest over 9p where the kernel has it, else over
+# virtiofs (Debian's cloud flavour builds no 9p), which needs virtiofsd on
+# the host: QEMU 7.2 ships one (qemu-system-common), later Debian a package.
+if modprobe -d "$KDIR" -S "$KVER" --show-depends 9pnet_virtio >/dev/null 2>&1; then
+    SHARE=9p
+    GUEST_MODULES=(virtio_pci 9pnet_virtio 9p)
+elif modprobe -d "$KDIR" -S "$KVER" --show-depends virtiofs >/dev/null 2>&1; then
+    SHARE=virtiofs
+    GUEST_MODULES=(virtio_pci virtiofs)
+    VIRTIOFSD=""
+    for v in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd "$(command -v virtiofsd || true)"; do
+        if [ -n "$v" ] && [ -x "$v" ]; then VIRTIOFSD="$v"; break; fi
+    done
+    [ -n "$VIRTIOFSD" ] || die "kernel $KVER has no 9p, only virtiofs, and virtiofsd was not found; $SETUP_HINT (Debian package qemu-system-x86 or virtiofsd)"
+    [ "$(id -u)" -eq 0 ] || die "kernel $KVER has no 9p, only virtiofs, and virtiofsd needs root"
+    say "kernel $KVER has no 9p: sharing the host root over virtiofs"
+else
+    die "kernel $KVER has neither 9p nor virtiofs: the guest could not mount the host root"
+fi
 if modprobe -d "$KDIR" -S "$KVER" --show-depends amdgpu >/dev/null 2>&1; then
     GUEST_MODULES+=(amdgpu)
 else
@@ -299,7 +315,11 @@ q() { local s="$1"; printf "'%s'" "${s//\'/\'\\\'\'}"; }
 JOBDIR="$(mktemp -d "${TMPDIR:-/tmp}/canaryscope-vm.XXXXXX")"
 LOG="$JOBDIR/console.log"
 QEMU_ERR="$JOBDIR/qemu.err"
-cleanup() { rm -rf "$JOBDIR"; }
+cleanup() {
+    local p
+    for p in ${VIRTIOFSD_PIDS[@]+"${VIRTIOFSD_PIDS[@]}"}; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$JOBDIR"
+}
 trap cleanup EXIT
 [[ "$JOBDIR" != *[[:space:]]* ]] || die "temporary dir '$JOBDIR' contains whitespace; set TMPDIR"
 
@@ -364,7 +384,7 @@ done
 
 # ---------------------------------------------------------------- boot
 APPEND="console=ttyS0,115200 panic=-1 oops=panic rdinit=/init mitigations=off"
-APPEND+=" tsc=unstable 8250.nr_uarts=1 nokaslr canaryscope.job=$JOBDIR"
+APPEND+=" tsc=unstable 8250.nr_uarts=1 nokaslr canaryscope.job=$JOBDIR canaryscope.share=$SHARE"
 # A guest soft lockup panics at once (and the panic prints the stuck CPU's
 # stack whatever the log level), instead of the run waiting out its timeout
 # with nothing to read.
@@ -384,10 +404,35 @@ QEMU=(qemu-system-x86_64
     -accel "tcg,thread=$TCG_THREAD" -cpu max -m "$MEM" -smp "$SMP"
     -nographic -no-reboot -net none
     -kernel "$VMLINUZ" -initrd "$INITRD" -append "$APPEND"
-    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
 )
-if [ -n "$TARGET_DIR" ]; then
-    QEMU+=(-virtfs "local,path=$TARGET_DIR,mount_tag=target,security_model=none,multidevs=remap")
+VIRTIOFSD_PIDS=()
+# start_virtiofsd TAG DIR: one daemon a shared tree, its socket in $JOBDIR.
+start_virtiofsd() {
+    local tag="$1" dir="$2" sock="$JOBDIR/virtiofs-$1.sock" n=0
+    # sandbox=chroot: the default pivot_root into the shared tree fails with
+    # EBUSY when that tree is the root of a container.
+    "$VIRTIOFSD" --socket-path="$sock" -o source="$dir" -o cache=auto -o announce_submounts -o sandbox=chroot \
+        2>"$JOBDIR/virtiofsd-$tag.err" &
+    VIRTIOFSD_PIDS+=($!)
+    until [ -S "$sock" ]; do
+        kill -0 "$!" 2>/dev/null || { sed 's/^/virtiofsd: /' "$JOBDIR/virtiofsd-$tag.err" >&2; die "virtiofsd for $dir exited"; }
+        n=$((n + 1))
+        [ "$n" -lt 100 ] || die "virtiofsd for $dir made no socket in 10 s"
+        sleep 0.1
+    done
+    QEMU+=(-chardev "socket,id=fs-$tag,path=$sock" -device "vhost-user-fs-pci,chardev=fs-$tag,tag=$tag")
+}
+if [ "$SHARE" = 9p ]; then
+    QEMU+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+    if [ -n "$TARGET_DIR" ]; then
+        QEMU+=(-virtfs "local,path=$TARGET_DIR,mount_tag=target,security_model=none,multidevs=remap")
+    fi
+else
+    # vhost-user devices read guest memory directly: it must be shareable.
+    QEMU+=(-object "memory-backend-memfd,id=mem,size=${MEM}M,share=on" -numa "node,memdev=mem")
+    # The guest mounts the root read-only; the daemon itself cannot be told.
+    start_virtiofsd hostroot /
+    [ -z "$TARGET_DIR" ] || start_virtiofsd target "$TARGET_DIR"
 fi
 
 # Console filter: show only what lies between the START and EXIT markers (the

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Runs integration test binaries inside the test VM (Debian's 6.1 kernel with
-# kprobes, amdgpu and /dev/kfd, pure cgroup v2). Arguments: the test
-# executables to run with --ignored; the host root is the guest's root, so
-# the same paths work inside.
+# kprobes, amdgpu and /dev/kfd, pure cgroup v2, by default). Arguments: the
+# test executables to run with --ignored; the host root is the guest's root,
+# so the same paths work inside.
+#
+#   tests/vm/test.sh [--kernel FLAVOUR] [--repeat N] [--only TEST]... TEST_BINARY...
+#
+# --only TEST (repeatable) limits the binary that follows to the tests whose
+# names contain TEST: the kernels of the matrix that run one test per probe
+# family rather than whole suites.
 #
 # The test binaries and the canaryscope binary they start are copied to
 # target/vm/run-<pid>/ first: a build on the host during the (long) VM run
@@ -11,9 +17,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 usage() {
-    echo "usage: tests/vm/test.sh [--kernel FLAVOUR] [--repeat N] TEST_BINARY... (cargo xtask test passes them)" >&2
+    echo "usage: tests/vm/test.sh [--kernel FLAVOUR] [--repeat N] [--only TEST]... TEST_BINARY... (cargo xtask test passes them)" >&2
     exit 2
 }
+# sq WORD: WORD quoted for sh.
+sq() { local s="$1"; printf "'%s'" "${s//\'/\'\\\'\'}"; }
 # --repeat N runs the whole list N times in one boot and stops at the first
 # failure: a hunt for a rare guest lockup, not a CI step.
 repeat=1
@@ -32,13 +40,43 @@ trap 'rm -rf "$snap"' EXIT
 bin="${CANARYSCOPE_BIN:-$repo/target/release/canaryscope}"
 [ -x "$bin" ] || { echo "tests/vm/test.sh: $bin missing; run cargo xtask build first" >&2; exit 2; }
 cp "$bin" "$snap/canaryscope"
-tests=""
-for t in "$@"; do
-    cp "$t" "$snap/"
-    tests="$tests '$snap/$(basename "$t")'"
+
+# The guest's script: check's report for the kernel matrix, then each
+# suite with its time, stopping at the first failure.
+guest="$snap/suites.sh"
+{
+    echo 'set -e'
+    printf 'cd %s\n' "$(sq "$repo")"
+    printf '%s check --json > "%s/check-$(uname -r).json" 2>/dev/null || true\n' \
+        "$(sq "$snap/canaryscope")" "$repo/target/vm"
+    printf 'for round in $(seq %d); do\n' "$repeat"
+} > "$guest"
+only=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) [ $# -ge 2 ] || usage; only+=("$2"); shift 2; continue ;;
+        -*) usage ;;
+    esac
+    [ -x "$1" ] || { echo "tests/vm/test.sh: $1 is not an executable test binary" >&2; exit 2; }
+    cp "$1" "$snap/"
+    t="$snap/$(basename "$1")"
+    name="$(basename "$1")"; name="${name%-*}"
+    scope="all tests"
+    [ ${#only[@]} -eq 0 ] || scope="${#only[@]} test(s)"
+    {
+        printf '  echo "==> [vm] %s: %s (round $round of %d)"; t0=$(date +%%s)\n' "$name" "$scope" "$repeat"
+        printf '  %s --ignored --test-threads=1' "$(sq "$t")"
+        for o in ${only[@]+"${only[@]}"}; do printf ' %s' "$(sq "$o")"; done
+        printf '\n  echo "==> [vm] %s took $(( $(date +%%s) - t0 )) s"\n' "$name"
+    } >> "$guest"
+    only=()
+    shift
 done
+[ ${#only[@]} -eq 0 ] || usage # --only with no binary after it
+echo 'done' >> "$guest"
+
 # The suites take 4-5 minutes under TCG; a hung guest fails the step well
 # inside CI's budget instead of holding it for the default 40 minutes.
 "$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
-    sh -c "set -e; cd '$repo'; \"$snap/canaryscope\" check --json > \"$repo/target/vm/check-\$(uname -r).json\" 2>/dev/null || true; for round in \$(seq $repeat); do for t in $tests; do echo \"==> [vm] \$(basename \$t) (round \$round of $repeat)\"; \"\$t\" --ignored --test-threads=1; done; done"
+    sh "$guest"

@@ -5,6 +5,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, ExitCode},
+    sync::OnceLock,
     time::Instant,
 };
 
@@ -64,8 +65,13 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace root").to_path_buf()
 }
 
+/// When this xtask started: each step says how far into the run it begins,
+/// so a long suite shows where its time goes.
+static STARTED: OnceLock<Instant> = OnceLock::new();
+
 pub fn step(msg: &str) {
-    eprintln!("\x1b[1m==> {msg}\x1b[0m");
+    let secs = STARTED.get_or_init(Instant::now).elapsed().as_secs();
+    eprintln!("\x1b[1m==> [{:02}:{:02}] {msg}\x1b[0m", secs / 60, secs % 60);
 }
 
 /// Runs a command from the workspace root, echoing it, failing on a non-zero exit.
@@ -108,6 +114,7 @@ pub fn build() -> Result<PathBuf> {
 }
 
 fn main() -> ExitCode {
+    STARTED.get_or_init(Instant::now);
     let cli = Cli::parse();
     let result = match cli.task {
         Task::Build => build().map(|_| ()),
