@@ -88,7 +88,7 @@ failed=0
 failures=()
 
 step() {   # step NAME COMMAND...
-    local name="$1"; shift
+    local name="$1" t0=$SECONDS; shift
     printf '\n== %s\n' "$name"
     if "$@"; then
         passed=$((passed + 1))
@@ -96,6 +96,8 @@ step() {   # step NAME COMMAND...
         failed=$((failed + 1))
         failures+=("$name")
     fi
+    # A step that takes long on a fresh machine shows itself in CI's log.
+    [ $((SECONDS - t0)) -lt 5 ] || printf '   (step %s took %d s)\n' "${name%% *}" $((SECONDS - t0))
 }
 
 analysis() {

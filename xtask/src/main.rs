@@ -16,6 +16,7 @@ mod bench;
 mod fixtures;
 mod image;
 mod matrix;
+mod side_jobs;
 mod test;
 
 #[derive(Parser)]
