@@ -210,15 +210,19 @@ const VM_BOOTS: &[Boot] = &[
 /// tests/vm/test.sh's arguments for these suites: `--only NAME` before a
 /// binary for each test it is limited to.
 fn suite_args(lists: &[&[Suite]]) -> Result<Vec<String>> {
-    let suites: Vec<&Suite> = lists.iter().flat_map(|l| l.iter()).collect();
-    let names: Vec<&str> = suites.iter().map(|(name, _)| *name).collect();
-    let paths = test_binaries(&names)?;
+    let names: Vec<&str> = lists.iter().flat_map(|l| l.iter()).map(|(name, _)| *name).collect();
+    arrange(lists, &test_binaries(&names)?)
+}
+
+/// Each suite's binary among `paths`, after a `--only` per test it is
+/// limited to, in the order of `lists`.
+fn arrange(lists: &[&[Suite]], paths: &[String]) -> Result<Vec<String>> {
     let mut args = Vec::new();
-    for (name, only) in suites {
+    for (name, only) in lists.iter().flat_map(|l| l.iter()) {
         let path = paths
             .iter()
             .find(|p| p.rsplit('/').next().is_some_and(|f| f.starts_with(&format!("{name}-"))))
-            .ok_or_else(|| anyhow::anyhow!("no test binary {name}"))?;
+            .ok_or_else(|| anyhow::anyhow!("no test binary {name} among {paths:?}"))?;
         for test in *only {
             args.extend(["--only".to_string(), test.to_string()]);
         }
@@ -251,4 +255,56 @@ fn test_binaries(names: &[&str]) -> Result<Vec<String>> {
         bail!("expected test binaries {names:?}, found {found:?}");
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limited_suite_gets_its_tests_named_before_its_binary() {
+        let paths: Vec<String> = ["vm_kfd-1a", "gpu_cuda-2b", "kernel_support-3c", "cpu_oom_exit-4d"]
+            .iter()
+            .map(|f| format!("/t/deps/{f}"))
+            .collect();
+        let lists: &[&[Suite]] = &[KFD_ONCE, &[("kernel_support", &[]), ("gpu_cuda", &["a", "b"])]];
+        let args = arrange(lists, &paths).expect("arranged");
+        assert_eq!(
+            args,
+            [
+                "--only",
+                "real_hip_runtime_kfd_ioctls_and_its_crash_are_seen",
+                "/t/deps/vm_kfd-1a",
+                "/t/deps/kernel_support-3c",
+                "--only",
+                "a",
+                "--only",
+                "b",
+                "/t/deps/gpu_cuda-2b",
+            ]
+        );
+        assert!(arrange(&[&[("hot_calls", &[])]], &paths).is_err(), "a missing binary is an error");
+    }
+
+    #[test]
+    fn every_kernel_of_the_matrix_runs_check_and_each_family_once_or_more() {
+        // Every boot but the first-call suite's own.
+        for boot in VM_BOOTS
+            .iter()
+            .filter(|b| !b.suites.iter().flat_map(|l| l.iter()).any(|(n, _)| *n == "first_call"))
+        {
+            let names: Vec<&str> = boot.suites.iter().flat_map(|l| l.iter()).map(|(n, _)| *n).collect();
+            for must in [
+                "kernel_support",
+                "gpu_cuda",
+                "hot_calls",
+                "cpu_oom_exit",
+                "exit_causes",
+                "memory_limits",
+                "sched_scope",
+            ] {
+                assert!(names.contains(&must), "{} lacks {must}", boot.kernel);
+            }
+        }
+    }
 }
