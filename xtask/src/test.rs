@@ -42,12 +42,27 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     if !is_root() {
         bail!("the suite loads eBPF programs, creates cgroups and causes OOM kills: run it as root");
     }
+    // Clippy, fuzzing, the deploy/ checks and the image assert nothing about
+    // time. With VM boots ahead, whose emulator keeps one of the two cores
+    // busy, they run beside the boots on the other core; without, in turn.
+    let beside_vms = !args.no_vm;
+    let mut side = SideJobs::default();
+    let mut inline_or_beside = |name: &'static str, what: &str, mut cmd: Command| -> Result<()> {
+        if beside_vms {
+            side.start(name, what, cmd)
+        } else {
+            step(what);
+            run(&mut cmd)
+        }
+    };
     if !args.no_lint {
         step("rustfmt --check");
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
         run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;
-        step("clippy (warnings are errors)");
-        run(cargo().args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]))?;
+        if !beside_vms {
+            step("clippy (warnings are errors)");
+            run(cargo().args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]))?;
+        }
     }
     fixtures::build_all()?;
     crate::build()?;
@@ -61,43 +76,42 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         integration.arg(filter);
     }
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
-    // Fuzzing and the deploy/ checks assert nothing about time. With VM
-    // boots ahead, whose emulator keeps one of the two cores busy, they run
-    // beside the boots on the other core; without, in turn as before.
-    let mut side = SideJobs::default();
+    // Every boot's test binaries, found before anything beside the boots
+    // takes cargo's locks.
+    let boot_args = if beside_vms { vm_boot_args()? } else { Vec::new() };
+    if !args.no_lint && beside_vms {
+        let mut clippy = cargo();
+        clippy.args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]);
+        inline_or_beside("clippy", "clippy (warnings are errors)", clippy)?;
+    }
     if !args.no_fuzz {
-        let what =
-            "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
         let mut fuzz = Command::new(root().join("fuzz/run.sh"));
         fuzz.arg("15");
-        if args.no_vm {
-            step(what);
-            run(&mut fuzz)?;
-        } else {
-            side.start("fuzz", what, fuzz)?;
-        }
+        let what =
+            "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
+        inline_or_beside("fuzz", what, fuzz)?;
     }
     let deploy_check = root().join("deploy/check.sh");
     if deploy_check.exists() {
         let what = "deploy/: promtool rules, alert unit tests, manifest validation";
-        if args.no_vm {
-            step(what);
-            run(&mut Command::new(deploy_check))?;
-        } else {
-            side.start("deploy-check", what, Command::new(deploy_check))?;
-        }
+        inline_or_beside("deploy-check", what, Command::new(deploy_check))?;
     }
     if !args.no_image {
-        step("container image: buildah FROM scratch, OCI archive, config check, run from its rootfs");
-        crate::image::run()?;
+        let what = "container image: buildah FROM scratch, OCI archive, config check, run from its rootfs";
+        if beside_vms {
+            let mut image = Command::new(std::env::current_exe()?);
+            image.arg("image");
+            inline_or_beside("image", what, image)?;
+        } else {
+            step(what);
+            crate::image::run()?;
+        }
     }
-    if !args.no_vm {
+    if beside_vms {
         crate::matrix::check_host()?;
-        for boot in VM_BOOTS {
+        for (boot, args) in VM_BOOTS.iter().zip(&boot_args) {
             step(&format!("VM tests on {}: {}", boot.kernel_name, boot.why));
-            run(Command::new(root().join("tests/vm/test.sh"))
-                .args(["--kernel", boot.kernel])
-                .args(suite_args(boot.suites)?))?;
+            run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", boot.kernel]).args(args))?;
         }
         step("README.md: the kernel matrix from each kernel's `canaryscope check`");
         crate::matrix::write_readme()?;
@@ -207,11 +221,15 @@ const VM_BOOTS: &[Boot] = &[
     },
 ];
 
-/// tests/vm/test.sh's arguments for these suites: `--only NAME` before a
-/// binary for each test it is limited to.
-fn suite_args(lists: &[&[Suite]]) -> Result<Vec<String>> {
-    let names: Vec<&str> = lists.iter().flat_map(|l| l.iter()).map(|(name, _)| *name).collect();
-    arrange(lists, &test_binaries(&names)?)
+/// tests/vm/test.sh's arguments for each boot of `VM_BOOTS`: `--only NAME`
+/// before a binary for each test it is limited to.
+fn vm_boot_args() -> Result<Vec<Vec<String>>> {
+    let mut names: Vec<&str> =
+        VM_BOOTS.iter().flat_map(|b| b.suites.iter()).flat_map(|l| l.iter()).map(|(n, _)| *n).collect();
+    names.sort_unstable();
+    names.dedup();
+    let paths = test_binaries(&names)?;
+    VM_BOOTS.iter().map(|boot| arrange(boot.suites, &paths)).collect()
 }
 
 /// Each suite's binary among `paths`, after a `--only` per test it is
