@@ -4,7 +4,7 @@ use std::{
     fs::{self, File},
     path::PathBuf,
     process::{Child, Command},
-    time::Instant,
+    time::{Instant, SystemTime},
 };
 
 use anyhow::{bail, Context, Result};
@@ -23,6 +23,7 @@ struct SideJob {
     log: PathBuf,
     child: Child,
     started: Instant,
+    started_at: SystemTime,
 }
 
 impl SideJobs {
@@ -37,7 +38,13 @@ impl SideJobs {
         niced.env("CARGO_BUILD_JOBS", "1").current_dir(root()).stdout(out.try_clone()?).stderr(out);
         let child = niced.spawn().with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
         step(&format!("{what}: beside the VM boots, output in target/ci/{name}.log"));
-        self.running.push(SideJob { name, log, child, started: Instant::now() });
+        self.running.push(SideJob {
+            name,
+            log,
+            child,
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+        });
         Ok(())
     }
 
@@ -47,9 +54,15 @@ impl SideJobs {
         let mut failed = Vec::new();
         for mut job in std::mem::take(&mut self.running) {
             let status = job.child.wait()?;
-            let took = job.started.elapsed();
+            // It may have ended long before this wait: its log's last write
+            // is when it did.
+            let took = fs::metadata(&job.log)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|end| end.duration_since(job.started_at).ok())
+                .unwrap_or_else(|| job.started.elapsed());
             if status.success() {
-                step(&format!("{} passed in {took:.0?} (beside the VM boots)", job.name));
+                step(&format!("{} passed in {:.0?} (beside the VM boots)", job.name, took));
                 continue;
             }
             let text = fs::read_to_string(&job.log).unwrap_or_default();
