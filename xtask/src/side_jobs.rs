@@ -35,6 +35,15 @@ impl SideJobs {
         // Lower priority and one build job: the emulator's thread comes first.
         let mut niced = Command::new("nice");
         niced.args(["-n", "10"]).arg(cmd.get_program()).args(cmd.get_args());
+        // The caller's environment changes too: cargo() removes xtask's own
+        // CARGO_PKG_* variables, without which ring's build script reruns
+        // and later release builds start over.
+        for (key, value) in cmd.get_envs() {
+            match value {
+                Some(value) => niced.env(key, value),
+                None => niced.env_remove(key),
+            };
+        }
         niced.env("CARGO_BUILD_JOBS", "1").current_dir(root()).stdout(out.try_clone()?).stderr(out);
         let child = niced.spawn().with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
         step(&format!("{what}: beside the VM boots, output in target/ci/{name}.log"));
@@ -95,6 +104,19 @@ impl Drop for SideJobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_side_job_keeps_the_environment_its_command_was_given() {
+        let mut side = SideJobs::default();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo \"${SIDE_SET-unset} ${HOME-unset}\""])
+            .env("SIDE_SET", "given")
+            .env_remove("HOME");
+        side.start("selftest-env", "a job with its own environment", cmd).expect("start");
+        side.finish().expect("passes");
+        let log = fs::read_to_string(root().join("target/ci/selftest-env.log")).expect("log");
+        assert_eq!(log.trim(), "given unset");
+    }
 
     #[test]
     fn a_side_job_that_fails_fails_the_suite_after_the_others_finish() {
