@@ -4,7 +4,7 @@ use std::{
     fs::{self, File},
     path::PathBuf,
     process::{Child, Command},
-    time::{Instant, SystemTime},
+    time::SystemTime,
 };
 
 use anyhow::{bail, Context, Result};
@@ -22,7 +22,6 @@ struct SideJob {
     name: &'static str,
     log: PathBuf,
     child: Child,
-    started: Instant,
     started_at: SystemTime,
 }
 
@@ -47,13 +46,7 @@ impl SideJobs {
         niced.env("CARGO_BUILD_JOBS", "1").current_dir(root()).stdout(out.try_clone()?).stderr(out);
         let child = niced.spawn().with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
         step(&format!("{what}: beside the VM boots, output in target/ci/{name}.log"));
-        self.running.push(SideJob {
-            name,
-            log,
-            child,
-            started: Instant::now(),
-            started_at: SystemTime::now(),
-        });
+        self.running.push(SideJob { name, log, child, started_at: SystemTime::now() });
         Ok(())
     }
 
@@ -69,7 +62,7 @@ impl SideJobs {
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|end| end.duration_since(job.started_at).ok())
-                .unwrap_or_else(|| job.started.elapsed());
+                .unwrap_or_else(|| job.started_at.elapsed().unwrap_or_default());
             if status.success() {
                 step(&format!("{} passed in {:.0?} (beside the VM boots)", job.name, took));
                 continue;
