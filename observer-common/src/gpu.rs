@@ -29,6 +29,12 @@ pub const SLOT_COOKIES_MAP: &str = "GPU_SLOT_COOKIES";
 /// The slot programs' names: `gpu_enter_s7`, `gpu_exit_s7`.
 pub const SLOT_ENTER_PREFIX: &str = "gpu_enter_s";
 pub const SLOT_EXIT_PREFIX: &str = "gpu_exit_s";
+/// The return-only program that counts hot calls without timing them
+/// (`--hot-detail counts`): no entry program, so no clock read, no in-flight
+/// frame and no map update at entry.
+pub const COUNT_PROGRAM: &str = "gpu_count";
+/// [`GpuCallEvent::duration_ns`] of a call counted at its return only.
+pub const UNTIMED_NS: u64 = u64::MAX;
 
 wire_enum! {
     /// Which GPU API a probed function belongs to.
@@ -254,7 +260,9 @@ pub struct GpuStatsKey {
     pub api: u32,
     pub function: u32,
     pub result: i32,
-    pub _pad: u32,
+    /// Non-zero: counted at return only ([`COUNT_PROGRAM`]); the value's
+    /// count is the number of calls, and its buckets and total stay empty.
+    pub untimed: u32,
 }
 
 /// Per key: count, total and log2 histogram of durations.
@@ -270,6 +278,7 @@ pub struct GpuCallEvent {
     pub result: i32,
     /// Index of the library in userspace's table (from the attach cookie).
     pub library: u32,
+    /// [`UNTIMED_NS`] when the call was counted at its return only.
     pub duration_ns: u64,
 }
 

@@ -85,7 +85,13 @@ pub fn record_latency<K>(map: &PerCpuHashMap<K, LatencyHistogram>, key: &K, dura
             let _ = map.insert(key, &histogram, 0);
         }
     }
-    // After the update: a reader that saw this generation saw the update.
+    bump_generation();
+}
+
+/// Marks the aggregates changed. After the update: a reader that saw this
+/// generation saw the update.
+#[inline(always)]
+pub fn bump_generation() {
     if let Some(generation) = AGG_GENERATION.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *generation += 1 };

@@ -18,12 +18,12 @@ use observer_common::{
     gpu::{
         cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
         InflightKey, InflightStack, DEFAULT_STALL_NS, MAX_GPU_SLOTS, MAX_INFLIGHT_THREADS, MAX_NESTING,
-        MAX_STATS_ENTRIES,
+        MAX_STATS_ENTRIES, UNTIMED_NS,
     },
     EventKind,
 };
 
-use crate::common::{current_header, emit, record_latency};
+use crate::common::{bump_generation, current_header, emit, record_latency};
 
 #[map(name = "GPU_INFLIGHT")] // observer_common::gpu::INFLIGHT_MAP
 pub static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
@@ -150,7 +150,7 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
 
     // SAFETY: plain helper without pointer arguments.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    let stats_key = GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
+    let stats_key = GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
     record_latency(&GPU_STATS, &stats_key, duration_ns);
 
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
@@ -165,6 +165,46 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
         emit(&event);
     }
     Ok(0)
+}
+
+/// Hot calls in `--hot-detail counts`: attached as a uretprobe alone. The
+/// kernel still plants the entry breakpoint (that is how it finds the return
+/// address to hijack) but runs no program there, and this one only counts:
+/// no clock, no in-flight frame, one map lookup. Under return-thunk
+/// mitigations every helper and map call costs tens of nanoseconds, and the
+/// entry program's clock read, hash lookup and helpers were most of what a
+/// timed pair adds to a launch.
+#[uretprobe]
+pub fn gpu_count(ctx: RetProbeContext) -> u32 {
+    // SAFETY: helper reading this program's own attach cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let result: i32 = ctx.ret();
+    let (api, function) = (cookie_api(cookie), cookie_function(cookie));
+    // SAFETY: plain helper without pointer arguments.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let key = GpuStatsKey { cgroup_id, api, function, result, untimed: 1 };
+    match GPU_STATS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value; no other writer on this CPU.
+        Some(stats) => unsafe { (*stats).count += 1 },
+        None => {
+            let stats = GpuStats { count: 1, ..GpuStats::default() };
+            // A full map loses the count, never the program.
+            let _ = GPU_STATS.insert(&key, &stats, 0);
+        }
+    }
+    bump_generation();
+    if result != 0 || read_global(&GPU_EMIT_ALL) != 0 {
+        let event = GpuCallEvent {
+            header: current_header(EventKind::GpuCall as u32),
+            api,
+            function,
+            result,
+            library: cookie_library(cookie),
+            duration_ns: UNTIMED_NS,
+        };
+        emit(&event);
+    }
+    0
 }
 
 // Kernels without attach cookies (before 5.15). Userspace gives each probed

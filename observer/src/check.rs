@@ -300,6 +300,7 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
             crate::config::HotCalls::Selected,
             crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default(),
         ),
+        hot_detail: crate::config::HotDetail::Counts,
         // The trial needs no seeded set: nothing runs long enough to count.
         runq_prefixes: None,
     };

@@ -19,6 +19,11 @@ pub const DEFAULT_MAX_CGROUPS: usize = 5000;
 pub const DEFAULT_TRACK_LABEL: &str = "track";
 /// Which processes take traps on hot GPU calls (see [`HotCalls`]).
 pub const DEFAULT_HOT_CALLS: &str = "selected";
+/// What the daemon records of a hot call (see [`HotDetail`]): it counts.
+pub const DEFAULT_HOT_DETAIL_RUN: &str = "counts";
+/// What `trace` records of a hot call: a person tracing a process wants
+/// every call timed and the call a crash was in named.
+pub const DEFAULT_HOT_DETAIL_TRACE: &str = "timed";
 /// How long a cgroup stays selected for hot-call probes after its last GPU
 /// failure, stall or crash.
 pub const DEFAULT_HOT_WINDOW: &str = "10m";
@@ -120,6 +125,45 @@ impl std::str::FromStr for HotCalls {
     }
 }
 
+/// What a selected process's hot calls are probed for (`--hot-detail`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HotDetail {
+    /// A return probe alone: every call counted by result, every failure an
+    /// event; no duration, no stall, no "in call" for a crash. About half
+    /// the cost of a timed pair per call (README: hot calls).
+    Counts,
+    /// An entry and a return probe, as for cold calls: durations, stalls,
+    /// and the call a crash happened in.
+    Timed,
+}
+
+impl HotDetail {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Counts => "counts",
+            Self::Timed => "timed",
+        }
+    }
+}
+
+impl std::str::FromStr for HotDetail {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "counts" => Ok(Self::Counts),
+            "timed" => Ok(Self::Timed),
+            other => Err(format!("`{other}` is not a detail level (use counts or timed)")),
+        }
+    }
+}
+
+/// `--hot-detail` as clap parses it.
+pub fn parse_hot_detail(s: &str) -> Result<HotDetail, String> {
+    s.parse()
+}
+
 /// `--hot-calls` as clap parses it.
 pub fn parse_hot_calls(s: &str) -> Result<HotCalls, String> {
     s.parse()
@@ -170,6 +214,8 @@ pub struct ConfigFile {
     pub hot_calls: Option<String>,
     /// `--hot-window`.
     pub hot_window: Option<String>,
+    /// `counts` or `timed` (`--hot-detail`).
+    pub hot_detail: Option<String>,
     /// `--cgroup`: cgroup2 paths whose cgroups get run-queue histograms
     /// besides the kubepods hierarchy.
     pub cgroups: Vec<String>,
@@ -206,6 +252,7 @@ pub struct Settings {
     pub hold: bool,
     pub hot_calls: HotCalls,
     pub hot_window: Duration,
+    pub hot_detail: HotDetail,
     /// Cgroup prefixes with run-queue accounting besides kubepods.
     pub cgroups: Vec<String>,
     /// Keep the `canaryscope.io/gpu-runtime` condition of gated pods
@@ -277,6 +324,10 @@ impl Settings {
             }
             None => default_duration(DEFAULT_HOT_WINDOW),
         };
+        let hot_detail = parse_hot_detail(
+            args.hot_detail.as_deref().or(file.hot_detail.as_deref()).unwrap_or(DEFAULT_HOT_DETAIL_RUN),
+        )
+        .map_err(|e| CliError::usage(format!("--hot-detail: {e}")))?;
         let cgroups = if args.cgroups.is_empty() { file.cgroups } else { args.cgroups.clone() };
         for c in &cgroups {
             parse_cgroup_prefix(c).map_err(|e| CliError::usage(format!("--cgroup {c:?}: {e}")))?;
@@ -298,6 +349,7 @@ impl Settings {
             hold,
             hot_calls,
             hot_window,
+            hot_detail,
             cgroups,
             probes,
             listen,

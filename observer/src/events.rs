@@ -36,7 +36,8 @@ pub enum Detail {
         library: String,
         function: String,
         result: i32,
-        duration_ns: u64,
+        /// `None` for a hot call counted at its return only (`--hot-detail counts`).
+        duration_ns: Option<u64>,
     },
     GpuStall {
         api: Api,
@@ -478,7 +479,7 @@ mod tests {
                 library: "/usr/lib/libamdhip64.so.5".into(),
                 function: "hipInit".into(),
                 result: 101,
-                duration_ns: 900,
+                duration_ns: Some(900),
             },
         };
         let v = ev.to_json();
@@ -498,10 +499,12 @@ mod tests {
                 library: "libcuda.so.1".into(),
                 function: "cuInit".into(),
                 result: 100,
-                duration_ns: 1,
+                duration_ns: None,
             },
             ..ev
         };
         assert_eq!(cuda.to_json()["result_name"], "CUDA_ERROR_NO_DEVICE");
+        // A hot call counted at its return has no duration, not a zero one.
+        assert!(cuda.to_json()["duration_ns"].is_null(), "{}", cuda.to_json());
     }
 }

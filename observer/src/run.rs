@@ -93,6 +93,11 @@ pub struct Args {
     /// How long a cgroup stays selected after its last GPU failure, stall or crash.
     #[arg(long, value_name = "DURATION", help = config::with_default("How long a cgroup stays selected for hot-call probes after its last GPU failure, stall or crash", config::DEFAULT_HOT_WINDOW))]
     pub hot_window: Option<String>,
+    /// What a selected process's hot calls are probed for: counts (a return
+    /// probe: calls and failures) or timed (an entry probe too: durations,
+    /// stalls, the call a crash was in; about twice the cost per call).
+    #[arg(long, value_name = "DETAIL", help = config::with_default("What a selected process's hot calls are probed for: counts (calls and failures, at return) or timed (also durations, stalls and the call a crash was in; about twice the cost per call)", config::DEFAULT_HOT_DETAIL_RUN))]
+    pub hot_detail: Option<String>,
     /// Also report run-queue latency for the cgroups under this cgroup2
     /// path (besides the kubepods hierarchy); repeatable.
     #[arg(long = "cgroup", value_name = "PREFIX")]
@@ -149,6 +154,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         hold_scoped: settings.kube.is_some(),
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
+        hot_detail: settings.hot_detail,
         runq_prefixes: Some(settings.cgroups.clone()),
     })?;
     if settings.probes.sched {

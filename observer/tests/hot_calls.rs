@@ -4,7 +4,9 @@
 //! calls (cuInit) are still counted; `trace --pid` selects its process and
 //! every thread of it; under the daemon a GPU failure selects the cgroup
 //! within a second, later processes of that cgroup are probed before their
-//! first launch, and the probes go once the window passes quietly.
+//! first launch, and the probes go once the window passes quietly. The
+//! daemon counts a selected process's hot calls at return (no durations)
+//! unless told to time them; `trace` times them unless told to count.
 mod support;
 
 use std::{
@@ -12,6 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use observer::probes::{
+    btf::{kernel_helpers, vmlinux},
+    table::GPU_CALL_HELPERS,
+};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -164,4 +170,84 @@ fn gpu_trouble_selects_the_cgroup_within_a_second_and_the_quiet_window_lets_go()
     });
     first.go();
     assert!(first.finish().success());
+}
+
+/// The daemon with every process selected (`--hot-calls all`) and `extra`;
+/// one process of a pod of its own makes `LAUNCHES` launches through the
+/// real runtime (each fails without a GPU). Returns the pod's
+/// cuLaunchKernel calls and durations from one scrape, once the calls are
+/// all counted.
+fn launches_seen(extra: &[&str]) -> (f64, f64) {
+    const LAUNCHES: &str = "1000";
+    let mut args = vec!["--hold", "--hot-calls", "all"];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start(&args);
+    let uid = random_pod_uid();
+    let pod = PodCgroup::new(&uid, &random_hex(64));
+    let mut worker = app(Some(&pod), &["--launch-loop", LAUNCHES]);
+    let done = worker.wait_line("launch_loop=");
+    assert_eq!(field(&done, "failed"), LAUNCHES, "{done}");
+    assert!(worker.finish().success());
+    let pod_label = format!("pod=\"{uid}\"");
+    let launch_series = |l: &str| l.contains(&pod_label) && l.contains("function=\"cuLaunchKernel\"");
+    daemon.wait_metric("every launch counted", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{") && launch_series(l) && metric_value(l) >= 1000.0
+    });
+    let text = daemon.metrics();
+    let sum = |prefix: &str| -> f64 {
+        text.lines().filter(|l| l.starts_with(prefix) && launch_series(l)).map(metric_value).sum()
+    };
+    let calls = sum("canaryscope_gpu_api_calls_total{");
+    let timed = sum("canaryscope_gpu_api_call_duration_seconds_count{");
+    assert!(daemon.stop().success());
+    (calls, timed)
+}
+
+/// Before Linux 5.15 (no attach cookies) GPU functions are probed by a
+/// program pair each, so hot calls are timed whatever was asked.
+fn pairs_only() -> bool {
+    let btf = vmlinux().expect("kernel BTF");
+    let known = kernel_helpers(&btf).expect("enum bpf_func_id in kernel BTF");
+    GPU_CALL_HELPERS.iter().any(|h| !known.contains(h.name))
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn the_daemon_counts_hot_calls_at_return_and_times_them_on_request() {
+    assert_root();
+    let pairs_only = pairs_only();
+    // By default a return probe alone: every launch counted, none timed.
+    let (calls, timed) = launches_seen(&[]);
+    assert_eq!(calls, 1000.0);
+    let expected = if pairs_only { 1000.0 } else { 0.0 };
+    assert_eq!(timed, expected, "timed launches by default (program pairs only: {pairs_only})");
+    // Timed: the same launches, each with a duration.
+    let (calls, timed) = launches_seen(&["--hot-detail", "timed"]);
+    assert_eq!(calls, 1000.0);
+    assert_eq!(timed, 1000.0, "not every launch was timed under --hot-detail timed");
+}
+
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn trace_times_hot_calls_unless_told_to_count_them() {
+    assert_root();
+    let pairs_only = pairs_only();
+    for (extra, timed) in [(&[][..], true), (&["--hot-detail", "counts"][..], pairs_only)] {
+        let mut worker = app(None, &["--launch", "--pause-before", "launch"]);
+        worker.wait_line("paused=launch");
+        let pid = worker.pid();
+        let mut args = vec!["--pid".to_string(), pid.to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let tracer = Tracer::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        worker.go();
+        let event = tracer.wait_for("the launch failure", WAIT, |e| {
+            e["function"] == "cuLaunchKernel" && e["pid"] == u64::from(pid)
+        });
+        assert_ne!(event["result"], 0, "{event}");
+        // Counted only: no duration rather than a made-up zero.
+        assert_eq!(event["duration_ns"].is_u64(), timed, "{extra:?}: {event}");
+        assert_eq!(event["duration_ns"].is_null(), !timed, "{extra:?}: {event}");
+        assert!(worker.finish().success());
+        tracer.stop();
+    }
 }

@@ -90,7 +90,12 @@ pub struct LibraryTracker {
 }
 
 impl LibraryTracker {
-    pub fn new(hold: Option<Hold>, policy: Policy, cgroup_root: Option<PathBuf>) -> Self {
+    pub fn new(
+        hold: Option<Hold>,
+        policy: Policy,
+        detail: crate::config::HotDetail,
+        cgroup_root: Option<PathBuf>,
+    ) -> Self {
         let placement = match policy {
             Policy::Everyone => HotPlacement::Everywhere,
             Policy::Nobody => HotPlacement::Nowhere,
@@ -105,7 +110,7 @@ impl LibraryTracker {
             cgroup_root,
             last_reselect: Instant::now(),
             reselect_now: false,
-            probes: GpuProbes::new(placement),
+            probes: GpuProbes::new(placement, detail),
             ahead: AheadOfTime::default(),
             rejected: HashSet::new(),
             pending_scans: Vec::new(),

@@ -520,7 +520,7 @@ mod tests {
                 library: "libcuda.so.1".into(),
                 function: function.into(),
                 result,
-                duration_ns: 1,
+                duration_ns: Some(1),
             },
         }
     }

@@ -71,7 +71,7 @@ pub const GPU_API_CALLS: MetricDecl = decl(
 );
 pub const GPU_API_CALL_DURATION: MetricDecl = decl(
     "gpu_api_call_duration_seconds",
-    "Duration of GPU runtime API calls, measured in the kernel.",
+    "Duration of GPU runtime API calls, measured in the kernel; hot calls (launches, async copies) only where they are timed (--hot-detail timed).",
     Histogram,
     Workload,
     &["api", "function"],

@@ -345,16 +345,22 @@ impl Metrics {
         let mut fams = FamilySet::new();
 
         // GPU calls: counters per result, durations per function (the kernel
-        // keeps a histogram per result; they are merged here).
+        // keeps a histogram per result; they are merged here). Hot calls
+        // counted at return only add to the counters and have no durations.
+        let mut calls: BTreeMap<(u64, u32, u32, i32), u64> = BTreeMap::new();
         let mut by_function: BTreeMap<(u64, u32, u32), LatencyHistogram> = BTreeMap::new();
         for (k, s) in &self.gpu {
-            let Some(api) = Api::from_u32(k.api) else { continue };
-            let function = crate::events::function_name(api, k.function);
-            let result =
-                result_name(api, k.result).map(str::to_string).unwrap_or_else(|| k.result.to_string());
-            let v = self.vals(k.cgroup_id, &[api.as_str(), &function, &result]);
-            fams.get(&GPU_API_CALLS).value(&v, s.count as f64);
-            by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(s);
+            *calls.entry((k.cgroup_id, k.api, k.function, k.result)).or_default() += s.count;
+            if k.untimed == 0 {
+                by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(s);
+            }
+        }
+        for ((cgroup, api, function, result), count) in &calls {
+            let Some(api) = Api::from_u32(*api) else { continue };
+            let function = crate::events::function_name(api, *function);
+            let result = result_name(api, *result).map(str::to_string).unwrap_or_else(|| result.to_string());
+            let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
+            fams.get(&GPU_API_CALLS).value(&v, *count as f64);
         }
         for ((cgroup, api, function), merged) in &by_function {
             let Some(api) = Api::from_u32(*api) else { continue };
@@ -512,7 +518,7 @@ mod tests {
             library: "/x/libamdhip64.so.5".into(),
             function: "hipInit".into(),
             result,
-            duration_ns: 10,
+            duration_ns: Some(10),
         };
         m.record(&event(1, call(101)));
         m.record(&event(1, call(101)));
@@ -596,7 +602,7 @@ mod tests {
             library: "/x/lib.so".into(),
             function: function.into(),
             result,
-            duration_ns: 10,
+            duration_ns: Some(10),
         };
         m.record(&event(1, call(Api::Hip, "hipInit", 101)));
         m.record(&event(1, call(Api::Hip, "hipInit", 101)));
@@ -628,7 +634,8 @@ mod tests {
         m.record(&event(2, hw(HwKind::QueueEviction, true)));
         m.record(&event(2, hw(HwKind::Reset, true)));
         m.set_stalled([(1, Api::Hip, "hipMemcpy".to_string()), (1, Api::Hip, "hipMemcpy".to_string())]);
-        let gk = |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, _pad: 0 };
+        let gk =
+            |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
         m.set_gpu(vec![
             (gk(1, 0, 0, 0), hist(3, 3_000, &[(0, 1), (10, 2)])),
             (gk(1, 0, 0, 101), hist(1, 1_500_000_000, &[(31, 1)])),
@@ -741,6 +748,35 @@ mod tests {
         assert!(!sent.contains("kubelet"), "never a comm in a label: {sent}");
         line(r#"signal="SIGKILL",cause="oom_kill",sender_scope="none",kill_reason="none""#);
         line(r#"signal="exit137",cause="wrapped",sender_scope="none",kill_reason="none""#);
+    }
+
+    #[test]
+    fn calls_counted_at_return_add_to_the_counter_and_not_to_durations() {
+        let mut m = Metrics::new(10);
+        let key = |function, untimed| GpuStatsKey { cgroup_id: 1, api: 0, function, result: 0, untimed };
+        let counted = LatencyHistogram { count: 5, ..LatencyHistogram::default() };
+        m.set_gpu(vec![
+            (key(0, 0), hist(3, 3_000, &[(0, 1), (10, 2)])),
+            (key(0, 1), counted),
+            (key(1, 1), counted),
+        ]);
+        let text = m.render_text();
+        let timed_function = format!("function=\"{}\"", crate::events::function_name(Api::Hip, 0));
+        let counted_only = format!("function=\"{}\"", crate::events::function_name(Api::Hip, 1));
+        let sample = |prefix: &str, function: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix) && l.contains(function))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        let calls = "canaryscope_gpu_api_calls_total{";
+        assert_eq!(sample(calls, &timed_function), Some(8.0), "one series, both counts: {text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with(calls)).count(), 2, "{text}");
+        assert_eq!(sample(calls, &counted_only), Some(5.0), "{text}");
+        let durations = "canaryscope_gpu_api_call_duration_seconds_count{";
+        assert_eq!(sample(durations, &timed_function), Some(3.0), "timed calls only: {text}");
+        // A function only counted has no duration series: an empty one would
+        // read as a function that was never called.
+        assert_eq!(sample(durations, &counted_only), None, "{text}");
     }
 
     #[test]

@@ -154,7 +154,8 @@ impl Attributor {
                         library: gpu.library_path(ev.library).to_string(),
                         function: events::function_name(api, ev.function),
                         result: ev.result,
-                        duration_ns: ev.duration_ns,
+                        duration_ns: (ev.duration_ns != observer_common::gpu::UNTIMED_NS)
+                            .then_some(ev.duration_ns),
                     },
                 }]
             }

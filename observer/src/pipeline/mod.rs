@@ -51,6 +51,8 @@ pub struct Options {
     pub kfd_syscall_fallback: bool,
     /// Which processes get the hot tier of GPU functions.
     pub hot_policy: Policy,
+    /// What the hot tier's probes record in a selected process.
+    pub hot_detail: crate::config::HotDetail,
     /// Cgroup prefixes whose tasks get run-queue histograms besides the
     /// kubepods hierarchy; `None` when nobody reads them (`trace`).
     pub runq_prefixes: Option<Vec<String>>,
@@ -138,7 +140,7 @@ impl Pipeline {
                 runq_scope::RunqScope::start(prefixes, follows, &mut kernel)
             });
         let mut pipeline = Self {
-            tracker: LibraryTracker::new(hold, options.hot_policy, cgroup_root),
+            tracker: LibraryTracker::new(hold, options.hot_policy, options.hot_detail, cgroup_root),
             attribution,
             stalls: StallDetector::new(options.stall_threshold_ns),
             cpu,

@@ -20,7 +20,8 @@ use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::{gpu_slots::Slots, AttachError};
-use observer_common::gpu::{cookie, Api, GpuFunction, Tier};
+use crate::config::HotDetail;
+use observer_common::gpu::{cookie, Api, GpuFunction, Tier, COUNT_PROGRAM};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
 pub const EXIT_PROGRAM: &str = "gpu_exit";
@@ -300,6 +301,8 @@ type Links = Vec<(&'static str, UProbeLinkId)>;
 /// The attached state: which files carry probes and on which functions.
 pub struct GpuProbes {
     hot: HotPlacement,
+    /// What the hot tier's probes record.
+    hot_detail: HotDetail,
     attached: HashMap<FileId, AttachedLibrary>,
     /// Files that failed to attach (display path, reason), so they are not
     /// retried on every event.
@@ -312,7 +315,7 @@ pub struct GpuProbes {
 
 impl Default for GpuProbes {
     fn default() -> Self {
-        Self::new(HotPlacement::Everywhere)
+        Self::new(HotPlacement::Everywhere, HotDetail::Timed)
     }
 }
 
@@ -375,8 +378,25 @@ pub enum GpuAttachError {
 }
 
 impl GpuProbes {
-    pub fn new(hot: HotPlacement) -> Self {
-        Self { hot, attached: HashMap::new(), failed: HashMap::new(), table: Vec::new(), slots: None }
+    pub fn new(hot: HotPlacement, hot_detail: HotDetail) -> Self {
+        Self {
+            hot,
+            hot_detail,
+            attached: HashMap::new(),
+            failed: HashMap::new(),
+            table: Vec::new(),
+            slots: None,
+        }
+    }
+
+    /// What a hot call's probes record here: counted at return only where
+    /// asked and where attach cookies exist (the slot programs of older
+    /// kernels come in pairs).
+    pub fn hot_detail(&self) -> HotDetail {
+        match self.slots {
+            Some(_) => HotDetail::Timed,
+            None => self.hot_detail,
+        }
     }
 
     /// Probes functions through slot programs from now on: the kernel has
@@ -400,12 +420,16 @@ impl GpuProbes {
 
     /// One line per library file: probed, or why not.
     pub fn status(&self) -> Vec<crate::probes::ProbeStatus> {
+        let detail = match self.hot_detail() {
+            HotDetail::Counts => "counted at return",
+            HotDetail::Timed => "timed",
+        };
         let attached = self.attached.values().map(|l| {
             let hot = match self.hot {
-                HotPlacement::Everywhere => " (hot tier included)".to_string(),
+                HotPlacement::Everywhere => format!(" (hot tier included, {detail})"),
                 HotPlacement::Nowhere => format!(", {} hot not probed", l.hot_functions()),
                 HotPlacement::PerProcess => {
-                    format!(", {} hot in {} selected processes", l.hot_functions(), l.hot.len())
+                    format!(", {} hot in {} selected processes, {detail}", l.hot_functions(), l.hot.len())
                 }
             };
             let hot = match &self.slots {
@@ -472,6 +496,7 @@ impl GpuProbes {
         let everywhere = self.hot == HotPlacement::Everywhere;
         let wanted = |f: &GpuFunction| f.tier == Tier::Cold || everywhere;
         let started = std::time::Instant::now();
+        let count_hot = self.hot_detail() == HotDetail::Counts;
         let attached = attach_functions(
             ebpf,
             self.slots.as_mut(),
@@ -479,6 +504,7 @@ impl GpuProbes {
             &library,
             library_index,
             wanted,
+            count_hot,
             UProbeScope::AllProcesses,
         );
         debug!("attached {} in {:?}", library.display_path, started.elapsed());
@@ -539,6 +565,10 @@ impl GpuProbes {
             return Ok(0);
         }
         let path = library.attach_path();
+        let count_hot = match self.slots {
+            Some(_) => false,
+            None => self.hot_detail == HotDetail::Counts,
+        };
         let outcome = attach_functions(
             ebpf,
             self.slots.as_mut(),
@@ -546,6 +576,7 @@ impl GpuProbes {
             &library.library,
             library.index,
             |f| f.tier == Tier::Hot,
+            count_hot,
             UProbeScope::OneProcess(scope_pid),
         );
         let AttachOutcome { links, count, first_error } = outcome;
@@ -641,13 +672,15 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut UProb
 /// What attaching a set of functions gave.
 struct AttachOutcome {
     links: Links,
-    /// Functions with both probes in place.
+    /// Functions with all their probes in place.
     count: usize,
     first_error: Option<AttachError>,
 }
 
 /// Attaches the entry and return programs to each resolved function of
-/// `library` that `wanted` picks, through `path`, for `scope`.
+/// `library` that `wanted` picks, through `path`, for `scope`; with
+/// `count_hot`, hot functions get the counting return program alone.
+#[allow(clippy::too_many_arguments)]
 fn attach_functions(
     ebpf: &mut Ebpf,
     mut slots: Option<&mut Slots>,
@@ -655,6 +688,7 @@ fn attach_functions(
     library: &GpuLibrary,
     library_index: u32,
     wanted: impl Fn(&GpuFunction) -> bool,
+    count_hot: bool,
     scope: UProbeScope,
 ) -> AttachOutcome {
     let api = library.flavor.api();
@@ -668,10 +702,16 @@ fn attach_functions(
         };
         let point_cookie = cookie(library_index, api, index as u32);
         // Without attach cookies the slot's programs carry the cookie.
+        // The return program first: the first breakpoint at the entry
+        // comes with it, and until the entry program follows a return
+        // without an entry counts with no duration. The other way round, a
+        // call entered in between would never pop its frame, and the
+        // thread would look stuck in that call (a false stall) for good.
         let (programs, attach_cookie) = match slots.as_deref_mut() {
-            None => ([ENTER_PROGRAM, EXIT_PROGRAM], Some(point_cookie)),
+            None if count_hot && function.tier == Tier::Hot => (vec![COUNT_PROGRAM], Some(point_cookie)),
+            None => (vec![EXIT_PROGRAM, ENTER_PROGRAM], Some(point_cookie)),
             Some(slots) => match slots.programs_for(ebpf, point_cookie) {
-                Ok((enter, exit)) => ([enter, exit], None),
+                Ok((enter, exit)) => (vec![exit, enter], None),
                 Err(e) => {
                     debug!("no slot for {} {}: {e}", library.display_path, function.name);
                     outcome.first_error.get_or_insert(e);
@@ -721,9 +761,12 @@ fn attach_point(
 /// RCU tasks-trace grace period in the kernel, under a global mutex (about
 /// tens of milliseconds each, measured up to 90 ms), so a library's 30-odd links would stall event handling,
 /// and any process held meanwhile, for seconds.
+///
+/// Links go in the reverse of their attach order, entry programs before
+/// their return programs, for the reason `attach_functions` gives.
 fn detach_links(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
     let mut taken = Vec::with_capacity(links.len());
-    for (program_name, link) in links {
+    for (program_name, link) in links.into_iter().rev() {
         match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(AttachError::Attach)) {
             Ok(link) => taken.push(link),
             Err(e) => debug!("detach {program_name}: {e}"),

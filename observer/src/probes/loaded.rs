@@ -18,6 +18,7 @@ use observer_common::{
 };
 
 use super::gpu::{ENTER_PROGRAM, EXIT_PROGRAM};
+use observer_common::gpu::COUNT_PROGRAM;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -126,9 +127,10 @@ impl Loaded {
         self.gpu_slots
     }
 
-    /// Loads the two GPU uprobe programs; attaching comes per library.
+    /// Loads the GPU uprobe programs (the pair and the counting return);
+    /// attaching comes per library.
     pub fn load_gpu_programs(&mut self) -> Result<(), ProgramError> {
-        for name in [ENTER_PROGRAM, EXIT_PROGRAM] {
+        for name in [ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM] {
             let program: &mut UProbe =
                 self.ebpf.program_mut(name).ok_or(ProgramError::UnexpectedProgramType)?.try_into()?;
             program.load()?;

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use observer_common::{USERSPACE_GLOBALS, USERSPACE_MAPS};
+use observer_common::{gpu::COUNT_PROGRAM, USERSPACE_GLOBALS, USERSPACE_MAPS};
 
 use super::{
     gpu::{ENTER_PROGRAM, EXIT_PROGRAM},
@@ -75,7 +75,7 @@ fn every_program_userspace_attaches_is_in_the_object_in_its_section() {
     let slots = (0..observer_common::gpu::MAX_GPU_SLOTS)
         .filter_map(super::gpu_slots::slot_programs)
         .flat_map(|(enter, exit)| [enter, exit]);
-    for program in [ENTER_PROGRAM, EXIT_PROGRAM].into_iter().chain(slots) {
+    for program in [ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM].into_iter().chain(slots) {
         if !matches!(symbols.get(program), Some((s, SymbolKind::Text)) if s == "uprobe" || s == "uretprobe") {
             wrong.push(format!("{program}: not a uprobe program in the object"));
         }
@@ -91,7 +91,7 @@ fn every_program_in_the_object_is_attached_by_userspace() {
         .filter_map(super::gpu_slots::slot_programs)
         .flat_map(|(enter, exit)| [enter, exit]);
     let attached: BTreeSet<&str> =
-        table::program_names().chain([ENTER_PROGRAM, EXIT_PROGRAM]).chain(slots).collect();
+        table::program_names().chain([ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM]).chain(slots).collect();
     let in_object: Vec<String> = symbols()
         .into_iter()
         .filter(|(_, (section, kind))| *kind == SymbolKind::Text && section != ".text")

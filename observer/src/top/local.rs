@@ -58,6 +58,7 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
         hold_scoped: false,
         kfd_syscall_fallback: false,
         hot_policy: Policy::for_daemon(hot_calls, hot_window),
+        hot_detail: config::HotDetail::Counts,
         runq_prefixes: Some(runq_prefixes),
     })?;
     let exporter = Exporter::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);

@@ -65,6 +65,11 @@ pub struct Args {
     /// every process without a filter), all, or none.
     #[arg(long, value_name = "MODE", value_parser = config::parse_hot_calls, default_value = config::DEFAULT_HOT_CALLS)]
     pub hot_calls: config::HotCalls,
+    /// What the selected processes' hot calls are probed for: timed (entry
+    /// and return: durations, stalls, the call a crash was in) or counts (a
+    /// return probe alone: calls and failures, about half the cost per call).
+    #[arg(long, value_name = "DETAIL", value_parser = config::parse_hot_detail, default_value = config::DEFAULT_HOT_DETAIL_TRACE)]
+    pub hot_detail: config::HotDetail,
     /// Character device whose ioctls count as KFD ioctls when the kernel has
     /// no kprobes (default /dev/kfd; tests point it at another device).
     #[arg(long, value_name = "PATH", hide = true)]
@@ -112,7 +117,7 @@ impl Filter {
         if matches!(event.detail, crate::events::Detail::LibraryProbed { .. }) {
             return true;
         }
-        let slow = matches!(event.detail, crate::events::Detail::GpuCall { duration_ns, .. } if duration_ns >= self.slow_ns);
+        let slow = matches!(event.detail, crate::events::Detail::GpuCall { duration_ns: Some(ns), .. } if ns >= self.slow_ns);
         if !self.all && !event.is_failure() && !slow {
             return false;
         }
@@ -164,6 +169,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
             args.comm.as_deref(),
             args.cgroup.as_deref(),
         ),
+        hot_detail: args.hot_detail,
         runq_prefixes: None,
     })?;
     greet(&pipeline, &args);

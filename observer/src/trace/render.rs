@@ -108,7 +108,10 @@ pub fn detail(event: &Event) -> String {
         Detail::GpuCall { api, library, function, result, duration_ns } => {
             let name = result_name(*api, *result).unwrap_or("unknown result");
             let lib = library.rsplit('/').next().unwrap_or(library);
-            format!("{function} -> {result} {name} in {} [{lib}]", duration(*duration_ns))
+            match duration_ns {
+                Some(ns) => format!("{function} -> {result} {name} in {} [{lib}]", duration(*ns)),
+                None => format!("{function} -> {result} {name} (counted, not timed) [{lib}]"),
+            }
         }
         Detail::GpuStall { library, function, elapsed_ns, .. } => {
             let lib = library.rsplit('/').next().unwrap_or(library);
@@ -175,7 +178,7 @@ mod tests {
                 library: "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5".into(),
                 function: "hipInit".into(),
                 result: 101,
-                duration_ns: 2_000_000,
+                duration_ns: Some(2_000_000),
             },
         };
         let l = line(&ev);
@@ -183,5 +186,21 @@ mod tests {
         assert!(l.starts_with("00:00:00.000  7 "), "{l}");
         // columns line up with the header
         assert_eq!(l.find("gpu_call"), HEADER.find("EVENT"));
+        // A hot call counted at return only says so instead of a duration.
+        let counted = Event {
+            detail: Detail::GpuCall {
+                api: Api::Cuda,
+                library: "/opt/zluda/libcuda.so.1".into(),
+                function: "cuLaunchKernel".into(),
+                result: 1,
+                duration_ns: None,
+            },
+            ..ev
+        };
+        let l = line(&counted);
+        assert!(
+            l.contains("cuLaunchKernel -> 1 CUDA_ERROR_INVALID_VALUE (counted, not timed) [libcuda.so.1]"),
+            "{l}"
+        );
     }
 }

@@ -17,9 +17,12 @@
 //! - the same, process selected: its `cuInit` fails (the stand-in's
 //!   `hipInit` fails on request), the daemon puts per-process uprobes on the
 //!   hot functions, and the process waits (`--wait-hot`) until it sees the
-//!   breakpoints on both launch entries before it runs the loop;
-//! - bpftrace with a comparable uprobe+uretprobe pair on both functions,
-//!   and the empty pair on both (the floor).
+//!   breakpoints on both launch entries before it runs the loop; once with
+//!   the daemon's default `--hot-detail counts` (a counting return probe),
+//!   once with `--hot-detail timed` (an entry and a return probe);
+//! - bpftrace counting returns by value on both functions (the counting
+//!   peer), bpftrace with a timed uprobe+uretprobe pair on both (the timed
+//!   peer), and the empty pair on both (the floor).
 //!
 //! Both layers are probed, as on a ZLUDA node, and every probed entry starts
 //! with a `push`, as Debian's libamdhip64.so.5 entries do: the kernel
@@ -51,7 +54,13 @@ use super::{
 enum LaunchCfg {
     Bare,
     NotSelected,
+    /// Selected, the daemon's default `--hot-detail counts`.
     Selected,
+    /// Selected, `--hot-detail timed`.
+    SelectedTimed,
+    /// bpftrace counting returns by value (the peer of `Selected`).
+    BpftraceCounts,
+    /// bpftrace timing each call (the peer of `SelectedTimed`).
     Bpftrace,
     Floor,
 }
@@ -62,6 +71,8 @@ impl Config for LaunchCfg {
             LaunchCfg::Bare => "bare",
             LaunchCfg::NotSelected => "not_selected",
             LaunchCfg::Selected => "selected",
+            LaunchCfg::SelectedTimed => "selected_timed",
+            LaunchCfg::BpftraceCounts => "bpftrace_counts",
             LaunchCfg::Bpftrace => "bpftrace",
             LaunchCfg::Floor => "floor",
         }
@@ -216,7 +227,7 @@ fn decode_entry(bytes: &[u8]) -> Entry {
 /// before it prints help). The error says which flag it lacks.
 fn hot_calls_supported(env: &Env) -> Result<(), String> {
     let out = Command::new(&env.bin)
-        .args(["run", "--hot-calls", "selected", "--hot-window", "10m", "--help"])
+        .args(["run", "--hot-calls", "selected", "--hot-window", "10m", "--hot-detail", "timed", "--help"])
         .output()
         .map_err(|e| format!("cannot start {}: {e}", env.bin.display()))?;
     if out.status.success() {
@@ -226,7 +237,8 @@ fn hot_calls_supported(env: &Env) -> Result<(), String> {
     Err(err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string())
 }
 
-fn bpftrace_scripts(stack: &Stack) -> (String, String) {
+/// bpftrace scripts: (timed pairs, counting returns, the empty pair).
+fn bpftrace_scripts(stack: &Stack) -> (String, String, String) {
     let (c, h) = (stack.cuda_lib.display(), stack.hip_lib.display());
     // One start-time map per function: the HIP call runs inside the CUDA
     // one on the same thread.
@@ -238,11 +250,15 @@ fn bpftrace_scripts(stack: &Stack) -> (String, String) {
          uretprobe:{h}:hipModuleLaunchKernel /@hs[tid]/ {{ @hr[retval] = count(); \
          @hlat = hist(nsecs - @hs[tid]); delete(@hs[tid]); }}"
     );
+    let counts = format!(
+        "uretprobe:{c}:cuLaunchKernel {{ @cr[retval] = count(); }} \
+         uretprobe:{h}:hipModuleLaunchKernel {{ @hr[retval] = count(); }}"
+    );
     let floor = format!(
         "uprobe:{c}:cuLaunchKernel {{}} uretprobe:{c}:cuLaunchKernel {{}} \
          uprobe:{h}:hipModuleLaunchKernel {{}} uretprobe:{h}:hipModuleLaunchKernel {{}}"
     );
-    (full, floor)
+    (full, counts, floor)
 }
 
 /// What the daemon counted for `function` among the loop's processes.
@@ -257,6 +273,7 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
     let stack = Stack::find(env)?;
     let mut not_sel = Row::new("launch_bound_not_selected", "ns/launch");
     let mut sel = Row::new("launch_bound_selected", "ns/launch");
+    let mut timed = Row::new("launch_bound_selected_timed", "ns/launch");
 
     // The entries the loop's probes sit on must be shaped like the real
     // ones, or the floor and the selected figures mean something else.
@@ -293,7 +310,7 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
     let mut configs = vec![LaunchCfg::Bare];
     let unsupported = hot_calls_supported(env).err();
     match &unsupported {
-        None => configs.extend([LaunchCfg::NotSelected, LaunchCfg::Selected]),
+        None => configs.extend([LaunchCfg::NotSelected, LaunchCfg::Selected, LaunchCfg::SelectedTimed]),
         Some(why) => {
             let note = format!(
                 "{} does not take --hot-calls/--hot-window ({why}): the not-selected and selected \
@@ -302,18 +319,23 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
             );
             eprintln!("    {note}");
             not_sel.notes.push(note.clone());
+            timed.notes.push(note.clone());
             sel.notes.push(note);
         }
     }
     if env.bpftrace.is_some() {
-        configs.extend([LaunchCfg::Bpftrace, LaunchCfg::Floor]);
+        configs.extend([LaunchCfg::BpftraceCounts, LaunchCfg::Bpftrace, LaunchCfg::Floor]);
     } else {
         sel.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
+        timed.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
     }
 
     let (cuda_arg, hip_arg) = (stack.cuda_lib.to_string_lossy(), stack.hip_lib.to_string_lossy());
+    // The daemon's defaults but for the libraries: hot calls of selected
+    // processes counted at return.
     let daemon_args = ["--lib", cuda_arg.as_ref(), "--lib", hip_arg.as_ref(), "--hot-calls", "selected"];
-    let (full_script, floor_script) = bpftrace_scripts(&stack);
+    let timed_args = [&daemon_args[..], &["--hot-detail", "timed"]].concat();
+    let (full_script, counts_script, floor_script) = bpftrace_scripts(&stack);
     let mut stop_times = Vec::new();
 
     step(&format!(
@@ -355,13 +377,17 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
                 stop_times.push(d.stop().as_secs_f64());
                 Some(v)
             }
-            LaunchCfg::Selected => {
-                let d = Daemon::start(env, "canaryscope-launch-selected", &daemon_args)?;
+            LaunchCfg::Selected | LaunchCfg::SelectedTimed => {
+                let (args, row) = match cfg {
+                    LaunchCfg::Selected => (&daemon_args[..], &mut sel),
+                    _ => (&timed_args[..], &mut timed),
+                };
+                let d = Daemon::start(env, &format!("canaryscope-launch-{}", cfg.label()), args)?;
                 let (s, p) = launch_run(env, &stack, &place, &name, n, true, true)?;
                 let text = p.output();
                 if parse_field(&text, "hot") == Some(0.0) {
                     let line = text.lines().find(|l| l.starts_with("hot=")).unwrap_or_default();
-                    sel.wrong(format!(
+                    row.wrong(format!(
                         "round {r}: the process was not selected: its two launch entries did not both \
                          show a breakpoint within {WAIT_HOT_MS} ms of its failing cuInit ({line}); not \
                          measured in later rounds"
@@ -373,15 +399,21 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
                 for f in ["cuLaunchKernel", "hipModuleLaunchKernel"] {
                     let c = counted(&d, &place, f, Duration::from_secs(10), |c| c >= n as f64);
                     if c != n as f64 {
-                        sel.wrong(format!("round {r}: canaryscope counted {c} of {n} {f} calls"));
+                        row.wrong(format!("round {r}: canaryscope counted {c} of {n} {f} calls"));
                     }
                 }
                 stop_times.push(d.stop().as_secs_f64());
                 Some(v)
             }
-            LaunchCfg::Bpftrace | LaunchCfg::Floor => {
-                let script = if cfg == LaunchCfg::Bpftrace { &full_script } else { &floor_script };
-                let started = start_bpftrace(env, &format!("bpftrace-launch-{}", cfg.label()), script, 4);
+            LaunchCfg::Bpftrace | LaunchCfg::BpftraceCounts | LaunchCfg::Floor => {
+                let script = match cfg {
+                    LaunchCfg::Bpftrace => &full_script,
+                    LaunchCfg::BpftraceCounts => &counts_script,
+                    _ => &floor_script,
+                };
+                let probes = if cfg == LaunchCfg::BpftraceCounts { 2 } else { 4 };
+                let started =
+                    start_bpftrace(env, &format!("bpftrace-launch-{}", cfg.label()), script, probes);
                 let Some(mut bt) =
                     peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut sel.notes)
                 else {
@@ -392,7 +424,7 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
                 let (took, killed) = bt.stop();
                 if killed {
                     sel.notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
-                } else if cfg == LaunchCfg::Bpftrace {
+                } else if cfg != LaunchCfg::Floor {
                     let text = bt.output();
                     for map in ["@cr[0]:", "@hr[0]:"] {
                         let c = text
@@ -429,35 +461,45 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
          unprobed (counted: 0)"
     ));
 
-    sel.baseline = bare;
-    sel.canaryscope = rounds.median(LaunchCfg::Selected);
-    sel.peer = rounds.median(LaunchCfg::Bpftrace);
-    sel.floor = floor;
-    if env.bpftrace.is_some() {
-        sel.peer_tool = Some("bpftrace".into());
+    for (row, ours, peer) in [
+        (&mut sel, LaunchCfg::Selected, LaunchCfg::BpftraceCounts),
+        (&mut timed, LaunchCfg::SelectedTimed, LaunchCfg::Bpftrace),
+    ] {
+        row.baseline = bare;
+        row.canaryscope = rounds.median(ours);
+        row.peer = rounds.median(peer);
+        row.floor = floor;
+        if env.bpftrace.is_some() {
+            row.peer_tool = Some("bpftrace".into());
+        }
+        row.ratio("canaryscope_vs_floor", div(row.canaryscope, floor));
+        row.ratio("canaryscope_vs_baseline", div(row.canaryscope, bare));
+        row.ratio("canaryscope_vs_peer", div(row.canaryscope, row.peer));
+        row.ratio("peer_vs_floor", div(row.peer, floor));
+        row.ratio("floor_vs_baseline", div(floor, bare));
+        rounds.add_samples_of(row, &[LaunchCfg::Bare, ours, peer, LaunchCfg::Floor]);
     }
-    sel.ratio("canaryscope_vs_floor", div(sel.canaryscope, floor));
-    sel.ratio("canaryscope_vs_baseline", div(sel.canaryscope, bare));
-    sel.ratio("canaryscope_vs_peer", div(sel.canaryscope, sel.peer));
-    sel.ratio("peer_vs_floor", div(sel.peer, floor));
-    sel.ratio("floor_vs_baseline", div(floor, bare));
     sel.target = Some(Target::new(
-        "process selected: within 10% of the empty-pair floor (canaryscope/floor ≤ 1.10)",
+        "process selected, the daemon's default --hot-detail counts: within 10% of the empty-pair \
+         floor (canaryscope/floor ≤ 1.10)",
         1.10,
         div(sel.canaryscope, floor),
         "",
     ));
-    rounds.add_samples_of(
-        &mut sel,
-        &[LaunchCfg::Bare, LaunchCfg::Selected, LaunchCfg::Bpftrace, LaunchCfg::Floor],
+    let common = format!(
+        "N={n} launches per run, each cuLaunchKernel (ZLUDA-shaped) -> hipModuleLaunchKernel (HIP \
+         stand-in, {STANDIN_ITERS} iterations of work); canaryscope = the daemon, the process's \
+         cuInit failing first and the loop starting once it sees breakpoints on both entries \
+         (--wait-hot {WAIT_HOT_MS}); floor = empty uprobe+uretprobe pair on both functions (bpftrace)"
     );
     sel.notes.push(format!(
-        "N={n} launches per run, each cuLaunchKernel (ZLUDA-shaped) -> hipModuleLaunchKernel (HIP \
-         stand-in, {STANDIN_ITERS} iterations of work); canaryscope = the same daemon, the process's \
-         cuInit failing first and the loop starting once it sees breakpoints on both entries \
-         (--wait-hot {WAIT_HOT_MS}); floor = empty uprobe+uretprobe pair on both functions (bpftrace); \
-         peer = bpftrace uprobe+uretprobe pairs on both counting per return value with a latency \
-         histogram"
+        "{common}; --hot-detail counts (the default): a counting return probe on both; peer = bpftrace \
+         uretprobes on both counting per return value"
+    ));
+    timed.notes.push(format!(
+        "{common}; --hot-detail timed (opt-in: durations, stalls, the call a crash was in): an entry \
+         and a return probe on both; peer = bpftrace uprobe+uretprobe pairs on both counting per \
+         return value with a latency histogram; no target of its own: the 1.10 target is the default's"
     ));
     if !entries.is_empty() {
         sel.notes.push(format!("first instructions: {}", entries.join("; ")));
@@ -468,7 +510,7 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
             median(&stop_times).unwrap_or(0.0)
         ));
     }
-    out.extend([not_sel, sel]);
+    out.extend([not_sel, sel, timed]);
     if let Some(why) = unsupported {
         bail!(
             "the canaryscope configurations could not run: {} lacks hot-call selection ({why})",
