@@ -387,6 +387,8 @@ mod tests {
             assert!(parse_cgroup_prefix(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_hot_calls(DEFAULT_HOT_CALLS), Ok(HotCalls::Selected));
+        assert_eq!(parse_hot_detail(DEFAULT_HOT_DETAIL_RUN), Ok(HotDetail::Counts));
+        assert_eq!(parse_hot_detail(DEFAULT_HOT_DETAIL_TRACE), Ok(HotDetail::Timed));
         assert!(server::parse_listen(DEFAULT_LISTEN).is_ok());
         let s = Settings::from_run_args(&Args::default()).expect("defaults are valid");
         assert_eq!(
@@ -431,11 +433,21 @@ mod tests {
     fn hot_call_settings_come_from_flags_or_file() {
         let s = Settings::from_run_args(&Args::default()).expect("defaults");
         assert_eq!((s.hot_calls, s.hot_window), (HotCalls::Selected, Duration::from_secs(600)));
+        assert_eq!(s.hot_detail, HotDetail::Counts, "the daemon counts hot calls by default");
         let file = std::env::temp_dir().join(format!("cs-hot-{}", std::process::id()));
-        std::fs::write(&file, "hot_calls = \"none\"\nhot_window = \"30s\"\n").expect("write");
+        std::fs::write(&file, "hot_calls = \"none\"\nhot_window = \"30s\"\nhot_detail = \"timed\"\n")
+            .expect("write");
         let mut a = Args { config: Some(file.clone()), ..Args::default() };
         let s = Settings::from_run_args(&a).expect("valid config");
         assert_eq!((s.hot_calls, s.hot_window), (HotCalls::None, Duration::from_secs(30)));
+        assert_eq!(s.hot_detail, HotDetail::Timed);
+        a.hot_detail = Some("counts".into());
+        assert_eq!(Settings::from_run_args(&a).expect("flag wins").hot_detail, HotDetail::Counts);
+        a.hot_detail = Some("deep".into());
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--hot-detail: `deep`"))
+        );
+        a.hot_detail = None;
         a.hot_calls = Some("all".into());
         assert_eq!(Settings::from_run_args(&a).expect("flag wins").hot_calls, HotCalls::All);
         a.hot_calls = Some("some".into());

@@ -44,6 +44,8 @@ fn bad_hot_call_settings_are_usage_errors() {
         &["run", "--hot-calls", "some"],
         &["run", "--hot-window", "soon"],
         &["run", "--hot-window", "200ms"],
+        &["trace", "--hot-detail", "deep"],
+        &["run", "--hot-detail", "deep"],
         &["run", "--cgroup", "solver.slice"],
         &["run", "--cgroup", "/sys/fs/cgroup/solver.slice"],
     ] {
