@@ -169,7 +169,8 @@ const LATER_ONCE: &[Suite] = &[
 /// Every probe family once, in the shape the kernel gets, for the kernels
 /// CI cannot afford whole suites on: `check` (kernel_support), a GPU call
 /// failure through both runtime layers, a crash in the library, a library
-/// found after start, per-process hot probes, the CPU/OOM/exit suite
+/// found after start, per-process hot probes (counted, or timed where the
+/// kernel has no attach cookies), the CPU/OOM/exit suite
 /// (throttling, OOM kill, exits), a sender of a fatal signal, a refused
 /// allocation and the run-queue histogram. KFD comes on its own, for the
 /// kernels that have amdgpu.
@@ -183,7 +184,13 @@ const ONE_PER_FAMILY: &[Suite] = &[
             "a_library_loaded_later_is_found_within_a_second",
         ],
     ),
-    ("hot_calls", &["trace_pid_traps_every_thread_of_its_process_and_no_other_process"]),
+    (
+        "hot_calls",
+        &[
+            "trace_pid_traps_every_thread_of_its_process_and_no_other_process",
+            "the_daemon_counts_hot_calls_at_return_and_times_them_on_request",
+        ],
+    ),
     ("cpu_oom_exit", &[]),
     ("exit_causes", &["kill_9_from_elsewhere_names_the_senders_scope"]),
     ("memory_limits", &["a_tight_mmap_refusal_loop_gives_one_record_a_second_and_an_exact_count"]),
