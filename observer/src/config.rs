@@ -103,26 +103,30 @@ pub enum HotCalls {
 }
 
 impl HotCalls {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Selected => "selected",
-            Self::All => "all",
-            Self::None => "none",
-        }
-    }
+    const NAMES: &[(&str, Self)] = &[("selected", Self::Selected), ("all", Self::All), ("none", Self::None)];
 }
 
 impl std::str::FromStr for HotCalls {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "selected" => Ok(Self::Selected),
-            "all" => Ok(Self::All),
-            "none" => Ok(Self::None),
-            other => Err(format!("`{other}` is not a mode (use selected, all or none)")),
-        }
+        choose(s, "mode", Self::NAMES)
     }
+}
+
+/// One of `choices` by name; the error lists them (`use a, b or c`).
+fn choose<T: Copy>(text: &str, what: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    let text = text.trim();
+    if let Some((_, value)) = choices.iter().find(|(name, _)| *name == text) {
+        return Ok(*value);
+    }
+    let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+    let listed = match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(format!("`{text}` is not a {what} (use {listed})"))
 }
 
 /// What a selected process's hot calls are probed for (`--hot-detail`).
@@ -139,23 +143,14 @@ pub enum HotDetail {
 }
 
 impl HotDetail {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Counts => "counts",
-            Self::Timed => "timed",
-        }
-    }
+    const NAMES: &[(&str, Self)] = &[("counts", Self::Counts), ("timed", Self::Timed)];
 }
 
 impl std::str::FromStr for HotDetail {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "counts" => Ok(Self::Counts),
-            "timed" => Ok(Self::Timed),
-            other => Err(format!("`{other}` is not a detail level (use counts or timed)")),
-        }
+        choose(s, "detail level", Self::NAMES)
     }
 }
 
