@@ -154,17 +154,22 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     record_latency(&GPU_STATS, &stats_key, duration_ns);
 
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
-        let event = GpuCallEvent {
-            header: current_header(EventKind::GpuCall as u32),
-            api,
-            function,
-            result,
-            library: cookie_library(cookie),
-            duration_ns,
-        };
-        emit(&event);
+        emit_call(cookie, result, duration_ns);
     }
     Ok(0)
+}
+
+/// The event of one returned call of the function `cookie` names.
+#[inline(always)]
+fn emit_call(cookie: u64, result: i32, duration_ns: u64) {
+    emit(&GpuCallEvent {
+        header: current_header(EventKind::GpuCall as u32),
+        api: cookie_api(cookie),
+        function: cookie_function(cookie),
+        result,
+        library: cookie_library(cookie),
+        duration_ns,
+    });
 }
 
 /// Hot calls in `--hot-detail counts`: attached as a uretprobe alone. The
@@ -194,15 +199,7 @@ pub fn gpu_count(ctx: RetProbeContext) -> u32 {
     }
     bump_generation();
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 {
-        let event = GpuCallEvent {
-            header: current_header(EventKind::GpuCall as u32),
-            api,
-            function,
-            result,
-            library: cookie_library(cookie),
-            duration_ns: UNTIMED_NS,
-        };
-        emit(&event);
+        emit_call(cookie, result, UNTIMED_NS);
     }
     0
 }

@@ -560,15 +560,12 @@ impl GpuProbes {
             return Ok(0);
         }
         let Some(scope_pid) = std::num::NonZeroU32::new(pid) else { return Ok(0) };
+        let count_hot = self.hot_detail() == HotDetail::Counts;
         let Some(library) = self.attached.get_mut(id) else { return Ok(0) };
         if library.hot.contains_key(&pid) {
             return Ok(0);
         }
         let path = library.attach_path();
-        let count_hot = match self.slots {
-            Some(_) => false,
-            None => self.hot_detail == HotDetail::Counts,
-        };
         let outcome = attach_functions(
             ebpf,
             self.slots.as_mut(),
