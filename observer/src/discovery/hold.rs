@@ -243,32 +243,16 @@ pub fn run_watchdog(pin: &Path, daemon_pid: u32) -> ExitCode {
         }
     }
     // The daemon is gone: its programs detach as its descriptors close, and
-    // a program already running may still record one more stop. The kernel
-    // side records a hold before it sends SIGSTOP, so a sweep can resume a
-    // process whose stop is still to come: what this phase resumed is
-    // resumed again if it is found stopped later.
+    // a program already running may still record one more stop.
     let until = Instant::now() + Duration::from_millis(500);
-    let mut resumed = Vec::new();
     loop {
-        resumed.extend(resume_older_than(&mut map, Duration::ZERO));
-        for &pid in &resumed {
-            if stopped(pid) {
-                // SAFETY: kill(2) with a plain pid and signal.
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-            }
-        }
+        resume_all(&mut map);
         if Instant::now() >= until {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     ExitCode::SUCCESS
-}
-
-/// Whether the process is in job-control stop (state `T` in /proc/PID/stat).
-fn stopped(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) == Some("T")
 }
 
 #[cfg(test)]
