@@ -66,6 +66,7 @@ static PENDING_GPU_MAPS: HashMap<u32, PendingGpuMap> = HashMap::with_max_entries
 
 const PROT_EXEC: u64 = 4;
 const SIGSTOP: u32 = 19;
+const SIGCONT: u32 = 18;
 
 /// match-proto: sched_process_exec(struct task_struct *p, pid_t old_pid,
 /// struct linux_binprm *bprm); runs in the new image, before the dynamic
@@ -170,8 +171,8 @@ fn starts_with(name: &[u8; LIBRARY_NAME_LEN], prefix: &[u8]) -> bool {
 
 /// syscalls:sys_exit_mmap (ret at 16): the mapping now exists, so userspace
 /// finds it in /proc/PID/maps. With the hold enabled the process is stopped
-/// before it returns to user space, and recorded in HELD_PIDS first, so a
-/// watchdog that sees the entry can always resume it.
+/// before it returns to user space, and recorded in HELD_PIDS once the stop
+/// is queued, so a watchdog that sees the entry can always resume it.
 #[tracepoint(category = "syscalls", name = "sys_exit_mmap")]
 pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
@@ -188,18 +189,24 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
     let header = current_header(EventKind::GpuMap as u32);
     let mut held = 0;
     let mut held_at_ns = 0;
-    if (read_global(&HOLD_ENABLED) != 0 || in_held_cgroup()) && !has_controlling_tty() {
-        held_at_ns = header.ts_boot_ns;
-        if HELD_PIDS.insert(&header.pid, &held_at_ns, 0).is_ok() {
-            // SAFETY: signals the current process, which is a user task here.
-            if unsafe { bpf_send_signal(SIGSTOP) } == 0 {
-                held = 1;
-            } else {
-                let _ = HELD_PIDS.remove(&header.pid);
-                held_at_ns = 0;
-            }
+    // The stop is queued before the record exists: whoever reads the
+    // record (the daemon, its watchdog, the next daemon) and then sends
+    // SIGCONT is sure to cancel a stop that has not landed yet, since
+    // SIGCONT discards a pending SIGSTOP. Recorded first, a resume could
+    // come between the two and the stop land after it, with no record
+    // left to undo it.
+    // SAFETY: signals the current process, which is a user task here.
+    if (read_global(&HOLD_ENABLED) != 0 || in_held_cgroup())
+        && !has_controlling_tty()
+        && unsafe { bpf_send_signal(SIGSTOP) } == 0
+    {
+        if HELD_PIDS.insert(&header.pid, &header.ts_boot_ns, 0).is_ok() {
+            held = 1;
+            held_at_ns = header.ts_boot_ns;
         } else {
-            held_at_ns = 0; // map full: report without holding
+            // Map full: a stop nobody could find must not land.
+            // SAFETY: as above; SIGCONT discards the pending SIGSTOP.
+            unsafe { bpf_send_signal(SIGCONT) };
         }
     }
     emit_urgent(&GpuMapEvent {

@@ -6,8 +6,10 @@
 //! A kernel-side deadline would need kprobes or fentry, which many kernels
 //! lack (and a stopped task runs no program), so the safety net is in
 //! userspace, in three layers:
-//! - the kernel records each held process in `HELD_PIDS` *before* stopping
-//!   it, and that map is pinned in bpffs;
+//! - the kernel records each held process in `HELD_PIDS` once its SIGSTOP
+//!   is queued (never before: a resume read from an earlier record could
+//!   then miss the stop), and that map is pinned in bpffs; a SIGCONT sent
+//!   after reading a record cancels its stop even if it has not landed;
 //! - a watchdog process, separate from the daemon and in its own session,
 //!   resumes any process held longer than the deadline, and every held
 //!   process as soon as the daemon is gone, however it died;

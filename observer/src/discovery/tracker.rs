@@ -48,6 +48,38 @@ struct GpuProcess {
     reason: Option<Reason>,
 }
 
+/// Why a process's maps are read.
+#[derive(Clone, Copy)]
+enum Scan<'a> {
+    /// At start: what running processes already map.
+    AtStart,
+    /// A while after the process mapped code (coalesced per process);
+    /// `second_look` once files were left to the kernel's own report.
+    CodeMapped { header: &'a EventHeader, second_look: bool },
+    /// The kernel reported its mapping of a runtime file.
+    GpuMapped(&'a EventHeader),
+}
+
+/// A process whose maps are read once its loader is likely done.
+struct PendingScan {
+    due: Instant,
+    header: EventHeader,
+    second_look: bool,
+}
+
+/// Whether a scan leaves a runtime file it found to the kernel's report of
+/// its mapping instead of probing it now. The kernel reports a runtime file
+/// it does not know at `mmap` return, just after the mapping appears in the
+/// process's maps, so a scan made because of an earlier mapping of the same
+/// process can read it in between; probing it then would announce it
+/// without the mapping that revealed it (and race the hold). A file left so
+/// is looked at again one scan delay later, in case the report was lost to
+/// a full ring buffer; where the kernel cannot name mapped files, scans are
+/// all there is.
+fn leave_to_kernel_report(scan: Scan<'_>, kernel_names_mappings: bool, known: bool) -> bool {
+    kernel_names_mappings && !known && matches!(scan, Scan::CodeMapped { second_look: false, .. })
+}
+
 /// A library newly probed, and why it was chosen.
 #[derive(Clone, Debug)]
 pub struct Announcement {
@@ -72,7 +104,10 @@ pub struct LibraryTracker {
     /// Files inspected and found not to be GPU runtimes.
     rejected: HashSet<gpu::FileId>,
     /// Processes whose maps are read once their loader is likely done.
-    pending_scans: Vec<(Instant, u32)>,
+    pending_scans: Vec<PendingScan>,
+    /// The kernel side reports mappings of runtime files by name (see
+    /// [`leave_to_kernel_report`]).
+    kernel_names_mappings: bool,
     last_retire_check: Instant,
     announcements: Vec<Announcement>,
     hold: Option<Hold>,
@@ -114,10 +149,16 @@ impl LibraryTracker {
             ahead: AheadOfTime::default(),
             rejected: HashSet::new(),
             pending_scans: Vec::new(),
+            kernel_names_mappings: false,
             last_retire_check: Instant::now(),
             announcements: Vec::new(),
             hold,
         }
+    }
+
+    /// Tells whether the kernel side's mapping reports are live.
+    pub fn set_kernel_names_mappings(&mut self, live: bool) {
+        self.kernel_names_mappings = live;
     }
 
     pub fn probes(&self) -> &GpuProbes {
@@ -177,7 +218,7 @@ impl LibraryTracker {
             self.consider(kernel, c.open_path, c.display, &c.reason, None);
         }
         for pid in gpu::all_pids() {
-            self.scan_process(kernel, pid, None);
+            self.scan_process(kernel, pid, Scan::AtStart);
         }
     }
 
@@ -218,11 +259,17 @@ impl LibraryTracker {
 
     /// A process mapped code: read its maps a little later, as the loader
     /// is usually mid-way through mapping a burst of libraries.
-    pub fn code_mapped(&mut self, pid: u32) {
-        if !self.pending_scans.iter().any(|(_, p)| *p == pid) {
-            let due = Instant::now() + Duration::from_millis(MAP_SCAN_DELAY_MS);
-            self.pending_scans.push((due, pid));
+    pub fn code_mapped(&mut self, header: &EventHeader) {
+        self.scan_later(*header, false);
+    }
+
+    fn scan_later(&mut self, header: EventHeader, second_look: bool) {
+        if let Some(pending) = self.pending_scans.iter_mut().find(|p| p.header.pid == header.pid) {
+            pending.second_look |= second_look;
+            return;
         }
+        let due = Instant::now() + Duration::from_millis(MAP_SCAN_DELAY_MS);
+        self.pending_scans.push(PendingScan { due, header, second_look });
     }
 
     /// A program was exec'd: probe what its loader could find before it runs.
@@ -254,7 +301,7 @@ impl LibraryTracker {
     pub fn gpu_file_mapped(&mut self, kernel: &mut Loaded, ev: &GpuMapEvent) {
         let pid = ev.header.pid;
         let first_new = self.announcements.len();
-        self.scan_process(kernel, pid, Some(&ev.header));
+        self.scan_process(kernel, pid, Scan::GpuMapped(&ev.header));
         // Its maps may not name the file by a usable path (a deleted or
         // renamed file): the descriptor it was mapped from is still open
         // while the process is held.
@@ -293,10 +340,11 @@ impl LibraryTracker {
     /// of deleted library files.
     pub fn housekeeping(&mut self, kernel: &mut Loaded) {
         let now = Instant::now();
-        let due: Vec<u32> = self.pending_scans.iter().filter(|(t, _)| *t <= now).map(|(_, p)| *p).collect();
-        self.pending_scans.retain(|(t, _)| *t > now);
-        for pid in due {
-            self.scan_process(kernel, pid, None);
+        let (due, later): (Vec<PendingScan>, Vec<PendingScan>) =
+            std::mem::take(&mut self.pending_scans).into_iter().partition(|p| p.due <= now);
+        self.pending_scans = later;
+        for PendingScan { header, second_look, .. } in due {
+            self.scan_process(kernel, header.pid, Scan::CodeMapped { header: &header, second_look });
         }
         if self.reselect_now || self.last_reselect.elapsed() >= RESELECT_EVERY {
             self.reselect(kernel);
@@ -334,22 +382,44 @@ impl LibraryTracker {
     }
 
     /// Probes the GPU libraries a process maps (containers' own copies included).
-    fn scan_process(&mut self, kernel: &mut Loaded, pid: u32, origin: Option<&EventHeader>) {
+    fn scan_process(&mut self, kernel: &mut Loaded, pid: u32, scan: Scan<'_>) {
         debug!("scanning the mappings of pid {pid}");
-        let reason = match origin {
-            Some(h) => format!("mapped by {}[{pid}]", comm_str(&h.comm)),
-            None => "mapped by a running process".to_string(),
+        let (reason, origin) = match scan {
+            Scan::AtStart => ("mapped by a running process".to_string(), None),
+            Scan::CodeMapped { header, .. } => {
+                (format!("found in the maps of {}[{pid}]", comm_str(&header.comm)), Some(header))
+            }
+            Scan::GpuMapped(header) => (format!("mapped by {}[{pid}]", comm_str(&header.comm)), Some(header)),
         };
         let mut probed = BTreeSet::new();
+        let mut left = false;
         for (path, display) in gpu::process_libraries(pid) {
+            if leave_to_kernel_report(scan, self.kernel_names_mappings, self.is_known(&path)) {
+                debug!("{display}: left to the kernel's report of its mapping by pid {pid}");
+                left = true;
+                continue;
+            }
             if let Some(id) = self.consider(kernel, path, display, &reason, origin) {
                 probed.insert(id);
             }
+        }
+        if let (true, Some(header)) = (left, origin) {
+            self.scan_later(*header, true);
         }
         if !probed.is_empty() {
             self.register(pid, probed);
             self.apply(kernel, pid, Instant::now());
         }
+    }
+
+    /// Whether a file was handled already: probed, or found not to be a
+    /// runtime (the kernel side reports neither again).
+    fn is_known(&self, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        // A file that cannot be read now is no news to wait for.
+        let Ok(meta) = std::fs::metadata(path) else { return true };
+        let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
+        self.probes.is_attached(&id) || self.rejected.contains(&id)
     }
 
     /// Records that `pid` maps these probed files.
@@ -546,5 +616,25 @@ impl LibraryTracker {
         // Probed, failed or not a runtime: mapping it again is no news.
         kernel.mark_known(GpuFileKey::from_stat(id.dev, id.ino));
         self.probes.is_probed(&id).then_some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_first_scan_after_a_mapping_leaves_unknown_files_to_the_kernel() {
+        let header = EventHeader::default();
+        let first = Scan::CodeMapped { header: &header, second_look: false };
+        let second = Scan::CodeMapped { header: &header, second_look: true };
+        assert!(leave_to_kernel_report(first, true, false));
+        // Known files, kernels that cannot name mappings, second looks, the
+        // scan at start and the kernel's own report: probed at once.
+        assert!(!leave_to_kernel_report(first, true, true));
+        assert!(!leave_to_kernel_report(first, false, false));
+        assert!(!leave_to_kernel_report(second, true, false));
+        assert!(!leave_to_kernel_report(Scan::AtStart, true, false));
+        assert!(!leave_to_kernel_report(Scan::GpuMapped(&header), true, false));
     }
 }

@@ -152,6 +152,16 @@ impl Pipeline {
         // After the programs that follow new cgroups are attached, so that
         // a cgroup is either walked here or added by the kernel.
         pipeline.refresh_runq_scope();
+        // Before anything is scanned: scans leave unknown runtime files to
+        // the kernel's reports only where those reports are live.
+        let reported = |target: &str| {
+            pipeline.statuses.iter().any(|s| s.probe == "discovery" && s.attached && s.target == target)
+        };
+        let names_mappings = env.offsets.have_vma != 0
+            && env.offsets.have_fd_lookup != 0
+            && reported("syscalls:sys_enter_mmap")
+            && reported("syscalls:sys_exit_mmap");
+        pipeline.tracker.set_kernel_names_mappings(names_mappings);
         if options.families.gpu {
             pipeline.tracker.probe_explicit(&mut pipeline.kernel, &options.explicit_libs)?;
             pipeline.tracker.probe_present(&mut pipeline.kernel);
@@ -166,7 +176,7 @@ impl Pipeline {
         for record in records {
             let Some(raw) = self.attribution.decode(record) else { continue };
             match raw {
-                Raw::LibraryMap(ev) => self.tracker.code_mapped(ev.header.pid),
+                Raw::LibraryMap(ev) => self.tracker.code_mapped(&ev.header),
                 Raw::Exec(ev) => {
                     let cgroup = self.attribution.cgroups_mut().path(ev.header.cgroup_id);
                     self.tracker.exec(&mut self.kernel, &ev.header, cgroup.as_deref())
