@@ -30,6 +30,53 @@ if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
     PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)
 fi
 
+# Side work that needs nothing apt installs (rustup's cargo, gcc and pip are
+# on a new machine) runs while apt fetches and bpf-linker builds: on a new
+# machine that hides about two minutes. Each writes a log of its own and is
+# waited for, and checked, before setup says it is complete.
+side_dir="$(mktemp -d -t canaryscope-setup.XXXXXX)"
+side_pids=()
+side_names=()
+beside() {  # beside NAME CMD...: CMD in the background, its output in a log
+    local name="$1"; shift
+    "$@" > "$side_dir/$name.log" 2>&1 &
+    side_pids+=("$!")
+    side_names+=("$name")
+}
+
+# fuzz/run.sh (a bounded run is part of `cargo xtask test`): libFuzzer
+# targets built by cargo-fuzz with the stable toolchain (RUSTC_BOOTSTRAP).
+CARGO_FUZZ_VERSION=0.13.2
+if [[ "$(cargo fuzz --version 2>/dev/null || true)" == *"$CARGO_FUZZ_VERSION"* ]]; then
+    step "cargo-fuzz $CARGO_FUZZ_VERSION: present"
+else
+    step "building cargo-fuzz $CARGO_FUZZ_VERSION in the background (about 1.5 minutes, once)"
+    beside cargo-fuzz cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
+fi
+
+# deploy/check.sh validates manifests with PyYAML, jsonschema and the
+# offline Kubernetes schemas of kubernetes-validate (PyPI only), and evaluates
+# the ValidatingAdmissionPolicy's CEL expressions with cel-python (PyPI only).
+# deploy/grafana/generate.py builds the dashboard with Grafana's own
+# foundation SDK (PyPI only); the dashboard test loads it back through it.
+# The SDK is pinned: deploy/check.sh compares the committed JSON with the
+# generator's output, which another SDK release may spell differently.
+GRAFANA_SDK_VERSION='1769699998!10.1.0'
+PIP_WANTS=()
+if ! python3 -c 'import yaml, jsonschema, kubernetes_validate, celpy' 2>/dev/null; then
+    PIP_WANTS+=(pyyaml jsonschema kubernetes-validate cel-python)
+fi
+have_sdk="$(python3 -c 'import importlib.metadata as m; print(m.version("grafana-foundation-sdk"))' 2>/dev/null || true)"
+if [ "$have_sdk" != "$GRAFANA_SDK_VERSION" ]; then
+    PIP_WANTS+=("grafana-foundation-sdk==$GRAFANA_SDK_VERSION")
+fi
+if [ ${#PIP_WANTS[@]} -gt 0 ]; then
+    step "installing Python packages in the background: ${PIP_WANTS[*]}"
+    beside pip python3 -m pip install --quiet --disable-pip-version-check "${PIP_WANTS[@]}"
+else
+    step "Python packages for deploy/ and the dashboard: present"
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,40 +104,17 @@ else
     command -v bpf-linker >/dev/null || { echo "setup.sh: bpf-linker build failed" >&2; exit 1; }
 fi
 
-# fuzz/run.sh (a bounded run is part of `cargo xtask test`): libFuzzer
-# targets built by cargo-fuzz with the stable toolchain (RUSTC_BOOTSTRAP).
-CARGO_FUZZ_VERSION=0.13.2
-if [[ "$(cargo fuzz --version 2>/dev/null || true)" == *"$CARGO_FUZZ_VERSION"* ]]; then
-    step "cargo-fuzz $CARGO_FUZZ_VERSION: present"
-else
-    step "building cargo-fuzz $CARGO_FUZZ_VERSION (about 1.5 minutes, once)"
-    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked 2>&1 \
-        | grep -E '^\s*(Installing|Installed|error)' || true
-    cargo fuzz --version >/dev/null 2>&1 || { echo "setup.sh: cargo-fuzz build failed" >&2; exit 1; }
-fi
-
-# deploy/check.sh validates manifests with PyYAML, jsonschema and the
-# offline Kubernetes schemas of kubernetes-validate (PyPI only), and evaluates
-# the ValidatingAdmissionPolicy's CEL expressions with cel-python (PyPI only).
-if ! python3 -c 'import yaml, jsonschema, kubernetes_validate, celpy' 2>/dev/null; then
-    step "installing Python packages for deploy/ validation (pyyaml, jsonschema, kubernetes-validate, cel-python)"
-    python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema kubernetes-validate cel-python
-else
-    step "Python packages for deploy/ validation: present"
-fi
-
-# deploy/grafana/generate.py builds the dashboard with Grafana's own
-# foundation SDK (PyPI only); the dashboard test loads it back through it.
-# Pinned: deploy/check.sh compares the committed JSON with the generator's
-# output, which another SDK release may spell differently.
-GRAFANA_SDK_VERSION='1769699998!10.1.0'
-have_sdk="$(python3 -c 'import importlib.metadata as m; print(m.version("grafana-foundation-sdk"))' 2>/dev/null || true)"
-if [ "$have_sdk" != "$GRAFANA_SDK_VERSION" ]; then
-    step "installing grafana-foundation-sdk $GRAFANA_SDK_VERSION for the dashboard generator"
-    python3 -m pip install --quiet --disable-pip-version-check "grafana-foundation-sdk==$GRAFANA_SDK_VERSION"
-else
-    step "grafana-foundation-sdk $GRAFANA_SDK_VERSION: present"
-fi
+for i in "${!side_pids[@]}"; do
+    name="${side_names[$i]}"
+    if ! wait "${side_pids[$i]}"; then
+        tail -n 30 "$side_dir/$name.log" >&2
+        echo "setup.sh: $name failed in the background (the end of its output is above)" >&2
+        exit 1
+    fi
+    step "$name: done"
+done
+rm -rf "$side_dir"
+cargo fuzz --version >/dev/null 2>&1 || { echo "setup.sh: cargo-fuzz is missing after its build" >&2; exit 1; }
 
 # tracefs is not mounted on this kind of machine; the probes read tracepoint formats.
 if [ ! -e /sys/kernel/tracing/events ]; then
