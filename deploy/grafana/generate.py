@@ -61,7 +61,7 @@ def rows():
                    LEGEND + " {{function}}")),
             panel("GPU call failures by function (cold tier)", "reqps",
                   "Calls that returned an error, per second; hot-tier functions left out.",
-                  (f'sum by ({BY}, function) (rate(canaryscope_gpu_api_calls_total{{{SEL}, {COLD}, result!~"hipSuccess|CUDA_SUCCESS"}}[{RANGE}]))',
+                  (f'sum by ({BY}, function) (rate(canaryscope_gpu_api_calls_total{{{SEL}, {COLD}, result!~"hipSuccess|CUDA_SUCCESS|cudaSuccess"}}[{RANGE}]))',
                    LEGEND + " {{function}}")),
             panel("GPU call latency p99 (cold tier)", "s",
                   "p99 of GPU runtime call durations measured in the kernel.",

@@ -5,9 +5,12 @@
 use crate::{task::LIBRARY_NAME_LEN, EventHeader};
 
 /// File-name prefixes of the GPU runtime libraries canaryscope probes: HIP,
-/// and CUDA driver libraries (ZLUDA's or NVIDIA's). The kernel side compares
-/// them against the name of a file being mapped executable.
-pub const GPU_LIBRARY_PREFIXES: [&[u8]; 3] = [b"libamdhip64.so", b"libcuda.so", b"libnvcuda.so"];
+/// CUDA driver libraries (ZLUDA's or NVIDIA's) and NVIDIA's CUDA runtime,
+/// also as wheel repair tools rename it (`libcudart-1a2b3c4d.so.12`). The
+/// kernel side compares them against the name of a file being mapped
+/// executable.
+pub const GPU_LIBRARY_PREFIXES: [&[u8]; 4] =
+    [b"libamdhip64.so", b"libcuda.so", b"libnvcuda.so", b"libcudart"];
 
 /// Whether a file name starts like a GPU runtime library.
 pub fn is_gpu_library_name(name: &[u8]) -> bool {
@@ -146,7 +149,9 @@ mod tests {
         assert!(is_gpu_library_name(b"libcuda.so.1"));
         assert!(is_gpu_library_name(b"libnvcuda.so"));
         assert!(is_gpu_library_name(b"libamdhip64.so.5.2.50203"));
-        assert!(!is_gpu_library_name(b"libcudart.so.12"));
+        assert!(is_gpu_library_name(b"libcudart.so.12"));
+        assert!(is_gpu_library_name(b"libcudart-d0da41ae.so.11.0"));
+        assert!(!is_gpu_library_name(b"libcublas.so.12"));
         assert!(!is_gpu_library_name(b"libc.so.6"));
     }
 }

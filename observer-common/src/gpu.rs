@@ -1,5 +1,7 @@
-//! GPU runtime calls: HIP (`libamdhip64`) and the CUDA driver API (`libcuda`,
-//! as shipped by ZLUDA on top of HIP, or NVIDIA's own driver library).
+//! GPU runtime calls: HIP (`libamdhip64`), the CUDA driver API (`libcuda`,
+//! as shipped by ZLUDA on top of HIP, or NVIDIA's own driver library) and
+//! NVIDIA's CUDA runtime (`libcudart`, which frameworks call and which calls
+//! the driver API).
 
 /// In-flight calls per thread and API (hash, userspace scans it for stalls).
 pub const INFLIGHT_MAP: &str = "GPU_INFLIGHT";
@@ -41,14 +43,21 @@ wire_enum! {
     pub enum Api {
         Hip = 0,
         Cuda = 1,
+        /// NVIDIA's CUDA runtime (`cuda*` in `libcudart`).
+        Cudart = 2,
     }
 }
 
 impl Api {
+    /// Every API, innermost layer first: the CUDA runtime calls the driver
+    /// API, which ZLUDA implements over HIP.
+    pub const ALL: [Api; 3] = [Api::Hip, Api::Cuda, Api::Cudart];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Hip => "hip",
             Self::Cuda => "cuda",
+            Self::Cudart => "cudart",
         }
     }
 
@@ -56,7 +65,15 @@ impl Api {
         match self {
             Self::Hip => HIP_FUNCTIONS,
             Self::Cuda => CUDA_FUNCTIONS,
+            Self::Cudart => CUDART_FUNCTIONS,
         }
+    }
+
+    /// Whether calls of this API are made through `other`'s (HIP beneath
+    /// ZLUDA's driver API, the driver API beneath the runtime): a failure
+    /// here is the cause of, and yields to, a failure there.
+    pub fn is_beneath(self, other: Api) -> bool {
+        (self as u32) < (other as u32)
     }
 }
 
@@ -182,6 +199,50 @@ pub const CUDA_FUNCTIONS: &[GpuFunction] = &[
     cold("cuGetProcAddress_v2"),
 ];
 
+/// CUDA runtime entry points probed (`libcudart.so.*`, every export versioned,
+/// e.g. `cudaGetDeviceCount@@libcudart.so.13`). Functions a runtime lacks
+/// (`cudaInitDevice` before 12.0) are skipped. Same rule: append only.
+pub const CUDART_FUNCTIONS: &[GpuFunction] = &[
+    // The runtime initialises on its first call; these are what frameworks
+    // call first (torch.cuda.is_available() is cudaGetDeviceCount).
+    cold("cudaGetDeviceCount"),
+    cold("cudaSetDevice"),
+    cold("cudaInitDevice"),
+    cold("cudaDriverGetVersion"),
+    cold("cudaGetDeviceProperties"),
+    cold("cudaGetDeviceProperties_v2"),
+    cold("cudaMalloc"),
+    cold("cudaMallocManaged"),
+    cold("cudaMallocHost"),
+    cold("cudaMallocPitch"),
+    cold("cudaFree"),
+    cold("cudaMemcpy"),
+    cold("cudaMemcpy_ptds"),
+    cold("cudaDeviceSynchronize"),
+    cold("cudaStreamSynchronize"),
+    cold("cudaStreamSynchronize_ptsz"),
+    cold("cudaEventSynchronize"),
+    cold("cudaStreamCreate"),
+    cold("cudaStreamCreateWithFlags"),
+    cold("cudaStreamCreateWithPriority"),
+    hot("cudaLaunchKernel"),
+    hot("cudaLaunchKernel_ptsz"),
+    hot("cudaLaunchKernelExC"),
+    hot("cudaLaunchKernelExC_ptsz"),
+    hot("cudaMemcpyAsync"),
+    hot("cudaMemcpyAsync_ptsz"),
+    hot("cudaMemsetAsync"),
+    hot("cudaMemsetAsync_ptsz"),
+    hot("cudaMallocAsync"),
+    hot("cudaMallocAsync_ptsz"),
+    hot("cudaFreeAsync"),
+    hot("cudaFreeAsync_ptsz"),
+    hot("cudaGetLastError"),
+    hot("cudaPeekAtLastError"),
+    hot("cudaGraphLaunch"),
+    hot("cudaGraphLaunch_ptsz"),
+];
+
 /// Functions whose failure means the runtime could not start at all.
 pub fn is_init_function(name: &str) -> bool {
     matches!(
@@ -195,12 +256,15 @@ pub fn is_init_function(name: &str) -> bool {
             | "cuCtxCreate_v2"
             | "cuCtxCreate_v4"
             | "cuDevicePrimaryCtxRetain"
+            | "cudaGetDeviceCount"
+            | "cudaSetDevice"
+            | "cudaInitDevice"
     )
 }
 
 /// The tier of a probed function by name; `None` for a name not probed.
 pub fn tier_of(name: &str) -> Option<Tier> {
-    HIP_FUNCTIONS.iter().chain(CUDA_FUNCTIONS).find(|f| f.name == name).map(|f| f.tier)
+    Api::ALL.iter().flat_map(|api| api.functions()).find(|f| f.name == name).map(|f| f.tier)
 }
 
 /// Attach cookie: library index (userspace's table) in bits 32..64, API in
@@ -302,16 +366,28 @@ mod tests {
             "hipMemcpyAsync",
             "hipGetLastError",
             "cuLaunchKernel",
+            "cudaLaunchKernel",
+            "cudaMemcpyAsync",
+            "cudaGetLastError",
         ] {
             assert_eq!(tier_of(name), Some(Tier::Hot), "{name}");
         }
         // Sticky errors of asynchronous work are returned by the next
         // synchronisation, which every process keeps probed.
-        for name in ["hipInit", "cuInit", "hipStreamSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"] {
+        for name in [
+            "hipInit",
+            "cuInit",
+            "cudaGetDeviceCount",
+            "hipStreamSynchronize",
+            "cuStreamSynchronize",
+            "cuCtxSynchronize",
+            "cudaDeviceSynchronize",
+            "cudaStreamSynchronize",
+        ] {
             assert_eq!(tier_of(name), Some(Tier::Cold), "{name}");
         }
         // Every init function is cold: a failed start is seen in every process.
-        for f in HIP_FUNCTIONS.iter().chain(CUDA_FUNCTIONS) {
+        for f in Api::ALL.iter().flat_map(|api| api.functions()) {
             if is_init_function(f.name) {
                 assert_eq!(f.tier, Tier::Cold, "{}", f.name);
             }
@@ -320,12 +396,25 @@ mod tests {
 
     #[test]
     fn function_tables_fit_the_cookie_and_have_no_duplicates() {
-        for api in [Api::Hip, Api::Cuda] {
+        for api in Api::ALL {
             let f = api.functions();
             assert!(f.len() < 0xffff);
             for (i, a) in f.iter().enumerate() {
                 assert!(!f[i + 1..].iter().any(|b| b.name == a.name), "{} twice", a.name);
             }
+        }
+    }
+
+    #[test]
+    fn layers_run_from_hip_beneath_to_the_cuda_runtime_on_top() {
+        assert!(Api::Hip.is_beneath(Api::Cuda));
+        assert!(Api::Cuda.is_beneath(Api::Cudart));
+        assert!(Api::Hip.is_beneath(Api::Cudart));
+        assert!(!Api::Cudart.is_beneath(Api::Cuda));
+        assert!(!Api::Cuda.is_beneath(Api::Cuda));
+        for (i, api) in Api::ALL.iter().enumerate() {
+            assert_eq!(Api::from_u32(*api as u32), Some(*api));
+            assert!(Api::ALL[i + 1..].iter().all(|outer| api.is_beneath(*outer)));
         }
     }
 }

@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn crash_encodings_round_trip() {
-        for api in [Api::Hip, Api::Cuda] {
+        for api in Api::ALL {
             assert_eq!(in_call_api(in_call_api_code(api)), Some(api));
         }
         assert_eq!(in_call_api(0), None);

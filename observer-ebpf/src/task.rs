@@ -162,7 +162,7 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
     crash.in_call_api = 0;
     // The innermost API wins: a crash inside hipMalloc called by cuMemAlloc
     // is reported as hipMalloc (the CUDA frame is visible in the library).
-    for api in [Api::Hip, Api::Cuda] {
+    for api in Api::ALL {
         let key = InflightKey { tid, api: api as u32 };
         // SAFETY: read-only access to a map value.
         if let Some(stack) = unsafe { GPU_INFLIGHT.get(&key) } {
@@ -324,8 +324,8 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
     let tgid = (pid_tgid >> 32) as u32;
     // A thread that dies mid-call never returns: drop its in-flight frames
     // here so the map cannot fill with dead threads.
-    for api in [Api::Hip as u32, Api::Cuda as u32] {
-        let _ = GPU_INFLIGHT.remove(&InflightKey { tid, api });
+    for api in Api::ALL {
+        let _ = GPU_INFLIGHT.remove(&InflightKey { tid, api: api as u32 });
     }
     // Plain values rather than an Option of a struct: LLVM otherwise spills
     // the undefined payload of `None`, which the verifier rejects.

@@ -137,6 +137,7 @@ pub fn result_name(api: Api, result: i32) -> Option<&'static str> {
     match api {
         Api::Hip => names::hip_error_name(result),
         Api::Cuda => names::cu_result_name(result),
+        Api::Cudart => names::cuda_error_name(result),
     }
 }
 

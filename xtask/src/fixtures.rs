@@ -1,5 +1,6 @@
 //! C programs and libraries the integration tests run: small stand-ins for
-//! inference workers that call the real HIP runtime.
+//! inference workers that call the real HIP runtime, and NVIDIA's real
+//! driver userspace and CUDA runtimes, fetched into target/nvidia.
 use std::process::Command;
 
 use anyhow::Result;
@@ -19,5 +20,7 @@ pub fn build_all() -> Result<std::path::PathBuf> {
         .arg(&src)
         .arg(format!("OUT={}", out.display()))
         .arg(format!("HIP_LIB={HIP_LIB}")))?;
+    step("NVIDIA's driver userspace and CUDA runtimes in target/nvidia (tests/nvidia/fetch.sh)");
+    run(Command::new(root().join("tests/nvidia/fetch.sh")).stdout(std::process::Stdio::null()))?;
     Ok(out)
 }

@@ -44,13 +44,18 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
             "/opt/zluda/libcuda.so.1",
             "/usr/lib/libcudart.so.12",
+            "/usr/lib/libcublas.so.12",
         ] {
             cache.extend_from_slice(s.as_bytes());
             cache.push(0);
         }
         assert_eq!(
             gpu_paths(&cache),
-            vec!["/opt/zluda/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5"]
+            vec![
+                "/opt/zluda/libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+                "/usr/lib/libcudart.so.12"
+            ]
         );
     }
 

@@ -97,8 +97,10 @@ pub type Counts = HashMap<(u64, Api), StepCounts>;
 
 fn step_of(function: &str) -> Option<usize> {
     match function {
-        "hipInit" | "cuInit" => Some(INIT),
-        "hipGetDeviceCount" | "cuDeviceGetCount" => Some(DEVICE_COUNT),
+        // The CUDA runtime initialises on first use; binding a device is
+        // its explicit step.
+        "hipInit" | "cuInit" | "cudaSetDevice" | "cudaInitDevice" => Some(INIT),
+        "hipGetDeviceCount" | "cuDeviceGetCount" | "cudaGetDeviceCount" => Some(DEVICE_COUNT),
         // A context, or memory on the device: the runtime has bound a GPU.
         "hipCtxCreate"
         | "hipMalloc"
@@ -108,7 +110,10 @@ fn step_of(function: &str) -> Option<usize> {
         | "cuCtxCreate_v4"
         | "cuDevicePrimaryCtxRetain"
         | "cuMemAlloc_v2"
-        | "cuMemAllocAsync" => Some(SETUP),
+        | "cuMemAllocAsync"
+        | "cudaMalloc"
+        | "cudaMallocManaged"
+        | "cudaMallocAsync" => Some(SETUP),
         _ => None,
     }
 }
@@ -157,24 +162,27 @@ pub struct Trouble {
     api: Option<Api>,
     /// When it was noted, in evidence order.
     seq: u64,
-    /// A HIP init failure counts from this instant on (see [`HIP_SETTLE`]).
+    /// An init failure beneath another layer counts from this instant on
+    /// (see [`OUTER_CALL_SETTLE`]).
     settles_at: Option<Instant>,
 }
 
-/// How long a HIP init failure waits for the CUDA driver call above it.
-/// Under ZLUDA, `cuInit` fails because the `hipInit` it calls did; the HIP
-/// failure returns first, and judging it at once would patch the pod twice
-/// (hipInit's error, then cuInit's) within a second.
-pub const HIP_SETTLE: Duration = Duration::from_millis(300);
+/// How long an init failure of a lower layer waits for the call above it.
+/// Under ZLUDA, `cuInit` fails because the `hipInit` it calls did, and the
+/// CUDA runtime's `cudaGetDeviceCount` fails because `cuInit` did; the
+/// lower failure returns first, and judging it at once would patch the pod
+/// once per layer within a second.
+pub const OUTER_CALL_SETTLE: Duration = Duration::from_millis(300);
 
 impl Trouble {
     /// Whether `other`, noted while this trouble stands, should describe the
-    /// container instead. Only once: a CUDA driver call's failure replaces
-    /// a HIP one of the same kind, since ZLUDA's libcuda, which the
-    /// application calls, fails *because* HIP below it failed, and the
-    /// application's call is the one its operators know.
+    /// container instead: a failure of the same kind one layer further out
+    /// (the CUDA driver above HIP, the CUDA runtime above the driver). The
+    /// outer call fails *because* the one below it did, and the outermost
+    /// is the call the application made, the one its operators know.
     fn yields_to(&self, other: &Trouble) -> bool {
-        self.reason == other.reason && self.api == Some(Api::Hip) && other.api == Some(Api::Cuda)
+        self.reason == other.reason
+            && matches!((self.api, other.api), (Some(inner), Some(outer)) if inner.is_beneath(outer))
     }
 }
 
@@ -197,8 +205,8 @@ struct Instance {
 /// the one passed in.
 pub struct Gate {
     timeout: Option<Duration>,
-    /// [`HIP_SETTLE`], shorter in tests.
-    hip_settle: Duration,
+    /// [`OUTER_CALL_SETTLE`], shorter in tests.
+    settle: Duration,
     /// Unix seconds when the daemon started; `--gate-timeout` counts from
     /// here at the earliest, since earlier activity was not seen.
     daemon_start: i64,
@@ -208,12 +216,12 @@ pub struct Gate {
 
 impl Gate {
     pub fn new(timeout: Option<Duration>, daemon_start: i64) -> Self {
-        Self { timeout, hip_settle: HIP_SETTLE, daemon_start, instances: HashMap::new(), seq: 0 }
+        Self { timeout, settle: OUTER_CALL_SETTLE, daemon_start, instances: HashMap::new(), seq: 0 }
     }
 
     #[cfg(test)]
-    fn with_hip_settle(mut self, settle: Duration) -> Self {
-        self.hip_settle = settle;
+    fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
         self
     }
 
@@ -273,11 +281,13 @@ impl Gate {
         counts: &Counts,
     ) {
         let seq = self.next_seq();
+        // Only the outermost layer has no call above it to wait for.
+        let beneath_another = api.is_some_and(|a| a != Api::Cudart);
         let settles_at =
-            (api == Some(Api::Hip) && reason == REASON_INIT_FAILED).then(|| Instant::now() + self.hip_settle);
+            (beneath_another && reason == REASON_INIT_FAILED).then(|| Instant::now() + self.settle);
         let Some(instance) = self.instance(cgroup, path) else { return };
         instance.active = true;
-        instance.baseline = [Api::Hip, Api::Cuda]
+        instance.baseline = Api::ALL
             .into_iter()
             .map(|a| (a, counts.get(&(cgroup, a)).copied().unwrap_or_default()))
             .collect();
@@ -329,7 +339,7 @@ impl Gate {
             }
             let Some(instance) = self.instance(cgroup, p.as_deref()) else { continue };
             instance.active = true;
-            let started = [Api::Hip, Api::Cuda].into_iter().find(|api| {
+            let started = Api::ALL.into_iter().find(|api| {
                 let Some(now) = counts.get(&(cgroup, *api)) else { return false };
                 let base = if instance.trouble.is_some() {
                     instance.baseline.get(api).copied().unwrap_or_default()
@@ -346,6 +356,7 @@ impl Gate {
             let what = match api {
                 Api::Hip => "hipInit, hipGetDeviceCount and a context or allocation call",
                 Api::Cuda => "cuInit, cuDeviceGetCount and a context or allocation call",
+                Api::Cudart => "cudaSetDevice, cudaGetDeviceCount and an allocation call",
             };
             instance.ready = Some((seq, what.to_string()));
             self.seq = seq;
@@ -555,17 +566,26 @@ mod tests {
 
     #[test]
     fn init_failure_names_the_cuda_call_and_stays_until_a_later_start_up() {
-        let mut gate = Gate::new(None, 0).with_hip_settle(Duration::from_secs(3600));
+        let mut gate = Gate::new(None, 0).with_settle(Duration::from_secs(3600));
         let none = Counts::new();
         // ZLUDA's cuInit fails because hipInit below it did: the HIP failure
         // comes first and waits for it; the CUDA one names the condition.
         note(&mut gate, &init_failure(Api::Hip, "hipInit", 101), &none);
         assert_eq!(gate.desired(UID, &meta(), 2000), None, "a HIP init failure waits for the CUDA call");
         note(&mut gate, &init_failure(Api::Cuda, "cuInit", 101), &none);
+        assert_eq!(
+            gate.desired(UID, &meta(), 2000),
+            None,
+            "a driver init failure waits for the runtime's call"
+        );
+        // The CUDA runtime's call, the application's own, fails last and
+        // names the condition at once; a lower failure after it changes
+        // nothing.
+        note(&mut gate, &init_failure(Api::Cudart, "cudaGetDeviceCount", 100), &none);
         note(&mut gate, &init_failure(Api::Hip, "hipGetDeviceCount", 100), &none);
         let d = gate.desired(UID, &meta(), 2000).expect("failed");
         assert_eq!((d.ready, d.reason), (false, REASON_INIT_FAILED));
-        assert_eq!(d.message, "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(d.message, "container worker: cudaGetDeviceCount returned 100 cudaErrorNoDevice");
 
         // Counts already there when the failure was noted are no later start-up.
         let before = counts(1, Api::Cuda, [2, 2, 2]);
@@ -606,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_hip_init_failure_alone_counts_once_settled() {
-        let mut gate = Gate::new(None, 0).with_hip_settle(Duration::ZERO);
+        let mut gate = Gate::new(None, 0).with_settle(Duration::ZERO);
         note(&mut gate, &init_failure(Api::Hip, "hipInit", 101), &Counts::new());
         let d = gate.desired(UID, &meta(), 2000).expect("failed");
         assert_eq!(d.message, "container worker: hipInit returned 101 hipErrorInvalidDevice");

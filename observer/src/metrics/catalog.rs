@@ -78,7 +78,7 @@ pub const GPU_API_CALL_DURATION: MetricDecl = decl(
 );
 pub const GPU_INIT_FAILURES: MetricDecl = decl(
     "gpu_init_failures_total",
-    "GPU runtime initialisation calls that failed (hipInit, cuInit, device and context setup).",
+    "GPU runtime initialisation calls that failed (hipInit, cuInit, the CUDA runtime's cudaGetDeviceCount and cudaSetDevice, device and context setup).",
     Counter,
     Workload,
     &["api", "function", "result"],

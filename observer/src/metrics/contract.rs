@@ -34,7 +34,7 @@ pub fn contract_json() -> String {
     // selected ones (hot): a canary-vs-stable comparison may only use the
     // cold ones, since stable processes are not selected.
     let mut tiers: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-    for api in [Api::Hip, Api::Cuda] {
+    for api in Api::ALL {
         for f in api.functions() {
             tiers.entry(f.tier.as_str()).or_default().push(f.name);
         }

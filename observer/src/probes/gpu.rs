@@ -36,6 +36,9 @@ pub enum Flavor {
     Zluda,
     /// NVIDIA's own driver library.
     Nvidia,
+    /// NVIDIA's CUDA runtime, `libcudart.so*`, as frameworks' wheels ship
+    /// it; it calls whichever driver library is there (NVIDIA's or ZLUDA's).
+    Cudart,
 }
 
 impl Flavor {
@@ -44,6 +47,7 @@ impl Flavor {
             Self::Hip => "hip",
             Self::Zluda => "zluda",
             Self::Nvidia => "nvidia",
+            Self::Cudart => "cudart",
         }
     }
 
@@ -51,6 +55,7 @@ impl Flavor {
         match self {
             Self::Hip => Api::Hip,
             Self::Zluda | Self::Nvidia => Api::Cuda,
+            Self::Cudart => Api::Cudart,
         }
     }
 }
@@ -61,6 +66,9 @@ pub fn candidate_api(file_name: &str) -> Option<Api> {
         Some(Api::Hip)
     } else if file_name.starts_with("libcuda.so") || file_name.starts_with("libnvcuda.so") {
         Some(Api::Cuda)
+    } else if file_name.starts_with("libcudart") && file_name.contains(".so") {
+        // Also as wheel repair tools rename it: libcudart-1a2b3c4d.so.12.
+        Some(Api::Cudart)
     } else {
         None
     }
@@ -96,7 +104,7 @@ pub enum LibraryError {
     Io { path: String, source: std::io::Error },
     #[error("{path}: not an ELF shared object ({reason})")]
     NotElf { path: String, reason: String },
-    #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so* or libnvcuda.so*)")]
+    #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so*, libnvcuda.so* or libcudart*.so*)")]
     NotGpuLibrary { path: String },
     #[error("{path}: exports none of the probed {api} functions")]
     NoFunctions { path: String, api: &'static str },
@@ -116,6 +124,7 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         // A renamed copy still counts if it exports the entry points.
         None if has_symbol(&file, "hipInit") => Api::Hip,
         None if has_symbol(&file, "cuInit") => Api::Cuda,
+        None if has_symbol(&file, "cudaGetDeviceCount") => Api::Cudart,
         None => return Err(LibraryError::NotGpuLibrary { path: display_path.to_string() }),
     };
     let flavor = match api {
@@ -124,6 +133,7 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         // NVIDIA's driver library does not.
         Api::Cuda if needs_library(&file, "libamdhip64") => Flavor::Zluda,
         Api::Cuda => Flavor::Nvidia,
+        Api::Cudart => Flavor::Cudart,
     };
     let (functions, aliases) = resolve_functions(&file, api.functions());
     if functions.is_empty() {
@@ -790,7 +800,9 @@ mod tests {
         assert_eq!(candidate_api("libamdhip64.so"), Some(Api::Hip));
         assert_eq!(candidate_api("libcuda.so.1"), Some(Api::Cuda));
         assert_eq!(candidate_api("libnvcuda.so"), Some(Api::Cuda));
-        assert_eq!(candidate_api("libcudart.so.12"), None);
+        assert_eq!(candidate_api("libcudart.so.13"), Some(Api::Cudart));
+        assert_eq!(candidate_api("libcudart-d0da41ae.so.11.0"), Some(Api::Cudart));
+        assert_eq!(candidate_api("libcudart_static.a"), None);
         assert_eq!(candidate_api("libc.so.6"), None);
     }
 

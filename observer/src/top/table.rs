@@ -153,7 +153,7 @@ fn row_name(s: &Sample) -> String {
 
 /// A result label that means the call succeeded.
 fn is_success(result: &str) -> bool {
-    matches!(result, "hipSuccess" | "CUDA_SUCCESS" | "0")
+    matches!(result, "hipSuccess" | "CUDA_SUCCESS" | "cudaSuccess" | "0")
 }
 
 fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {

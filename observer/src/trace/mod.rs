@@ -44,7 +44,7 @@ pub struct Args {
     /// Only events of processes with this command name (as in /proc/PID/comm).
     #[arg(long)]
     pub comm: Option<String>,
-    /// Also probe this GPU runtime library (libamdhip64.so*, libcuda.so*, libnvcuda.so*); repeatable.
+    /// Also probe this GPU runtime library (libamdhip64.so*, libcuda.so*, libnvcuda.so*, libcudart*.so*); repeatable.
     #[arg(long = "lib", value_name = "PATH")]
     pub libs: Vec<PathBuf>,
     /// A GPU call in flight longer than this is reported as stalled (e.g. 10s, 500ms).

@@ -1,5 +1,6 @@
-//! Decoding tables for the numbers the probes report: HIP and CUDA driver
-//! error codes, AMD KFD ioctl numbers, Linux errno values and signals.
+//! Decoding tables for the numbers the probes report: HIP, CUDA driver and
+//! CUDA runtime error codes, AMD KFD ioctl numbers, Linux errno values and
+//! signals.
 //!
 //! Only userspace reads these, so they live here rather than in the crate
 //! shared with the kernel side. Each table is a `const` slice of
@@ -13,12 +14,15 @@
 //!   ROCm/rocm-systems `projects/hip` (2025).
 //! - CUDA: the `CUresult` enum of the CUDA 12.8 `cuda.h`, plus two codes
 //!   added by CUDA 13 (36 and 917).
+//! - CUDA runtime: `cudaGetErrorName` of NVIDIA's 13.5 runtime ([`cudart`]).
 //! - KFD: upstream `include/uapi/linux/kfd_ioctl.h` (6.1 and 6.12), the
 //!   amd-gfx `AMDKFD_IOC_CREATE_PROCESS` series, and ROCm's out-of-tree
 //!   `kfd_ioctl.h` (`AMDKFD_COMMAND_START_2 0x80`).
 //! - errno and signals: Linux `asm-generic/errno-base.h`, `errno.h`,
 //!   `include/linux/errno.h` (kernel-internal codes) and x86_64
 //!   `asm/signal.h`.
+
+mod cudart;
 
 use observer_common::kfd::{ioc_nr, ioc_type, KFD_IOCTL_TYPE};
 
@@ -515,6 +519,12 @@ pub fn hip_error_name(code: i32) -> Option<&'static str> {
 /// `Some("CUDA_SUCCESS")`.
 pub fn cu_result_name(code: i32) -> Option<&'static str> {
     lookup(CU_RESULTS, code)
+}
+
+/// Name of a CUDA runtime `cudaError_t`, e.g. `cuda_error_name(35)` is
+/// `Some("cudaErrorInsufficientDriver")`.
+pub fn cuda_error_name(code: i32) -> Option<&'static str> {
+    lookup(cudart::CUDART_ERRORS, code)
 }
 
 /// Name of a KFD ioctl by its `_IOC_NR`, without the `AMDKFD_IOC_` prefix,
