@@ -78,8 +78,14 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     }
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
     // Every boot's test binaries, found before anything beside the boots
-    // takes cargo's locks.
+    // takes cargo's locks; and the host's column of the kernel matrix,
+    // before the benchmark beside the boots attaches and releases probes:
+    // the kernel does both one probe at a time, so `check` would wait
+    // minutes behind it.
     let boot_args = if beside_vms { vm_boot_args()? } else { Vec::new() };
+    if beside_vms {
+        crate::matrix::check_host()?;
+    }
     if !args.no_lint && beside_vms {
         let mut clippy = cargo();
         clippy.args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]);
@@ -118,7 +124,6 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         inline_or_beside("bench", "benchmark smoke run (cargo xtask bench --quick)", bench)?;
     }
     if beside_vms {
-        crate::matrix::check_host()?;
         for (boot, args) in VM_BOOTS.iter().zip(&boot_args) {
             step(&format!("VM tests on {}: {}", boot.kernel_name, boot.why));
             run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", boot.kernel]).args(args))?;

@@ -263,9 +263,11 @@ impl LibraryTracker {
         self.scan_later(*header, false);
     }
 
+    /// One pending scan per process and kind: a second look must not turn
+    /// a first look at newer mappings into one that probes what the
+    /// kernel is about to report.
     fn scan_later(&mut self, header: EventHeader, second_look: bool) {
-        if let Some(pending) = self.pending_scans.iter_mut().find(|p| p.header.pid == header.pid) {
-            pending.second_look |= second_look;
+        if self.pending_scans.iter().any(|p| p.header.pid == header.pid && p.second_look == second_look) {
             return;
         }
         let due = Instant::now() + Duration::from_millis(MAP_SCAN_DELAY_MS);
