@@ -243,6 +243,59 @@ pub const CUDART_FUNCTIONS: &[GpuFunction] = &[
     hot("cudaGraphLaunch_ptsz"),
 ];
 
+/// The position of `name` in `table`, as a cookie's function id; `u32::MAX`
+/// when absent. `const`, so the kernel side compares ids, never names.
+pub const fn function_id(table: &[GpuFunction], name: &str) -> u32 {
+    let mut i = 0;
+    while i < table.len() {
+        let (a, b) = (table[i].name.as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return i as u32;
+            }
+        }
+        i += 1;
+    }
+    u32::MAX
+}
+
+/// The driver API's `CUresult cuDriverGetVersion(int *)` and the runtime's
+/// `cudaError_t cudaDriverGetVersion(int *)`: the CUDA version the driver
+/// reports (12020 for CUDA 12.2), which tells "runtime newer than the
+/// driver" (35 `cudaErrorInsufficientDriver`) from a missing device.
+pub const CUDA_DRIVER_GET_VERSION: u32 = function_id(CUDA_FUNCTIONS, "cuDriverGetVersion");
+pub const CUDART_DRIVER_GET_VERSION: u32 = function_id(CUDART_FUNCTIONS, "cudaDriverGetVersion");
+
+/// Whether a call fills an `int *` first argument with the driver's version.
+#[inline(always)]
+pub const fn reports_driver_version(api: u32, function: u32) -> bool {
+    (api == Api::Cuda as u32 && function == CUDA_DRIVER_GET_VERSION)
+        || (api == Api::Cudart as u32 && function == CUDART_DRIVER_GET_VERSION)
+}
+
+/// Per process (tgid): the driver version its latest successful
+/// version call returned. Successful calls are not events, so the kernel
+/// keeps the answer here and userspace reads it where it needs it (a
+/// failure's event, the per-pod gauge). LRU: dead processes age out.
+pub const DRIVER_VERSIONS_MAP: &str = "GPU_DRIVER_VERSIONS";
+pub const MAX_DRIVER_VERSION_PROCESSES: u32 = 4096;
+/// Per thread: the `int *` of a version call in flight, read at its return.
+pub const MAX_VERSION_CALLS_IN_FLIGHT: u32 = 1024;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverVersion {
+    /// `1000 * major + 10 * minor`, as CUDA encodes it.
+    pub version: i32,
+    pub _pad: u32,
+    /// The process's cgroup at the call.
+    pub cgroup_id: u64,
+}
+
 /// Functions whose failure means the runtime could not start at all.
 pub fn is_init_function(name: &str) -> bool {
     matches!(
@@ -403,6 +456,15 @@ mod tests {
                 assert!(!f[i + 1..].iter().any(|b| b.name == a.name), "{} twice", a.name);
             }
         }
+    }
+
+    #[test]
+    fn version_calls_are_known_by_id() {
+        assert_eq!(CUDA_FUNCTIONS[CUDA_DRIVER_GET_VERSION as usize].name, "cuDriverGetVersion");
+        assert_eq!(CUDART_FUNCTIONS[CUDART_DRIVER_GET_VERSION as usize].name, "cudaDriverGetVersion");
+        assert!(reports_driver_version(Api::Cuda as u32, CUDA_DRIVER_GET_VERSION));
+        assert!(!reports_driver_version(Api::Hip as u32, CUDA_DRIVER_GET_VERSION));
+        assert_eq!(function_id(CUDA_FUNCTIONS, "cuNoSuchThing"), u32::MAX);
     }
 
     #[test]

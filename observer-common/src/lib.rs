@@ -58,6 +58,7 @@ pub const USERSPACE_MAPS: &[&str] = &[
     gpu::INFLIGHT_MAP,
     gpu::STATS_MAP,
     gpu::SLOT_COOKIES_MAP,
+    gpu::DRIVER_VERSIONS_MAP,
     kfd::KFD_STATS_MAP,
     sched::RUNQ_MAP,
     sched::RUNQ_CGROUPS_MAP,
@@ -199,6 +200,7 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::gpu::InflightKey {}
     unsafe impl aya::Pod for crate::gpu::InflightStack {}
     unsafe impl aya::Pod for crate::gpu::GpuStatsKey {}
+    unsafe impl aya::Pod for crate::gpu::DriverVersion {}
     unsafe impl aya::Pod for crate::LatencyHistogram {}
     unsafe impl aya::Pod for crate::task::KernelOffsets {}
     unsafe impl aya::Pod for crate::task::ExitEvent {}

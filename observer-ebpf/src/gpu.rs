@@ -8,17 +8,19 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
+        bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use observer_common::{
     gpu::{
-        cookie_api, cookie_function, cookie_library, GpuCallEvent, GpuStats, GpuStatsKey, InflightFrame,
-        InflightKey, InflightStack, DEFAULT_STALL_NS, MAX_GPU_SLOTS, MAX_INFLIGHT_THREADS, MAX_NESTING,
-        MAX_STATS_ENTRIES, UNTIMED_NS,
+        cookie_api, cookie_function, cookie_library, reports_driver_version, DriverVersion, GpuCallEvent,
+        GpuStats, GpuStatsKey, InflightFrame, InflightKey, InflightStack, DEFAULT_STALL_NS,
+        MAX_DRIVER_VERSION_PROCESSES, MAX_GPU_SLOTS, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
+        MAX_VERSION_CALLS_IN_FLIGHT, UNTIMED_NS,
     },
     EventKind,
 };
@@ -32,6 +34,15 @@ pub static GPU_INFLIGHT: HashMap<InflightKey, InflightStack> =
 #[map(name = "GPU_STATS")] // observer_common::gpu::STATS_MAP
 static GPU_STATS: PerCpuHashMap<GpuStatsKey, GpuStats> =
     PerCpuHashMap::with_max_entries(MAX_STATS_ENTRIES, 0);
+
+#[map(name = "GPU_DRIVER_VERSIONS")] // observer_common::gpu::DRIVER_VERSIONS_MAP
+static GPU_DRIVER_VERSIONS: LruHashMap<u32, DriverVersion> =
+    LruHashMap::with_max_entries(MAX_DRIVER_VERSION_PROCESSES, 0);
+
+/// The `int *` a version call was given, by thread, until its return. LRU:
+/// a call whose return is never seen (the process died inside it) ages out.
+#[map]
+static GPU_VERSION_ARGS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_VERSION_CALLS_IN_FLIGHT, 0);
 
 /// Non-zero: every return is an event (`canaryscope trace --all`).
 #[unsafe(no_mangle)] // observer_common::gpu::GLOBAL_EMIT_ALL
@@ -66,12 +77,18 @@ pub fn frame_slot(depth: &u32, back: u32) -> (usize, bool) {
 pub fn gpu_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: helper reading this program's own attach cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    try_gpu_enter(cookie).unwrap_or(1)
+    try_gpu_enter(cookie, ctx.arg::<u64>(0).unwrap_or(0)).unwrap_or(1)
 }
 
+/// `arg0`: the call's first argument, kept for the calls that report the
+/// driver's version through it.
 #[inline(always)]
-fn try_gpu_enter(cookie: u64) -> Result<u32, i64> {
+fn try_gpu_enter(cookie: u64, arg0: u64) -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
+    if reports_driver_version(cookie_api(cookie), cookie_function(cookie)) {
+        // A full map forgets the oldest call, never this one.
+        let _ = GPU_VERSION_ARGS.insert(&(pid_tgid as u32), &arg0, 0);
+    }
     let key = InflightKey { tid: pid_tgid as u32, api: cookie_api(cookie) };
     // SAFETY: plain helper without pointer arguments.
     let now = unsafe { bpf_ktime_get_boot_ns() };
@@ -152,11 +169,31 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let stats_key = GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
     record_latency(&GPU_STATS, &stats_key, duration_ns);
+    if reports_driver_version(api, function) {
+        note_driver_version(pid_tgid, cgroup_id, result);
+    }
 
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
         emit_call(cookie, result, duration_ns);
     }
     Ok(0)
+}
+
+/// At a version call's return: the version it wrote, kept per process
+/// before any event of the call is emitted, so userspace finds it there.
+#[inline(always)]
+fn note_driver_version(pid_tgid: u64, cgroup_id: u64, result: i32) {
+    let tid = pid_tgid as u32;
+    // SAFETY: a copy out of the map before the entry is removed.
+    let Some(out) = (unsafe { GPU_VERSION_ARGS.get(&tid) }).copied() else { return };
+    let _ = GPU_VERSION_ARGS.remove(&tid);
+    if result != 0 || out == 0 {
+        return;
+    }
+    // SAFETY: a checked read of the caller's memory; a bad pointer fails.
+    let Ok(version) = (unsafe { bpf_probe_read_user(out as *const i32) }) else { return };
+    let noted = DriverVersion { version, _pad: 0, cgroup_id };
+    let _ = GPU_DRIVER_VERSIONS.insert(&((pid_tgid >> 32) as u32), &noted, 0);
 }
 
 /// The event of one returned call of the function `cookie` names.
@@ -214,9 +251,9 @@ pub fn gpu_count(ctx: RetProbeContext) -> u32 {
 static GPU_SLOT_COOKIES: Array<u64> = Array::with_max_entries(MAX_GPU_SLOTS, 0);
 
 #[inline(never)]
-fn slot_enter(slot: u32) -> u32 {
+fn slot_enter(slot: u32, arg0: u64) -> u32 {
     let Some(&cookie) = GPU_SLOT_COOKIES.get(slot) else { return 1 };
-    try_gpu_enter(cookie).unwrap_or(1)
+    try_gpu_enter(cookie, arg0).unwrap_or(1)
 }
 
 #[inline(never)]
@@ -230,8 +267,8 @@ macro_rules! gpu_slots {
         paste::paste! {
             $(
                 #[uprobe]
-                pub fn [<gpu_enter_s $slot>](_ctx: ProbeContext) -> u32 {
-                    slot_enter($slot)
+                pub fn [<gpu_enter_s $slot>](ctx: ProbeContext) -> u32 {
+                    slot_enter($slot, ctx.arg::<u64>(0).unwrap_or(0))
                 }
 
                 #[uretprobe]

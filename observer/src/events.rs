@@ -38,6 +38,10 @@ pub enum Detail {
         result: i32,
         /// `None` for a hot call counted at its return only (`--hot-detail counts`).
         duration_ns: Option<u64>,
+        /// The CUDA version the driver last reported to this process
+        /// (`cuDriverGetVersion`, `cudaDriverGetVersion`), for calls of the
+        /// CUDA driver API and runtime.
+        driver_version: Option<i32>,
     },
     GpuStall {
         api: Api,
@@ -316,13 +320,14 @@ impl Event {
         m.insert("cgroup_id".into(), json!(o.cgroup_id));
         m.insert("cgroup".into(), json!(o.cgroup));
         match &self.detail {
-            Detail::GpuCall { api, library, function, result, duration_ns } => {
+            Detail::GpuCall { api, library, function, result, duration_ns, driver_version } => {
                 m.insert("api".into(), json!(api.as_str()));
                 m.insert("library".into(), json!(library));
                 m.insert("function".into(), json!(function));
                 m.insert("result".into(), json!(result));
                 m.insert("result_name".into(), json!(result_name(*api, *result)));
                 m.insert("duration_ns".into(), json!(duration_ns));
+                m.insert("driver_version".into(), json!(driver_version));
             }
             Detail::GpuStall { api, library, function, elapsed_ns } => {
                 m.insert("api".into(), json!(api.as_str()));
@@ -481,6 +486,7 @@ mod tests {
                 function: "hipInit".into(),
                 result: 101,
                 duration_ns: Some(900),
+                driver_version: None,
             },
         };
         let v = ev.to_json();
@@ -501,6 +507,7 @@ mod tests {
                 function: "cuInit".into(),
                 result: 100,
                 duration_ns: None,
+                driver_version: None,
             },
             ..ev
         };

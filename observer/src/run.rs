@@ -366,6 +366,7 @@ impl Exporter {
         // Only the samples are exported; findings are for people (`trace`).
         pipeline.sample_cpu();
         let cpu = pipeline.cpu_snapshots();
+        let driver_versions = pipeline.driver_versions();
         let counters = pipeline.counters();
         let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
         let mut published = self.lock();
@@ -379,6 +380,7 @@ impl Exporter {
         }
         metrics.set_mem_limits(mem_limits);
         metrics.set_cpu(cpu);
+        metrics.set_driver_versions(driver_versions);
         // Libraries found since the start (a pod's own copy) show up too.
         metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);
         let pods = self.pods.as_ref();

@@ -114,12 +114,17 @@ fn the_cuda_13_runtimes_insufficient_driver_is_a_runtime_failure() {
     let (pid, printed) = copies.probe(&pod);
     // What the runtime told its caller, as the fixture saw it.
     assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    assert_eq!(printed["driver_version_rc"], 0, "{printed}");
     let call = tracer.wait_for("cudaGetDeviceCount", wait(), |e| {
         e["kind"] == "gpu_call" && e["function"] == "cudaGetDeviceCount" && e["pid"] == pid
     });
     assert_eq!(call["api"], "cudart", "{call}");
     assert_eq!(call["result"], 35);
     assert_eq!(call["result_name"], "cudaErrorInsufficientDriver");
+    // The version the driver gave this process before the failure: what
+    // tells a runtime too new for the driver from a missing device.
+    assert!(printed["driver_version"].as_i64().is_some_and(|v| v > 0), "{printed}");
+    assert_eq!(call["driver_version"], printed["driver_version"], "{call}");
     assert_eq!(call["library"], copies.runtime());
     assert_eq!(call["cgroup"], pod.rel.as_str());
     // Neither file was named by --lib: the runtime, opened by path, was
@@ -169,6 +174,8 @@ fn no_device_is_seen_at_both_layers_of_the_11_8_and_12_runtimes() {
         assert_eq!(driver["api"], "cuda", "{key}: {driver}");
         assert_eq!(driver["result_name"], "CUDA_ERROR_NO_DEVICE", "{key}: {driver}");
         assert_eq!(driver["library"], copies.driver().as_str(), "{key}");
+        assert_eq!(runtime["driver_version"], printed["driver_version"], "{key}: {runtime}");
+        assert_eq!(driver["driver_version"], printed["driver_version"], "{key}: {driver}");
         // The driver's failure happened inside the runtime's call.
         assert_eq!(driver["tid"], runtime["tid"], "{key}");
         assert!(driver["ts_ns"].as_u64() <= runtime["ts_ns"].as_u64(), "{key}: {driver} after {runtime}");
@@ -182,7 +189,8 @@ fn each_layer_counts_its_own_init_failure() {
     let daemon = Daemon::start(&["--no-kubernetes", "--hold", "--hot-calls", "none"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let thirteen = Copies::new("CUDART13");
-    assert_eq!(thirteen.probe(&pod).1["device_count_rc"], 35);
+    let told = thirteen.probe(&pod).1;
+    assert_eq!(told["device_count_rc"], 35);
     let eleven = Copies::new("CUDART11");
     assert_eq!(eleven.probe(&pod).1["device_count_rc"], 100);
     let container = pod.short_container_id();
@@ -211,7 +219,67 @@ fn each_layer_counts_its_own_init_failure() {
     let text = daemon.metrics();
     let cu_init = series("cuda", "cuInit", "CUDA_ERROR_NO_DEVICE");
     assert_eq!(text.lines().filter(|l| cu_init(l)).count(), 1, "one driver series: {text}");
+    // The driver version the pod's processes were told, per pod.
+    let version = daemon.wait_metric("the pod's driver version", wait(), |l| {
+        l.starts_with("canaryscope_gpu_driver_version{") && l.contains(&container)
+    });
+    assert_eq!(Some(metric_value(&version) as i64), told["driver_version"].as_i64(), "{version}");
 }
+
+/// A gated canary pod as the DaemonSet sees it (Kubernetes, no `--hold`):
+/// its worker's runtime is newer than the node's driver. The pod is kept
+/// out of traffic with the call the application made, the runtime's error
+/// and the version the driver reported.
+#[test]
+#[ignore = "needs root, python3 and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
+    use support::k8s::*;
+    assert_root();
+    let dir = scratch_dir();
+    let (uid, cid) = (random_pod_uid(), random_hex(64));
+    let name = "infer-canaryhash-cudart1";
+    let mut spec = pod(name, &uid, &cid, "canary", "canaryhash");
+    spec["spec"]["readinessGates"] = serde_json::json!([{"conditionType": GATE}]);
+    let pod_cgroup = PodCgroup::new(&uid, &cid);
+    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&serde_json::json!([spec])));
+    let kubeconfig = write_kubeconfig(&dir, api_port);
+    let _daemon = Daemon::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+        "--hot-calls",
+        "none",
+    ]);
+    let copies = Copies::new("CUDART13");
+    let printed = copies.probe(&pod_cgroup).1;
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let version = printed["driver_version"].as_i64().expect("the driver's version");
+    let want = format!(
+        "container worker: cudaGetDeviceCount returned 35 cudaErrorInsufficientDriver (driver reports CUDA {}.{})",
+        version / 1000,
+        (version % 1000) / 10
+    );
+    let deadline = std::time::Instant::now() + wait();
+    loop {
+        let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
+        let pod: Value = serde_json::from_str(&body).expect("a Pod");
+        let condition = pod["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == GATE).cloned());
+        if let Some(c) = &condition {
+            if c["status"] == "False" && c["reason"] == "InitFailed" {
+                assert_eq!(c["message"], want.as_str(), "{c}");
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no False/InitFailed condition: {condition:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+const GATE: &str = "canaryscope.io/gpu-runtime";
 
 #[test]
 #[ignore = "needs NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
@@ -234,4 +302,82 @@ fn runtime_error_names_are_the_runtimes_own() {
         // Every runtime names over a hundred codes (11.8: 124).
         assert!(checked > 100, "{key}: only {checked} names");
     }
+}
+
+/// NVIDIA's own driver library (`Flavor::Nvidia`), with no runtime above
+/// it: a framework's loader `dlopen`s it by path, an application linked
+/// with `-lcuda` gets it through `DT_NEEDED`. Either way its `cuInit`
+/// fails with 100 here (no kernel module) and is seen in the driver layer.
+#[test]
+#[ignore = "needs root and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn nvidias_libcuda_fails_cuinit_through_dlopen_and_dt_needed() {
+    assert_root();
+    let tracer = Tracer::start(TRACE);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let by_dlopen = Copies::new("CUDART12");
+    let by_needed = Copies::new("CUDART12");
+    let runs = [
+        ("dlopen", by_dlopen.driver(), {
+            let mut cmd = pod.command(&fixture("gpu_dlopen"));
+            cmd.arg(by_dlopen.driver());
+            cmd
+        }),
+        ("DT_NEEDED", by_needed.driver(), {
+            let mut cmd = pod.command(&fixture("cuda_needed"));
+            cmd.env("LD_LIBRARY_PATH", &by_needed.driver_dir);
+            cmd
+        }),
+    ];
+    for (how, library, cmd) in runs {
+        let out = detached(cmd);
+        assert!(out.status.success(), "{how}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // gpu_dlopen prints init=R, cuda_needed cuInit=R.
+        assert!(text.split_whitespace().any(|w| w == "init=100" || w == "cuInit=100"), "{how}: {text}");
+        let pid = out_pid(&out.stdout);
+        let call = tracer.wait_for(&format!("cuInit by {how}"), wait(), |e| {
+            e["kind"] == "gpu_call" && e["function"] == "cuInit" && e["pid"] == pid
+        });
+        assert_eq!(call["api"], "cuda", "{how}: {call}");
+        assert_eq!(call["result_name"], "CUDA_ERROR_NO_DEVICE", "{how}: {call}");
+        assert_eq!(call["library"], library.as_str(), "{how}: {call}");
+        let probed = tracer.wait_for(&format!("probes of {library}"), wait(), |e| {
+            e["kind"] == "library_probed" && e["library"] == library.as_str()
+        });
+        assert_eq!(probed["flavor"], "nvidia", "{how}: {probed}");
+    }
+}
+
+/// A runtime file that is cut short, is no ELF, or exports nothing probed
+/// is refused with a reason naming it; it is never probed half-way.
+#[test]
+#[ignore = "needs NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn a_broken_runtime_file_is_refused_with_its_reason() {
+    use observer::probes::gpu::inspect;
+    let dir = std::env::temp_dir().join(format!("canaryscope-bad-cudart-{}", random_hex(12)));
+    fs::create_dir_all(&dir).expect("mkdir");
+    let whole = fs::read(library("CUDART13")).expect("read the runtime");
+    // The good file first: the cases below differ from it in one way each.
+    let good = dir.join("libcudart.so.13");
+    fs::write(&good, &whole).expect("write");
+    let probed = inspect(&good, "libcudart.so.13").expect("the real runtime is probed");
+    assert!(probed.functions.contains_key("cudaGetDeviceCount"), "{:?}", probed.functions);
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("truncated/libcudart.so.13", whole[..4096].to_vec(), "not an ELF shared object"),
+        ("text/libcudart.so.12", b"INPUT(libcudart.so.12.9)\n".to_vec(), "not an ELF shared object"),
+        (
+            "symbol-less/libcudart.so.12",
+            fs::read(fixture("pingpong")).expect("an ELF without CUDA symbols"),
+            "exports none of the probed cudart functions",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let path = dir.join(name);
+        fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        fs::write(&path, bytes).expect("write");
+        let display = path.display().to_string();
+        let err = inspect(&path, &display).expect_err(name).to_string();
+        assert!(err.starts_with(&display) && err.contains(why), "{name}: {err}");
+    }
+    let _ = fs::remove_dir_all(&dir);
 }

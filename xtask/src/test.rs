@@ -150,8 +150,23 @@ type Suite = (&'static str, &'static [&'static str]);
 
 /// The VM suites proper: KFD with amdgpu and its syscall fallback, the GPU
 /// runtimes, CPU/OOM/exit. Whole on both of Debian 12's kernels.
-const VM_SUITES: &[Suite] =
-    &[("vm_kfd", &[]), ("kfd_fallback", &[]), ("gpu_hip", &[]), ("gpu_cuda", &[]), ("cpu_oom_exit", &[])];
+const VM_SUITES: &[Suite] = &[
+    ("vm_kfd", &[]),
+    ("kfd_fallback", &[]),
+    ("gpu_hip", &[]),
+    ("gpu_cuda", &[]),
+    ("gpu_cudart", CUDART_LAYERS),
+    ("cpu_oom_exit", &[]),
+];
+
+/// NVIDIA's CUDA runtime over NVIDIA's driver library: the runtime's own
+/// failure with the driver version read at a version call's return, and a
+/// failure seen at both layers. The rest of its suite (discovery, the gate,
+/// error names) is the same userspace on every kernel.
+const CUDART_LAYERS: &[&str] = &[
+    "the_cuda_13_runtimes_insufficient_driver_is_a_runtime_failure",
+    "no_device_is_seen_at_both_layers_of_the_11_8_and_12_runtimes",
+];
 
 /// The suites of the later families, whole on 6.1.
 const LATER_SUITES: &[Suite] = &[
@@ -229,7 +244,8 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "5.10",
         kernel_name: "Debian 11's 5.10",
         why: "check, and one test per probe family in the shapes older kernels get",
-        suites: &[KFD_ONCE, ONE_PER_FAMILY],
+        // The slot programs read a version call's pointer too.
+        suites: &[KFD_ONCE, ONE_PER_FAMILY, &[("gpu_cudart", CUDART_LAYERS)]],
     },
     // The cloud flavour: no 9p (the harness shares over virtiofs), no amdgpu.
     Boot {

@@ -246,9 +246,15 @@ impl Gate {
     /// a GPU runtime library or during a GPU call.
     pub fn trouble_of(event: &Event) -> Option<(&'static str, String, Option<Api>)> {
         match &event.detail {
-            Detail::GpuCall { api, function, result, .. } if *result != 0 && is_init_function(function) => {
+            Detail::GpuCall { api, function, result, driver_version, .. }
+                if *result != 0 && is_init_function(function) =>
+            {
                 let name = result_name(*api, *result).unwrap_or("unknown error");
-                Some((REASON_INIT_FAILED, format!("{function} returned {result} {name}"), Some(*api)))
+                let mut message = format!("{function} returned {result} {name}");
+                if let Some(v) = driver_version {
+                    message.push_str(&format!(" (driver reports CUDA {})", crate::names::cuda_version(*v)));
+                }
+                Some((REASON_INIT_FAILED, message, Some(*api)))
             }
             Detail::Crash { signal, library, in_call, .. } => {
                 let file = library.as_deref().map(|l| l.rsplit('/').next().unwrap_or(l));
@@ -532,6 +538,7 @@ mod tests {
                 function: function.into(),
                 result,
                 duration_ns: Some(1),
+                driver_version: None,
             },
         }
     }
@@ -597,6 +604,22 @@ mod tests {
         assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.reason), Some(REASON_INIT_FAILED));
         gate.note_counts(&counts(1, Api::Cuda, [3, 3, 3]), paths);
         assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.ready), Some(true));
+    }
+
+    #[test]
+    fn a_runtime_newer_than_the_driver_says_what_the_driver_reports() {
+        let mut gate = Gate::new(None, 0);
+        let mut failure = init_failure(Api::Cudart, "cudaGetDeviceCount", 35);
+        if let Detail::GpuCall { driver_version, .. } = &mut failure.detail {
+            *driver_version = Some(12020);
+        }
+        note(&mut gate, &failure, &Counts::new());
+        let d = gate.desired(UID, &meta(), 2000).expect("failed");
+        assert_eq!((d.ready, d.reason), (false, REASON_INIT_FAILED));
+        assert_eq!(
+            d.message,
+            "container worker: cudaGetDeviceCount returned 35 cudaErrorInsufficientDriver (driver reports CUDA 12.2)"
+        );
     }
 
     #[test]

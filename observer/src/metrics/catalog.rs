@@ -83,6 +83,13 @@ pub const GPU_INIT_FAILURES: MetricDecl = decl(
     Workload,
     &["api", "function", "result"],
 );
+pub const GPU_DRIVER_VERSION: MetricDecl = decl(
+    "gpu_driver_version",
+    "The CUDA version the GPU driver reported to the container's processes (cuDriverGetVersion or cudaDriverGetVersion), encoded as CUDA does: 1000 x major + 10 x minor, so 12020 is CUDA 12.2. Beside a cudaErrorInsufficientDriver init failure it tells a runtime newer than the driver from a missing device.",
+    Gauge,
+    Workload,
+    &[],
+);
 pub const GPU_API_STALLED_CALLS: MetricDecl = decl(
     "gpu_api_stalled_calls",
     "GPU calls in flight longer than the stall threshold.",
@@ -252,6 +259,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &GPU_API_CALLS,
     &GPU_API_CALL_DURATION,
     &GPU_INIT_FAILURES,
+    &GPU_DRIVER_VERSION,
     &GPU_API_STALLED_CALLS,
     &NATIVE_CRASHES,
     &OOM_KILLS,

@@ -64,6 +64,8 @@ pub struct Metrics {
     hardware_by_cgroup: BTreeMap<(u64, u32), u64>,
     kfd: Vec<(KfdStatsKey, KfdStats)>,
     gpu: Vec<(GpuStatsKey, GpuStats)>,
+    /// The driver version each cgroup's processes were told.
+    driver_versions: Vec<(u64, i32)>,
     runq: Vec<(u64, RunqHistogram)>,
     /// Refused calls per (cgroup, limit), from the kernel's counters.
     mem_limits: Vec<(MemLimitKey, u64)>,
@@ -185,6 +187,12 @@ impl Metrics {
         self.gpu = now;
     }
 
+    pub fn set_driver_versions(&mut self, versions: Vec<(u64, i32)>) {
+        let now = self.admitted(versions, |cgroup| *cgroup);
+        self.changed |= now != self.driver_versions;
+        self.driver_versions = now;
+    }
+
     pub fn set_kfd(&mut self, stats: Vec<(KfdStatsKey, KfdStats)>) {
         let now = self.admitted(stats, |k| k.cgroup_id);
         self.changed |= now != self.kfd;
@@ -289,6 +297,7 @@ impl Metrics {
             self.exits.retain(|k, _| k.0 != *cgroup);
             self.stalled.retain(|k, _| k.0 != *cgroup);
             self.gpu.retain(|(k, _)| k.cgroup_id != *cgroup);
+            self.driver_versions.retain(|(c, _)| c != cgroup);
             self.kfd.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.runq.retain(|(c, _)| c != cgroup);
             self.mem_limits.retain(|(k, _)| k.cgroup_id != *cgroup);
@@ -370,6 +379,9 @@ impl Metrics {
 
         for ((cgroup, api, function, result), n) in &self.init_failures {
             fams.get(&GPU_INIT_FAILURES).value(&self.vals(*cgroup, &[api, function, result]), *n as f64);
+        }
+        for (cgroup, version) in &self.driver_versions {
+            fams.get(&GPU_DRIVER_VERSION).value(&self.vals(*cgroup, &[]), f64::from(*version));
         }
         for ((cgroup, api, function), n) in &self.stalled {
             fams.get(&GPU_API_STALLED_CALLS).value(&self.vals(*cgroup, &[api, function]), *n as f64);
@@ -519,6 +531,7 @@ mod tests {
             function: "hipInit".into(),
             result,
             duration_ns: Some(10),
+            driver_version: None,
         };
         m.record(&event(1, call(101)));
         m.record(&event(1, call(101)));
@@ -603,6 +616,7 @@ mod tests {
             function: function.into(),
             result,
             duration_ns: Some(10),
+            driver_version: None,
         };
         m.record(&event(1, call(Api::Hip, "hipInit", 101)));
         m.record(&event(1, call(Api::Hip, "hipInit", 101)));
@@ -634,6 +648,7 @@ mod tests {
         m.record(&event(2, hw(HwKind::QueueEviction, true)));
         m.record(&event(2, hw(HwKind::Reset, true)));
         m.set_stalled([(1, Api::Hip, "hipMemcpy".to_string()), (1, Api::Hip, "hipMemcpy".to_string())]);
+        m.set_driver_versions(vec![(2, 12020)]);
         let gk =
             |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
         m.set_gpu(vec![

@@ -527,6 +527,12 @@ pub fn cuda_error_name(code: i32) -> Option<&'static str> {
     lookup(cudart::CUDART_ERRORS, code)
 }
 
+/// A CUDA version as the driver reports it (`1000 * major + 10 * minor`):
+/// `cuda_version(12020)` is `"12.2"`.
+pub fn cuda_version(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
 /// Name of a KFD ioctl by its `_IOC_NR`, without the `AMDKFD_IOC_` prefix,
 /// e.g. `kfd_ioctl_name(0x02)` is `Some("CREATE_QUEUE")`.
 ///
@@ -567,6 +573,13 @@ pub fn signal_name(sig: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_versions_read_as_major_dot_minor() {
+        assert_eq!(cuda_version(12020), "12.2");
+        assert_eq!(cuda_version(13000), "13.0");
+        assert_eq!(cuda_version(11080), "11.8");
+    }
 
     /// Panics naming the first code that appears twice in `table`.
     fn assert_unique_codes<K: Copy + PartialEq + core::fmt::Debug>(what: &str, table: &[(K, &str)]) {

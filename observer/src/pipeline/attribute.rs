@@ -156,6 +156,8 @@ impl Attributor {
                         result: ev.result,
                         duration_ns: (ev.duration_ns != observer_common::gpu::UNTIMED_NS)
                             .then_some(ev.duration_ns),
+                        // The pipeline fills it from the kernel's map.
+                        driver_version: None,
                     },
                 }]
             }

@@ -27,6 +27,7 @@ use crate::{
     probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
 use attribute::Attributor;
+use observer_common::gpu::Api;
 use reader::Ring;
 use stalls::{Stall, StallDetector};
 
@@ -190,7 +191,8 @@ impl Pipeline {
                         self.tracker.probes(),
                         self.tracker.code_ranges(),
                     ));
-                    for event in &out[first..] {
+                    for event in &mut out[first..] {
+                        self.add_driver_version(event);
                         if is_gpu_trouble(event) {
                             self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
                         }
@@ -203,6 +205,27 @@ impl Pipeline {
         // straggler is sent within a tick of its wait ending.
         out.extend(self.attribution.due_oom_kills());
         out
+    }
+
+    /// A CUDA call's event gets the driver version its process was last
+    /// told, which the kernel keeps per process (successful version calls
+    /// are not events).
+    fn add_driver_version(&self, event: &mut Event) {
+        if let Detail::GpuCall { api: Api::Cuda | Api::Cudart, driver_version, .. } = &mut event.detail {
+            *driver_version = self.kernel.driver_version(event.origin.pid).map(|v| v.version);
+        }
+    }
+
+    /// The driver version each cgroup's processes were last told: the
+    /// highest, so a node whose driver was upgraded under a running pod
+    /// shows the newer one.
+    pub fn driver_versions(&self) -> Vec<(u64, i32)> {
+        let mut by_cgroup: std::collections::BTreeMap<u64, i32> = Default::default();
+        for (_, v) in self.kernel.driver_versions() {
+            let entry = by_cgroup.entry(v.cgroup_id).or_insert(v.version);
+            *entry = (*entry).max(v.version);
+        }
+        by_cgroup.into_iter().collect()
     }
 
     /// Lets `run` tell canary pods (hot-call selection) by cgroup path.

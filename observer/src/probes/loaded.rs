@@ -10,7 +10,10 @@ use observer_common::{
     discovery::{
         GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOLD_CGROUPS_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP,
     },
-    gpu::{GpuStats, GpuStatsKey, InflightKey, InflightStack, INFLIGHT_MAP, STATS_MAP},
+    gpu::{
+        DriverVersion, GpuStats, GpuStatsKey, InflightKey, InflightStack, DRIVER_VERSIONS_MAP, INFLIGHT_MAP,
+        STATS_MAP,
+    },
     kfd::{KfdStats, KfdStatsKey, KFD_STATS_MAP},
     memlimit::{MemLimitKey, MEM_LIMIT_MAP},
     sched::{root_path_key, RunqHistogram, ROOT_PATH_LEN, RUNQ_CGROUPS_MAP, RUNQ_MAP, RUNQ_ROOTS_MAP},
@@ -47,6 +50,7 @@ pub struct Loaded {
     runq_roots: BpfHashMap<MapData, [u8; ROOT_PATH_LEN], u8>,
     mem_limits: PerCpuHashMap<MapData, MemLimitKey, u64>,
     inflight: BpfHashMap<MapData, InflightKey, InflightStack>,
+    driver_versions: BpfHashMap<MapData, u32, DriverVersion>,
     known_files: BpfHashMap<MapData, GpuFileKey, u32>,
     hot_cgroups: BpfHashMap<MapData, u64, u32>,
     hot_tgids: BpfHashMap<MapData, u32, u32>,
@@ -82,6 +86,7 @@ impl Loaded {
             runq_roots: typed(&mut ebpf, RUNQ_ROOTS_MAP)?,
             mem_limits: typed(&mut ebpf, MEM_LIMIT_MAP)?,
             inflight: typed(&mut ebpf, INFLIGHT_MAP)?,
+            driver_versions: typed(&mut ebpf, DRIVER_VERSIONS_MAP)?,
             known_files: typed(&mut ebpf, GPU_FILES_KNOWN_MAP)?,
             hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
             hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
@@ -154,6 +159,16 @@ impl Loaded {
         sum_per_cpu(&self.gpu_stats)
     }
 
+    /// The driver version process `pid`'s latest version call returned.
+    pub fn driver_version(&self, pid: u32) -> Option<DriverVersion> {
+        self.driver_versions.get(&pid, 0).ok()
+    }
+
+    /// Every process's latest reported driver version, by pid.
+    pub fn driver_versions(&self) -> Vec<(u32, DriverVersion)> {
+        self.driver_versions.iter().filter_map(Result::ok).collect()
+    }
+
     /// KFD ioctl aggregates, summed over CPUs.
     pub fn kfd_stats(&self) -> Vec<(KfdStatsKey, KfdStats)> {
         sum_per_cpu(&self.kfd_stats)
@@ -211,6 +226,16 @@ impl Loaded {
             self.mem_limits.keys().flatten().filter(|k| cgroups.contains(&k.cgroup_id)).collect();
         for key in keys {
             let _ = self.mem_limits.remove(&key);
+        }
+        let pids: Vec<u32> = self
+            .driver_versions
+            .iter()
+            .flatten()
+            .filter(|(_, v)| cgroups.contains(&v.cgroup_id))
+            .map(|(pid, _)| pid)
+            .collect();
+        for pid in pids {
+            let _ = self.driver_versions.remove(&pid);
         }
     }
 

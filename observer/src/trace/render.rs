@@ -105,12 +105,17 @@ pub fn detail(event: &Event) -> String {
             }
             format!("{how}: {why}")
         }
-        Detail::GpuCall { api, library, function, result, duration_ns } => {
+        Detail::GpuCall { api, library, function, result, duration_ns, driver_version } => {
             let name = result_name(*api, *result).unwrap_or("unknown result");
             let lib = library.rsplit('/').next().unwrap_or(library);
+            // What the driver told the process: beside a failure it tells
+            // "runtime newer than the driver" from a missing device.
+            let driver = driver_version
+                .map(|v| format!(" (driver reports CUDA {})", crate::names::cuda_version(v)))
+                .unwrap_or_default();
             match duration_ns {
-                Some(ns) => format!("{function} -> {result} {name} in {} [{lib}]", duration(*ns)),
-                None => format!("{function} -> {result} {name} (counted, not timed) [{lib}]"),
+                Some(ns) => format!("{function} -> {result} {name}{driver} in {} [{lib}]", duration(*ns)),
+                None => format!("{function} -> {result} {name}{driver} (counted, not timed) [{lib}]"),
             }
         }
         Detail::GpuStall { library, function, elapsed_ns, .. } => {
@@ -179,6 +184,7 @@ mod tests {
                 function: "hipInit".into(),
                 result: 101,
                 duration_ns: Some(2_000_000),
+                driver_version: None,
             },
         };
         let l = line(&ev);
@@ -194,12 +200,32 @@ mod tests {
                 function: "cuLaunchKernel".into(),
                 result: 1,
                 duration_ns: None,
+                driver_version: None,
             },
             ..ev
         };
         let l = line(&counted);
         assert!(
             l.contains("cuLaunchKernel -> 1 CUDA_ERROR_INVALID_VALUE (counted, not timed) [libcuda.so.1]"),
+            "{l}"
+        );
+        // A runtime call of a process the driver told its version.
+        let runtime = Event {
+            detail: Detail::GpuCall {
+                api: Api::Cudart,
+                library: "/w/nvidia/cu13/lib/libcudart.so.13".into(),
+                function: "cudaGetDeviceCount".into(),
+                result: 35,
+                duration_ns: Some(1_000),
+                driver_version: Some(12020),
+            },
+            ..counted
+        };
+        let l = line(&runtime);
+        assert!(
+            l.contains(
+                "cudaGetDeviceCount -> 35 cudaErrorInsufficientDriver (driver reports CUDA 12.2) in 1.0 µs [libcudart.so.13]"
+            ),
             "{l}"
         );
     }
