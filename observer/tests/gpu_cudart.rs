@@ -381,3 +381,63 @@ fn a_broken_runtime_file_is_refused_with_its_reason() {
     }
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// NVIDIA's runtime linked into the executable (`nvcc`'s default): no
+/// `libcudart` file exists. The executable is probed at its exec, before it
+/// runs, at the runtime's functions in its symbol table, so its first
+/// runtime call is seen; a stripped copy is named as unprobed, with why.
+#[test]
+#[ignore = "needs root and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn a_runtime_linked_into_the_executable_is_probed_there() {
+    assert_root();
+    let tracer = Tracer::start(TRACE);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    // Fresh copies: new inodes, never seen by the tracer.
+    let copies = Copies::new("CUDART13");
+    let app = copies.dir.join("app/cudart_static_probe");
+    let stripped = copies.dir.join("app/cudart_static_probe_stripped");
+    fs::create_dir_all(app.parent().expect("dir")).expect("mkdir");
+    fs::copy(fixture("cudart_static_probe"), &app).expect("copy the app");
+    fs::copy(fixture("cudart_static_probe_stripped"), &stripped).expect("copy the stripped app");
+    let run = |program: &Path| -> Value {
+        let mut cmd = pod.command(program);
+        cmd.env("LD_LIBRARY_PATH", &copies.driver_dir);
+        let out = detached(cmd);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("the app prints JSON")
+    };
+    let printed = run(&app);
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let pid = printed["pid"].as_u64().expect("pid");
+    let app_path = app.to_str().expect("utf8");
+    let probed = tracer
+        .wait_for("the app's probes", wait(), |e| e["kind"] == "library_probed" && e["library"] == app_path);
+    assert_eq!(probed["flavor"], "cudart", "{probed}");
+    assert!(probed["functions"].as_u64().is_some_and(|n| n > 10), "{probed}");
+    assert!(
+        probed["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("CUDA runtime linked into the executable of")),
+        "{probed}"
+    );
+    // The first process's own calls, the first of them included.
+    let call = tracer.wait_for("the app's cudaGetDeviceCount", wait(), |e| {
+        e["kind"] == "gpu_call" && e["function"] == "cudaGetDeviceCount" && e["pid"] == pid
+    });
+    assert_eq!(call["api"], "cudart", "{call}");
+    assert_eq!(call["result_name"], "cudaErrorInsufficientDriver", "{call}");
+    assert_eq!(call["library"], app_path, "{call}");
+    assert_eq!(call["driver_version"], printed["driver_version"], "{call}");
+
+    let printed = run(&stripped);
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let stripped_path = stripped.to_str().expect("utf8");
+    let refused = tracer.wait_for("the stripped app's notice", wait(), |e| {
+        e["kind"] == "library_probed" && e["library"] == stripped_path
+    });
+    assert_eq!(refused["functions"], 0, "{refused}");
+    assert!(
+        refused["reason"].as_str().is_some_and(|r| r.contains("stripped of its symbol table")),
+        "{refused}"
+    );
+}

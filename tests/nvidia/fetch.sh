@@ -18,7 +18,8 @@
 #
 # Prints the paths of libcuda.so.1, libcudart.so.11.0, libcudart.so.12 and
 # libcudart.so.13 (one a line, in that order) and writes them as LIBCUDA=,
-# CUDART11=, CUDART12= and CUDART13= lines to target/nvidia/paths.env.
+# CUDART11=, CUDART12=, CUDART13= and CUDART13_STATIC= lines to
+# target/nvidia/paths.env.
 # libcuda.so.1 needs only libc's libraries; put its directory in
 # LD_LIBRARY_PATH for a runtime to find it.
 set -euo pipefail
@@ -145,11 +146,14 @@ for w in "${WHEELS[@]}"; do
 done
 
 # ------------------------------------------------------------ result
-for v in LIBCUDA CUDART11 CUDART12 CUDART13; do
+# The 13.x runtime as nvcc links it by default (-cudart static), for an
+# executable that carries the runtime itself.
+CUDART13_STATIC="$(dirname "$CUDART13")/libcudart_static.a"
+for v in LIBCUDA CUDART11 CUDART12 CUDART13 CUDART13_STATIC; do
     [ -e "${!v}" ] || die "$v: ${!v} is missing after the fetch"
 done
 env_file="$DEST/paths.env"
-printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\n' \
-    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" > "$env_file.tmp"
+printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\nCUDART13_STATIC=%s\n' \
+    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC" > "$env_file.tmp"
 if cmp -s "$env_file.tmp" "$env_file"; then rm -f "$env_file.tmp"; else mv "$env_file.tmp" "$env_file"; fi
-printf '%s\n' "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13"
+printf '%s\n' "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC"

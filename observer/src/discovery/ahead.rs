@@ -20,7 +20,7 @@ use std::{
 use object::{Object, ObjectSection};
 
 use super::ldcache;
-use crate::probes::gpu::candidate_api;
+use crate::probes::{gpu::candidate_api, linked_runtime::carries_runtime_mark};
 
 /// Directories a loader or a ROCm/ZLUDA install puts these libraries in.
 pub const STANDARD_DIRS: &[&str] = &[
@@ -88,6 +88,10 @@ pub struct AheadOfTime {
     caches: HashMap<u64, (Stamp, Vec<String>)>,
     /// Executable (dev, ino) -> its run-path entries, unexpanded.
     runpaths: HashMap<(u64, u64), Vec<String>>,
+    /// Executables (dev, ino) read for their run path that carry the CUDA
+    /// runtime's mark (see `probes::linked_runtime`): a byte search of the
+    /// file already in memory, so an exec costs no second read.
+    runtime_marked: std::collections::HashSet<(u64, u64)>,
 }
 
 impl AheadOfTime {
@@ -183,16 +187,24 @@ impl AheadOfTime {
         if let Some(dirs) = self.runpaths.get(&key) {
             return Some((exe, dirs.clone()));
         }
-        let dirs = if meta.len() <= MAX_EXE_BYTES {
-            fs::read(format!("/proc/{pid}/exe")).map(|data| run_path(&data)).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let data = if meta.len() <= MAX_EXE_BYTES { fs::read(format!("/proc/{pid}/exe")).ok() } else { None };
+        let dirs = data.as_deref().map(run_path).unwrap_or_default();
         if self.runpaths.len() > 4096 {
             self.runpaths.clear();
+            self.runtime_marked.clear();
+        }
+        if data.as_deref().is_some_and(carries_runtime_mark) {
+            self.runtime_marked.insert(key);
         }
         self.runpaths.insert(key, dirs.clone());
         Some((exe, dirs))
+    }
+
+    /// Whether the executable of `pid`, read at its exec, carries the CUDA
+    /// runtime's mark: a candidate for a runtime linked into it.
+    pub fn carries_runtime(&self, pid: u32) -> bool {
+        let Ok(meta) = fs::metadata(format!("/proc/{pid}/exe")) else { return false };
+        self.runtime_marked.contains(&(meta.dev(), meta.ino()))
     }
 
     /// Forgets a mount namespace's entries (its last process is gone).

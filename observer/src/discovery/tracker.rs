@@ -26,6 +26,8 @@ use crate::probes::{
     Loaded,
 };
 
+mod linked;
+
 /// How often probed library files are checked for deletion.
 const RETIRE_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Files found not to be GPU runtimes are remembered up to this many.
@@ -103,6 +105,8 @@ pub struct LibraryTracker {
     ahead: AheadOfTime,
     /// Files inspected and found not to be GPU runtimes.
     rejected: HashSet<gpu::FileId>,
+    /// Executables read for a CUDA runtime linked into them ([`linked`]).
+    executables_read: HashSet<gpu::FileId>,
     /// Processes whose maps are read once their loader is likely done.
     pending_scans: Vec<PendingScan>,
     /// The kernel side reports mappings of runtime files by name (see
@@ -148,6 +152,7 @@ impl LibraryTracker {
             probes: GpuProbes::new(placement, detail),
             ahead: AheadOfTime::default(),
             rejected: HashSet::new(),
+            executables_read: HashSet::new(),
             pending_scans: Vec::new(),
             kernel_names_mappings: false,
             last_retire_check: Instant::now(),
@@ -292,9 +297,11 @@ impl LibraryTracker {
             }
         }
         let who = format!("{}[{pid}]", comm_str(&header.comm));
-        for c in self.ahead.for_process(pid, &who) {
-            self.consider(kernel, c.open_path, c.display, &c.reason, Some(header));
+        let candidates = self.ahead.for_process(pid, &who);
+        for c in &candidates {
+            self.consider(kernel, c.open_path.clone(), c.display.clone(), &c.reason, Some(header));
         }
+        self.linked_runtime_at_exec(kernel, header, &candidates);
         debug!("exec of pid {pid}: resolved in {:?}", started.elapsed());
     }
 
@@ -302,6 +309,7 @@ impl LibraryTracker {
     /// maps now, then resume it if it was held.
     pub fn gpu_file_mapped(&mut self, kernel: &mut Loaded, ev: &GpuMapEvent) {
         let pid = ev.header.pid;
+        let received = Instant::now();
         let first_new = self.announcements.len();
         self.scan_process(kernel, pid, Scan::GpuMapped(&ev.header));
         // Its maps may not name the file by a usable path (a deleted or
@@ -327,6 +335,17 @@ impl LibraryTracker {
             return;
         }
         let held_ns = self.hold.as_mut().and_then(|h| h.resume(pid));
+        if held_ns.is_none() {
+            // The hold's deadline ran out first: the watchdog resumed the
+            // process before its probes were in place.
+            let since_mapping = crate::clock::BootClock::boot_now_ns().saturating_sub(ev.header.ts_boot_ns);
+            warn!(
+                "pid {pid} was resumed by the hold's deadline before its GPU runtime file was probed (the \
+                 mapping was read {:?} after it happened, and probing took {:?}): its first calls may be unseen",
+                Duration::from_nanos(since_mapping).saturating_sub(received.elapsed()),
+                received.elapsed()
+            );
+        }
         for announcement in &mut self.announcements[first_new..] {
             announcement.held_ns = held_ns;
             announcement.reason.push_str(", held until probed");
@@ -407,6 +426,9 @@ impl LibraryTracker {
         }
         if let (true, Some(header)) = (left, origin) {
             self.scan_later(*header, true);
+        }
+        if let Some(executable) = self.consider_linked_runtime(kernel, pid, &probed, origin) {
+            probed.insert(executable);
         }
         if !probed.is_empty() {
             self.register(pid, probed);

@@ -135,7 +135,7 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         Api::Cuda => Flavor::Nvidia,
         Api::Cudart => Flavor::Cudart,
     };
-    let (functions, aliases) = resolve_functions(&file, api.functions());
+    let (functions, aliases) = resolve_functions(&file, file.dynamic_symbols(), api.functions());
     if functions.is_empty() {
         return Err(LibraryError::NoFunctions { path: display_path.to_string(), api: api.as_str() });
     }
@@ -194,12 +194,15 @@ fn dt_needed(file: &object::File<'_>) -> Vec<String> {
 /// each symbol's virtual address is translated through its section. Where
 /// two wanted names share an entry point, the one listed first is probed and
 /// the other is returned as its alias.
-fn resolve_functions(
+/// `symbols`: a library's exports (its dynamic symbols), or an
+/// executable's own symbol table, where a statically linked runtime is.
+pub(super) fn resolve_functions(
     file: &object::File<'_>,
+    symbols: object::read::SymbolIterator<'_, '_>,
     wanted: &'static [GpuFunction],
 ) -> (BTreeMap<&'static str, u64>, Vec<(&'static str, &'static str)>) {
     let mut offsets: HashMap<&'static str, u64> = HashMap::new();
-    for symbol in file.dynamic_symbols() {
+    for symbol in symbols {
         if !symbol.is_definition() || symbol.address() == 0 {
             continue;
         }
@@ -485,6 +488,18 @@ impl GpuProbes {
     /// Whether `pid` carries the hot-tier probes of file `id`.
     pub fn has_hot(&self, id: &FileId, pid: u32) -> bool {
         self.attached.get(id).is_some_and(|l| l.hot.contains_key(&pid))
+    }
+
+    /// The flavor of a probed file.
+    pub fn flavor_of(&self, id: &FileId) -> Option<Flavor> {
+        self.attached.get(id).map(|l| l.library.flavor)
+    }
+
+    /// Records a file that carries a runtime but cannot be probed (an
+    /// executable stripped of its symbol table), so that `check` and the
+    /// probe metric say so.
+    pub fn refuse_file(&mut self, id: FileId, display: String, why: String) {
+        self.failed.insert(id, (display, why));
     }
 
     /// Records `library` as unprobed for `why` (the programs could not be

@@ -9,6 +9,7 @@ pub mod btf;
 pub mod gpu;
 pub mod gpu_slots;
 pub mod kfd;
+pub mod linked_runtime;
 pub mod loaded;
 pub mod maps;
 pub mod table;

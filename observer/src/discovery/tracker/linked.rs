@@ -1,0 +1,116 @@
+//! A CUDA runtime linked into the executable (`nvcc -cudart static`, its
+//! default): the process reaches a CUDA driver library and no runtime file,
+//! and its runtime calls are in the executable's own code. That file is
+//! read for its symbol table once per inode, only for such processes, and
+//! probed like a runtime file: at exec when the executable carries the
+//! runtime's mark (found in the read `ahead` makes anyway), or after a scan
+//! finds it mapping a driver library and no runtime file.
+use std::{collections::BTreeSet, os::fd::AsRawFd, os::unix::fs::MetadataExt, path::PathBuf};
+
+use log::{debug, info};
+use observer_common::{comm_str, gpu::Api, EventHeader};
+
+use super::{Announcement, LibraryTracker, MAX_REJECTED};
+use crate::discovery::ahead::Candidate;
+use crate::probes::{
+    gpu::{candidate_api, FileId, Flavor},
+    linked_runtime::{inspect_executable, LinkedRuntime},
+    Loaded,
+};
+
+impl LibraryTracker {
+    /// At exec: the executable carries the runtime's mark and its loader
+    /// can reach a CUDA driver library (`candidates`), so the runtime is
+    /// probed in it before it runs, and its first call is seen.
+    pub(super) fn linked_runtime_at_exec(
+        &mut self,
+        kernel: &mut Loaded,
+        header: &EventHeader,
+        candidates: &[Candidate],
+    ) {
+        let driver = candidates
+            .iter()
+            .any(|c| candidate_api(c.display.rsplit('/').next().unwrap_or_default()) == Some(Api::Cuda));
+        if driver && self.ahead.carries_runtime(header.pid) {
+            self.probe_executable(kernel, header.pid, Some(header));
+        }
+    }
+
+    /// After a scan: the probed files `pid` maps (`mapped`) include a CUDA
+    /// driver library but no runtime file, so the runtime may be linked into
+    /// its executable (a process found running at start, or one whose exec
+    /// was not seen). Returns the executable's id when it carries probes.
+    pub(super) fn consider_linked_runtime(
+        &mut self,
+        kernel: &mut Loaded,
+        pid: u32,
+        mapped: &BTreeSet<FileId>,
+        origin: Option<&EventHeader>,
+    ) -> Option<FileId> {
+        let flavors: Vec<Flavor> = mapped.iter().filter_map(|id| self.probes.flavor_of(id)).collect();
+        if !flavors.iter().any(|f| f.api() == Api::Cuda) || flavors.contains(&Flavor::Cudart) {
+            return None;
+        }
+        self.probe_executable(kernel, pid, origin)
+    }
+
+    /// Reads the executable of `pid` once per inode for a linked runtime,
+    /// probes it, or records why it cannot.
+    fn probe_executable(
+        &mut self,
+        kernel: &mut Loaded,
+        pid: u32,
+        origin: Option<&EventHeader>,
+    ) -> Option<FileId> {
+        // The executable through the process, for as long as it lives; an
+        // open descriptor keeps the file reachable while it is probed.
+        let file = std::fs::File::open(format!("/proc/{pid}/exe")).ok()?;
+        let meta = file.metadata().ok()?;
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
+        if self.probes.is_attached(&id) {
+            return self.probes.is_probed(&id).then_some(id);
+        }
+        if !self.executables_read.insert(id) {
+            return None;
+        }
+        if self.executables_read.len() > MAX_REJECTED {
+            self.executables_read.clear();
+        }
+        let display = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| format!("/proc/{pid}/exe"));
+        let who =
+            origin.map(|h| format!("{}[{pid}]", comm_str(&h.comm))).unwrap_or_else(|| format!("pid {pid}"));
+        let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let announce = |tracker: &mut Self, functions: usize, reason: String| {
+            tracker.announcements.push(Announcement {
+                library: display.clone(),
+                flavor: Flavor::Cudart,
+                functions,
+                reason,
+                held_ns: None,
+                origin: origin.copied(),
+            });
+        };
+        match inspect_executable(&held_open, &display) {
+            Ok(LinkedRuntime::Probe(library)) => match self.attach_library(kernel, library) {
+                Ok(functions) => {
+                    info!("probing {display} (CUDA runtime linked in, {functions} functions): run by {who}");
+                    announce(self, functions, format!("CUDA runtime linked into the executable of {who}"));
+                }
+                Err(e) => log::warn!("cannot probe {e}"),
+            },
+            Ok(LinkedRuntime::Stripped) => {
+                let why = "CUDA runtime linked in, but the executable is stripped of its symbol table: its \
+                           runtime calls are not probed (the driver library's are)";
+                log::warn!("{display}: {why}");
+                self.probes.refuse_file(id, display.clone(), why.to_string());
+                announce(self, 0, format!("{why}; run by {who}"));
+            }
+            Ok(LinkedRuntime::Absent) => debug!("{display}: no CUDA runtime linked in"),
+            Err(e) => debug!("{e}"),
+        }
+        drop(file);
+        self.probes.is_probed(&id).then_some(id)
+    }
+}
