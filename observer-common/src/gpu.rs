@@ -283,8 +283,6 @@ pub const fn reports_driver_version(api: u32, function: u32) -> bool {
 /// failure's event, the per-pod gauge). LRU: dead processes age out.
 pub const DRIVER_VERSIONS_MAP: &str = "GPU_DRIVER_VERSIONS";
 pub const MAX_DRIVER_VERSION_PROCESSES: u32 = 4096;
-/// Per thread: the `int *` of a version call in flight, read at its return.
-pub const MAX_VERSION_CALLS_IN_FLIGHT: u32 = 1024;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -357,6 +355,9 @@ pub struct InflightFrame {
     pub function: u32,
     /// Library index from the attach cookie.
     pub library: u32,
+    /// The call's first argument: the `int *` a version call fills (see
+    /// [`reports_driver_version`]), read at its return.
+    pub arg0: u64,
 }
 
 /// Calls in flight on one thread for one API, outermost first.

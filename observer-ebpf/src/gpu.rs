@@ -20,7 +20,7 @@ use observer_common::{
         cookie_api, cookie_function, cookie_library, reports_driver_version, DriverVersion, GpuCallEvent,
         GpuStats, GpuStatsKey, InflightFrame, InflightKey, InflightStack, DEFAULT_STALL_NS,
         MAX_DRIVER_VERSION_PROCESSES, MAX_GPU_SLOTS, MAX_INFLIGHT_THREADS, MAX_NESTING, MAX_STATS_ENTRIES,
-        MAX_VERSION_CALLS_IN_FLIGHT, UNTIMED_NS,
+        UNTIMED_NS,
     },
     EventKind,
 };
@@ -38,11 +38,6 @@ static GPU_STATS: PerCpuHashMap<GpuStatsKey, GpuStats> =
 #[map(name = "GPU_DRIVER_VERSIONS")] // observer_common::gpu::DRIVER_VERSIONS_MAP
 static GPU_DRIVER_VERSIONS: LruHashMap<u32, DriverVersion> =
     LruHashMap::with_max_entries(MAX_DRIVER_VERSION_PROCESSES, 0);
-
-/// The `int *` a version call was given, by thread, until its return. LRU:
-/// a call whose return is never seen (the process died inside it) ages out.
-#[map]
-static GPU_VERSION_ARGS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_VERSION_CALLS_IN_FLIGHT, 0);
 
 /// Non-zero: every return is an event (`canaryscope trace --all`).
 #[unsafe(no_mangle)] // observer_common::gpu::GLOBAL_EMIT_ALL
@@ -85,15 +80,17 @@ pub fn gpu_enter(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn try_gpu_enter(cookie: u64, arg0: u64) -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if reports_driver_version(cookie_api(cookie), cookie_function(cookie)) {
-        // A full map forgets the oldest call, never this one.
-        let _ = GPU_VERSION_ARGS.insert(&(pid_tgid as u32), &arg0, 0);
-    }
     let key = InflightKey { tid: pid_tgid as u32, api: cookie_api(cookie) };
     // SAFETY: plain helper without pointer arguments.
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    let frame =
-        InflightFrame { start_ns: now, function: cookie_function(cookie), library: cookie_library(cookie) };
+    // The first argument rides in the frame, written anyway: the version
+    // calls' `int *` costs no map of its own.
+    let frame = InflightFrame {
+        start_ns: now,
+        function: cookie_function(cookie),
+        library: cookie_library(cookie),
+        arg0,
+    };
 
     // A thread's entry outlives its calls (depth 0 when idle): a hash
     // insert and delete per call cost about a third of the program's time.
@@ -147,19 +144,21 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     // A return without a recorded entry (the probe attached mid-call) still
     // counts, with an unknown duration of zero.
     let mut start = now;
+    let mut arg0 = 0;
     if let Some(stack) = GPU_INFLIGHT.get_ptr_mut(&key) {
         // SAFETY: see try_gpu_enter.
         let stack = unsafe { &mut *stack };
         if stack.depth > 0 {
             stack.depth -= 1;
             let (slot, valid) = frame_slot(&stack.depth, 0);
-            let (frame_function, frame_start) = if valid {
-                (stack.frames[slot].function, stack.frames[slot].start_ns)
+            let (frame_function, frame_start, frame_arg0) = if valid {
+                (stack.frames[slot].function, stack.frames[slot].start_ns, stack.frames[slot].arg0)
             } else {
-                (u32::MAX, now)
+                (u32::MAX, now, 0)
             };
             if frame_function == function {
                 start = frame_start;
+                arg0 = frame_arg0;
             }
         }
     }
@@ -169,8 +168,8 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let stats_key = GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
     record_latency(&GPU_STATS, &stats_key, duration_ns);
-    if reports_driver_version(api, function) {
-        note_driver_version(pid_tgid, cgroup_id, result);
+    if result == 0 && arg0 != 0 && reports_driver_version(api, function) {
+        note_driver_version(pid_tgid, cgroup_id, arg0);
     }
 
     if result != 0 || read_global(&GPU_EMIT_ALL) != 0 || duration_ns >= read_global(&GPU_SLOW_NS) {
@@ -179,17 +178,11 @@ fn try_gpu_exit(cookie: u64, result: i32) -> Result<u32, i64> {
     Ok(0)
 }
 
-/// At a version call's return: the version it wrote, kept per process
-/// before any event of the call is emitted, so userspace finds it there.
+/// At a successful version call's return: the version it wrote through
+/// `out`, kept per process before any event of the call is emitted, so
+/// userspace finds it there.
 #[inline(always)]
-fn note_driver_version(pid_tgid: u64, cgroup_id: u64, result: i32) {
-    let tid = pid_tgid as u32;
-    // SAFETY: a copy out of the map before the entry is removed.
-    let Some(out) = (unsafe { GPU_VERSION_ARGS.get(&tid) }).copied() else { return };
-    let _ = GPU_VERSION_ARGS.remove(&tid);
-    if result != 0 || out == 0 {
-        return;
-    }
+fn note_driver_version(pid_tgid: u64, cgroup_id: u64, out: u64) {
     // SAFETY: a checked read of the caller's memory; a bad pointer fails.
     let Ok(version) = (unsafe { bpf_probe_read_user(out as *const i32) }) else { return };
     let noted = DriverVersion { version, _pad: 0, cgroup_id };

@@ -16,7 +16,7 @@ use super::{
     daemon::{metric_sum, Daemon},
     div, median,
     peers::{peer_or_note, start_bpftrace},
-    process::fixture_figure,
+    process::{fixture_figure, parse_field, run_fixture},
     report::num,
     rounds::{Config, ProgTime, Rounds},
     step, sub, Env, Plan, Row, Target,
@@ -213,5 +213,113 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
         ),
     );
     out.extend([row, own, diag]);
+    out.push(nvidia_case(env, plan)?);
     Ok(())
+}
+
+/// NVIDIA's own driver library (Debian's 535 `libcuda.so.1`, fetched into
+/// target/nvidia): the same call, reached through `DT_NEEDED` by
+/// `cuda_needed`, bare, under canaryscope, under bpftrace's comparable
+/// script and under the empty pair. Its entries start unlike HIP's or the
+/// fixture's, and a uprobe's price depends on the first instruction.
+fn nvidia_case(env: &Env, plan: &Plan) -> Result<Row> {
+    let paths = std::fs::read_to_string(env.fixtures.join("../nvidia/paths.env"))
+        .context("target/nvidia/paths.env (tests/nvidia/fetch.sh; cargo xtask fixtures runs it)")?;
+    let lib = paths
+        .lines()
+        .find_map(|l| l.strip_prefix("LIBCUDA="))
+        .map(std::path::PathBuf::from)
+        .context("target/nvidia/paths.env names no LIBCUDA")?;
+    let dir = lib.parent().context("libcuda's directory")?.to_path_buf();
+    // Every probed call of it costs a trap pair; fewer calls keep a round short.
+    let n = (plan.gpu_calls / 10).max(20_000);
+    let run = |calls: u64| -> Result<f64> {
+        let mut cmd = std::process::Command::new(env.fixture("cuda_needed"));
+        cmd.args(["--version-loop", &calls.to_string()]).env("LD_LIBRARY_PATH", &dir);
+        let out = run_fixture(env, "cuda_needed", &mut cmd, Duration::from_secs(300))?;
+        parse_field(&out, "ns_per_call").with_context(|| format!("no ns_per_call in {out}"))
+    };
+    let lib_arg = lib.to_string_lossy().to_string();
+    let (full_script, floor_script) = bpftrace_scripts(&lib);
+    let mut row = Row::new("gpu_call_overhead_nvidia", "ns/call");
+    let mut configs = vec![GpuCfg::Bare, GpuCfg::Canaryscope];
+    if env.bpftrace.is_some() {
+        configs.extend([GpuCfg::Bpftrace, GpuCfg::Floor]);
+    }
+    step(&format!(
+        "gpu_call_overhead_nvidia: cuda_needed --version-loop {n} (cuDriverGetVersion via NVIDIA's {}), {} rounds",
+        lib.display(),
+        plan.gpu_rounds
+    ));
+    let rounds = Rounds::run(&configs, plan.gpu_rounds, "ns/call", |cfg, round, _| {
+        Ok(Some(match cfg {
+            GpuCfg::Bare => run(n)?,
+            GpuCfg::Canaryscope => {
+                let d = Daemon::start(env, "canaryscope-gpu-nvidia", &["--lib", &lib_arg])?;
+                let labels = [("function", "cuDriverGetVersion")];
+                let name = "canaryscope_gpu_api_calls_total";
+                let before = metric_sum(&d.metrics()?, name, &labels);
+                let v = run(n)?;
+                let seen =
+                    d.wait_metric(name, &labels, Duration::from_secs(5), |c| c >= before + n as f64) - before;
+                if seen != n as f64 {
+                    row.wrong(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
+                }
+                d.stop();
+                v
+            }
+            GpuCfg::Bpftrace | GpuCfg::Floor => {
+                let script = if cfg == GpuCfg::Bpftrace { &full_script } else { &floor_script };
+                let started = start_bpftrace(env, &format!("bpftrace-nvidia-{}", cfg.label()), script, 2);
+                let Some(mut p) =
+                    peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut row.notes)
+                else {
+                    return Ok(None);
+                };
+                let v = run(n)?;
+                p.stop();
+                v
+            }
+        }))
+    })?;
+    row.baseline = rounds.median(GpuCfg::Bare);
+    row.canaryscope = rounds.median(GpuCfg::Canaryscope);
+    row.peer = rounds.median(GpuCfg::Bpftrace);
+    row.floor = rounds.median(GpuCfg::Floor);
+    if env.bpftrace.is_some() {
+        row.peer_tool = Some("bpftrace".into());
+    }
+    row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
+    row.ratio("canaryscope_vs_floor", div(row.canaryscope, row.floor));
+    row.ratio("canaryscope_vs_peer", div(row.canaryscope, row.peer));
+    rounds.add_samples(&mut row);
+    for (what, file) in
+        [("NVIDIA's libcuda", lib.as_path()), ("the ZLUDA-shaped fixture", env.cuda_lib.as_path())]
+    {
+        row.notes.push(match first_instruction(file, "cuDriverGetVersion") {
+            Some(insn) => format!("{what}: cuDriverGetVersion starts with `{insn}`"),
+            None => format!("{what}: first instruction of cuDriverGetVersion not read (objdump)"),
+        });
+    }
+    row.notes.push(
+        "a uprobe on an instruction the kernel cannot emulate (rip-relative, or a test) single-steps it \
+         out of line at every call: the floor shows that price, which no program can lower"
+            .into(),
+    );
+    Ok(row)
+}
+
+/// The first instruction of `symbol` in `file`, as objdump prints it.
+fn first_instruction(file: &Path, symbol: &str) -> Option<String> {
+    let out = std::process::Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", &format!("--disassemble={symbol}")])
+        .arg(file)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().skip_while(|l| !l.ends_with(">:"));
+    lines.next()?;
+    let insn = lines.next()?.split_once('\t')?.1;
+    // Drop objdump's comment on a rip-relative address.
+    Some(insn.split('#').next().unwrap_or(insn).split_whitespace().collect::<Vec<_>>().join(" "))
 }

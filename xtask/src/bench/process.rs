@@ -227,7 +227,7 @@ pub(super) fn run_to_end(
 }
 
 /// Runs a fixture to completion (killed after `timeout`) and returns its output.
-fn run_fixture(env: &Env, name: &str, cmd: &mut Command, timeout: Duration) -> Result<String> {
+pub(super) fn run_fixture(env: &Env, name: &str, cmd: &mut Command, timeout: Duration) -> Result<String> {
     match run_to_end(env, name, cmd, timeout)? {
         (s, p) if s.success() => Ok(p.output()),
         (s, p) => bail!("{name} failed ({s}); {}", p.log_tail()),
