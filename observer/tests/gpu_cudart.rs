@@ -441,3 +441,46 @@ fn a_runtime_linked_into_the_executable_is_probed_there() {
         "{refused}"
     );
 }
+
+/// A framework's wheel layout: the runtime is reached only through the
+/// RUNPATH of the framework's own library (`torch/lib/...` naming
+/// `$ORIGIN/../../nvidia/cu13/lib`), never through the executable, its
+/// environment or the loader's cache. It is found at its mapping, the
+/// process held until it is probed, and its first call is seen.
+#[test]
+#[ignore = "needs root and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn a_runtime_reached_through_a_frameworks_runpath_is_seen_from_its_first_call() {
+    assert_root();
+    let tracer = Tracer::start(TRACE);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let copies = Copies::new("CUDART13");
+    let site = copies.dir.join("venv/lib/python3.11/site-packages");
+    let framework = site.join("torch/lib/libtorch_stub.so");
+    let runtime = site.join("nvidia/cu13/lib/libcudart.so.13");
+    for file in [&framework, &runtime] {
+        fs::create_dir_all(file.parent().expect("dir")).expect("mkdir");
+    }
+    fs::copy(fixture("torch-like/libtorch_stub.so"), &framework).expect("copy the framework library");
+    fs::copy(library("CUDART13"), &runtime).expect("copy the runtime");
+    // cudart_probe dlopens the framework's library; dlsym through it
+    // reaches the runtime that its RUNPATH brought in.
+    let mut cmd = pod.command(&fixture("cudart_probe"));
+    cmd.arg(&framework).env("LD_LIBRARY_PATH", &copies.driver_dir);
+    let out = detached(cmd);
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("cudart_probe prints JSON");
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let pid = printed["pid"].as_u64().expect("pid");
+    let runtime_path = runtime.to_str().expect("utf8");
+    let probed = tracer.wait_for("the runtime's probes", wait(), |e| {
+        e["kind"] == "library_probed" && e["library"] == runtime_path
+    });
+    assert_eq!(probed["flavor"], "cudart", "{probed}");
+    assert!(probed["reason"].as_str().is_some_and(|r| r.ends_with("held until probed")), "{probed}");
+    // Its failing call: the probes were there before its first call.
+    let first = tracer.wait_for("cudaGetDeviceCount", wait(), |e| {
+        e["kind"] == "gpu_call" && e["function"] == "cudaGetDeviceCount" && e["pid"] == pid
+    });
+    assert_eq!(first["library"], runtime_path, "{first}");
+    assert_eq!(first["result_name"], "cudaErrorInsufficientDriver", "{first}");
+}

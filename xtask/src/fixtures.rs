@@ -13,14 +13,17 @@ pub fn build_all() -> Result<std::path::PathBuf> {
     let src = root().join("tests/fixtures");
     let out = root().join("target/fixtures");
     std::fs::create_dir_all(&out)?;
-    // First: one fixture links NVIDIA's static runtime.
+    // First: fixtures link NVIDIA's runtime, one of them statically.
     step("NVIDIA's driver userspace and CUDA runtimes in target/nvidia (tests/nvidia/fetch.sh)");
     run(Command::new(root().join("tests/nvidia/fetch.sh")).stdout(std::process::Stdio::null()))?;
     let paths = std::fs::read_to_string(root().join("target/nvidia/paths.env"))?;
-    let cudart_static = paths
-        .lines()
-        .find_map(|l| l.strip_prefix("CUDART13_STATIC="))
-        .ok_or_else(|| anyhow::anyhow!("target/nvidia/paths.env names no CUDART13_STATIC"))?;
+    let path_of = |key: &str| {
+        paths
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .ok_or_else(|| anyhow::anyhow!("target/nvidia/paths.env names no {key}"))
+    };
+    let (cudart13, cudart_static) = (path_of("CUDART13")?, path_of("CUDART13_STATIC")?);
     step("building test fixtures (gcc) into target/fixtures");
     run(Command::new("make")
         .arg("-s")
@@ -28,6 +31,7 @@ pub fn build_all() -> Result<std::path::PathBuf> {
         .arg(&src)
         .arg(format!("OUT={}", out.display()))
         .arg(format!("HIP_LIB={HIP_LIB}"))
+        .arg(format!("CUDART13={cudart13}"))
         .arg(format!("CUDART_STATIC={cudart_static}")))?;
     Ok(out)
 }

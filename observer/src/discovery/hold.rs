@@ -11,7 +11,8 @@
 //!   then miss the stop), and that map is pinned in bpffs; a SIGCONT sent
 //!   after reading a record cancels its stop even if it has not landed;
 //! - a watchdog process, separate from the daemon and in its own session,
-//!   resumes any process held longer than the deadline, and every held
+//!   resumes any process held longer than its deadline ([`HOLD_DEADLINE`],
+//!   or [`PROBING_DEADLINE`] once the daemon took the hold up), and every held
 //!   process as soon as the daemon is gone, however it died;
 //! - at start, the daemon resumes every process a previous daemon left
 //!   recorded as held.
@@ -30,8 +31,19 @@ use crate::clock::BootClock;
 /// Where the held-process map is pinned.
 pub const PIN_DIR: &str = "/sys/fs/bpf/canaryscope";
 pub const PIN_NAME: &str = "held_pids";
-/// A process is never held longer than this, even if the daemon is stuck.
+/// A process whose hold the daemon has not taken up is never held longer
+/// than this, even if the daemon is stuck.
 pub const HOLD_DEADLINE: Duration = Duration::from_secs(2);
+/// Once the daemon has read a hold's report and is probing for it, the
+/// hold lasts at most this long from then. Creating a uprobe can wait
+/// seconds behind the kernel's release of others (each release waits for a
+/// grace period under a lock that creation takes too: an exited tracer's or
+/// a retired file's links), and the short deadline must not cut that short:
+/// measured here, 3.2 s to probe a one-function library while another
+/// tracer's links were being released.
+pub const PROBING_DEADLINE: Duration = Duration::from_secs(10);
+/// `BPF_EXIST`: update a record only where it still exists.
+const BPF_EXIST: u64 = 2;
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 pub type HeldMap = BpfHashMap<MapData, u32, u64>;
@@ -83,12 +95,24 @@ impl Hold {
         Ok(Self { map, pin, watchdog })
     }
 
-    /// Resumes one held process; returns how long it was held.
-    pub fn resume(&mut self, pid: u32) -> Option<u64> {
-        let held_at = self.map.get(&pid, 0).ok()?;
+    /// Takes up the hold of `pid`: the deadline moves to
+    /// [`PROBING_DEADLINE`] from now. The record's stamp is where the
+    /// watchdog counts [`HOLD_DEADLINE`] from, so it is moved forward by the
+    /// difference; a record the watchdog already removed stays removed.
+    pub fn take_up(&mut self, pid: u32) {
+        let extra = PROBING_DEADLINE.saturating_sub(HOLD_DEADLINE).as_nanos() as u64;
+        let stamp = BootClock::boot_now_ns().saturating_add(extra);
+        let _ = self.map.insert(pid, stamp, BPF_EXIST);
+    }
+
+    /// Resumes one held process, held since `held_at_ns` (the kernel's
+    /// report); returns how long it was held, or `None` when the watchdog
+    /// resumed it first.
+    pub fn resume(&mut self, pid: u32, held_at_ns: u64) -> Option<u64> {
+        self.map.get(&pid, 0).ok()?;
         let _ = self.map.remove(&pid);
-        resume_process(pid, held_at);
-        Some(BootClock::boot_now_ns().saturating_sub(held_at))
+        resume_process(pid, held_at_ns);
+        Some(BootClock::boot_now_ns().saturating_sub(held_at_ns))
     }
 
     /// Resumes processes held past the deadline (a file that took too long
@@ -241,7 +265,7 @@ pub fn run_watchdog(pin: &Path, daemon_pid: u32) -> ExitCode {
     };
     while !daemon_gone(50) {
         for pid in resume_older_than(&mut map, HOLD_DEADLINE) {
-            eprintln!("canaryscope hold-watchdog: resumed pid {pid}, held past {HOLD_DEADLINE:?}");
+            eprintln!("canaryscope hold-watchdog: resumed pid {pid}, held past its deadline");
         }
     }
     // The daemon is gone: its programs detach as its descriptors close, and

@@ -310,6 +310,11 @@ impl LibraryTracker {
     pub fn gpu_file_mapped(&mut self, kernel: &mut Loaded, ev: &GpuMapEvent) {
         let pid = ev.header.pid;
         let received = Instant::now();
+        if ev.held != 0 {
+            if let Some(hold) = self.hold.as_mut() {
+                hold.take_up(pid);
+            }
+        }
         let first_new = self.announcements.len();
         self.scan_process(kernel, pid, Scan::GpuMapped(&ev.header));
         // Its maps may not name the file by a usable path (a deleted or
@@ -334,7 +339,7 @@ impl LibraryTracker {
         if ev.held == 0 {
             return;
         }
-        let held_ns = self.hold.as_mut().and_then(|h| h.resume(pid));
+        let held_ns = self.hold.as_mut().and_then(|h| h.resume(pid, ev.held_at_ns));
         if held_ns.is_none() {
             // The hold's deadline ran out first: the watchdog resumed the
             // process before its probes were in place.
@@ -372,10 +377,7 @@ impl LibraryTracker {
         }
         if let Some(hold) = self.hold.as_mut() {
             for pid in hold.resume_expired() {
-                warn!(
-                    "resumed pid {pid}: held past {:?} without its library being probed",
-                    super::hold::HOLD_DEADLINE
-                );
+                warn!("resumed pid {pid}: held past its deadline without its library being probed");
             }
         }
         // One fstat per probed library every few seconds; the processes'
