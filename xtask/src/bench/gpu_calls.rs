@@ -84,16 +84,9 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
         Ok(Some(match cfg {
             GpuCfg::Bare => cuda_loop(env, n)?,
             GpuCfg::Canaryscope => {
-                let d = Daemon::start(env, "canaryscope-gpu", &["--lib", &lib_arg])?;
-                let labels = [("function", "cuDriverGetVersion")];
-                let name = "canaryscope_gpu_api_calls_total";
-                let before = metric_sum(&d.metrics()?, name, &labels);
-                let v = cuda_loop(env, n)?;
-                let seen =
-                    d.wait_metric(name, &labels, Duration::from_secs(5), |c| c >= before + n as f64) - before;
-                if seen != n as f64 {
-                    row.wrong(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
-                }
+                let (v, d) = under_canaryscope(env, "canaryscope-gpu", &lib_arg, n, round, &mut row, |c| {
+                    cuda_loop(env, c)
+                })?;
                 if last {
                     diag.measure(env, cfg, d.pid(), "canaryscope programs that ran", |c| cuda_loop(env, c))?;
                 }
@@ -102,10 +95,7 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
             }
             GpuCfg::Bpftrace | GpuCfg::Floor => {
                 let script = if cfg == GpuCfg::Bpftrace { &full_script } else { &floor_script };
-                let started = start_bpftrace(env, &format!("bpftrace-{}", cfg.label()), script, 2);
-                let Some(mut p) =
-                    peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut row.notes)
-                else {
+                let Some(mut p) = bpftrace_for(env, "bpftrace", cfg, script, &mut row) else {
                     return Ok(None);
                 };
                 let v = cuda_loop(env, n)?;
@@ -134,13 +124,7 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
         }))
     })?;
 
-    row.baseline = rounds.median(GpuCfg::Bare);
-    row.canaryscope = rounds.median(GpuCfg::Canaryscope);
-    row.peer = rounds.median(GpuCfg::Bpftrace);
-    row.floor = rounds.median(GpuCfg::Floor);
-    if env.bpftrace.is_some() {
-        row.peer_tool = Some("bpftrace".into());
-    }
+    take_medians(env, &rounds, &mut row);
     let own_cs = sub(row.canaryscope, row.floor);
     let own_bt = sub(row.peer, row.floor);
     row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
@@ -217,6 +201,55 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
     Ok(())
 }
 
+/// The row's figures: the median of each configuration's rounds.
+fn take_medians(env: &Env, rounds: &Rounds<GpuCfg>, row: &mut Row) {
+    row.baseline = rounds.median(GpuCfg::Bare);
+    row.canaryscope = rounds.median(GpuCfg::Canaryscope);
+    row.peer = rounds.median(GpuCfg::Bpftrace);
+    row.floor = rounds.median(GpuCfg::Floor);
+    if env.bpftrace.is_some() {
+        row.peer_tool = Some("bpftrace".into());
+    }
+}
+
+/// One round under `canaryscope run --lib LIB`: the loop's figure and the
+/// daemon, still running, once it counted every call (or the row says it
+/// did not).
+fn under_canaryscope(
+    env: &Env,
+    name: &str,
+    lib: &str,
+    calls: u64,
+    round: usize,
+    row: &mut Row,
+    mut run: impl FnMut(u64) -> Result<f64>,
+) -> Result<(f64, Daemon)> {
+    let d = Daemon::start(env, name, &["--lib", lib])?;
+    let labels = [("function", "cuDriverGetVersion")];
+    let metric = "canaryscope_gpu_api_calls_total";
+    let before = metric_sum(&d.metrics()?, metric, &labels);
+    let v = run(calls)?;
+    let seen =
+        d.wait_metric(metric, &labels, Duration::from_secs(5), |c| c >= before + calls as f64) - before;
+    if seen != calls as f64 {
+        row.wrong(format!("round {}: canaryscope counted {seen} of {calls} calls", round + 1));
+    }
+    Ok((v, d))
+}
+
+/// bpftrace running `script` for a round (`cfg` names it), or `None` with
+/// a note where it cannot run.
+fn bpftrace_for(
+    env: &Env,
+    name: &str,
+    cfg: GpuCfg,
+    script: &str,
+    row: &mut Row,
+) -> Option<super::process::Proc> {
+    let started = start_bpftrace(env, &format!("{name}-{}", cfg.label()), script, 2);
+    peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut row.notes)
+}
+
 /// NVIDIA's own driver library (Debian's 535 `libcuda.so.1`, fetched into
 /// target/nvidia): the same call, reached through `DT_NEEDED` by
 /// `cuda_needed`, bare, under canaryscope, under bpftrace's comparable
@@ -255,25 +288,14 @@ fn nvidia_case(env: &Env, plan: &Plan) -> Result<Row> {
         Ok(Some(match cfg {
             GpuCfg::Bare => run(n)?,
             GpuCfg::Canaryscope => {
-                let d = Daemon::start(env, "canaryscope-gpu-nvidia", &["--lib", &lib_arg])?;
-                let labels = [("function", "cuDriverGetVersion")];
-                let name = "canaryscope_gpu_api_calls_total";
-                let before = metric_sum(&d.metrics()?, name, &labels);
-                let v = run(n)?;
-                let seen =
-                    d.wait_metric(name, &labels, Duration::from_secs(5), |c| c >= before + n as f64) - before;
-                if seen != n as f64 {
-                    row.wrong(format!("round {}: canaryscope counted {seen} of {n} calls", round + 1));
-                }
+                let (v, d) =
+                    under_canaryscope(env, "canaryscope-gpu-nvidia", &lib_arg, n, round, &mut row, &run)?;
                 d.stop();
                 v
             }
             GpuCfg::Bpftrace | GpuCfg::Floor => {
                 let script = if cfg == GpuCfg::Bpftrace { &full_script } else { &floor_script };
-                let started = start_bpftrace(env, &format!("bpftrace-nvidia-{}", cfg.label()), script, 2);
-                let Some(mut p) =
-                    peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut row.notes)
-                else {
+                let Some(mut p) = bpftrace_for(env, "bpftrace-nvidia", cfg, script, &mut row) else {
                     return Ok(None);
                 };
                 let v = run(n)?;
@@ -282,13 +304,7 @@ fn nvidia_case(env: &Env, plan: &Plan) -> Result<Row> {
             }
         }))
     })?;
-    row.baseline = rounds.median(GpuCfg::Bare);
-    row.canaryscope = rounds.median(GpuCfg::Canaryscope);
-    row.peer = rounds.median(GpuCfg::Bpftrace);
-    row.floor = rounds.median(GpuCfg::Floor);
-    if env.bpftrace.is_some() {
-        row.peer_tool = Some("bpftrace".into());
-    }
+    take_medians(env, &rounds, &mut row);
     row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
     row.ratio("canaryscope_vs_floor", div(row.canaryscope, row.floor));
     row.ratio("canaryscope_vs_peer", div(row.canaryscope, row.peer));
