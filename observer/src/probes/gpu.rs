@@ -767,6 +767,7 @@ fn attach_point(
     point_cookie: Option<u64>,
     scope: UProbeScope,
 ) -> Result<UProbeLinkId, AttachError> {
+    super::releaser::note_attach();
     uprobe(ebpf, program_name)?
         .attach(
             UProbeAttachPoint {
@@ -779,10 +780,10 @@ fn attach_point(
         .map_err(AttachError::Attach)
 }
 
-/// Detaches links off the event loop: releasing a uprobe link waits for an
-/// RCU tasks-trace grace period in the kernel, under a global mutex (about
-/// tens of milliseconds each, measured up to 90 ms), so a library's 30-odd links would stall event handling,
-/// and any process held meanwhile, for seconds.
+/// Detaches links off the event loop (see [`super::releaser`]): releasing
+/// a uprobe link waits for a grace period under a mutex that attaching takes
+/// too, so a library's 30-odd links would stall event handling, and any
+/// process held meanwhile, for seconds.
 ///
 /// Links go in the reverse of their attach order, entry programs before
 /// their return programs, for the reason `attach_functions` gives.
@@ -794,15 +795,7 @@ fn detach_links(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
             Err(e) => debug!("detach {program_name}: {e}"),
         }
     }
-    if taken.is_empty() {
-        return;
-    }
-    let spawned = std::thread::Builder::new().name("cs-detach".into()).spawn(move || drop(taken));
-    if let Err(e) = spawned {
-        // No thread to spare: the links were moved into the closure, which
-        // the failed spawn dropped here, detaching them inline.
-        debug!("detaching inline: {e}");
-    }
+    super::releaser::release(taken);
 }
 
 #[cfg(test)]

@@ -1,0 +1,97 @@
+//! Releasing uprobe links without stalling the ones being created.
+//!
+//! The kernel releases a perf-event uprobe after an RCU tasks-trace grace
+//! period, under a mutex that creating one takes too (tens of ms each,
+//! one at a time). A burst of releases (a retired library file's links, an
+//! exited process's hot probes) made every attach behind it wait: measured
+//! 3.2 s to probe a one-function library, long after the 50 ms in which a
+//! process that `dlopen`s at once makes its first call. So links are
+//! released one at a time by one thread, and only after attaching has been
+//! quiet for a while; past a cap they are released anyway, so a node that
+//! never goes quiet still gets its kernel memory back.
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+        OnceLock,
+    },
+    time::{Duration, Instant},
+};
+
+use aya::programs::uprobe::UProbeLink;
+use log::debug;
+
+/// Attaching must have been quiet this long before a link is released.
+const QUIET: Duration = Duration::from_secs(1);
+/// Links waiting past this many are released without waiting for quiet.
+const MAX_WAITING: usize = 4096;
+
+/// Milliseconds since [`epoch`] of the latest attach.
+static LAST_ATTACH_MS: AtomicU64 = AtomicU64::new(0);
+static QUEUE: OnceLock<Option<Sender<Vec<UProbeLink>>>> = OnceLock::new();
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    epoch().elapsed().as_millis() as u64
+}
+
+/// Called before each attach: releases wait until attaching is quiet.
+pub fn note_attach() {
+    LAST_ATTACH_MS.store(now_ms().max(1), Ordering::Relaxed);
+}
+
+/// Hands links over for release in the background.
+pub fn release(links: Vec<UProbeLink>) {
+    if links.is_empty() {
+        return;
+    }
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        match std::thread::Builder::new().name("cs-release".into()).spawn(move || run(rx)) {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                debug!("no release thread ({e}): links are released inline");
+                None
+            }
+        }
+    });
+    match queue {
+        Some(tx) => {
+            if let Err(mpsc::SendError(links)) = tx.send(links) {
+                drop(links);
+            }
+        }
+        // Dropping the links releases them here.
+        None => drop(links),
+    }
+}
+
+fn quiet() -> bool {
+    now_ms().saturating_sub(LAST_ATTACH_MS.load(Ordering::Relaxed)) >= QUIET.as_millis() as u64
+}
+
+fn run(rx: Receiver<Vec<UProbeLink>>) {
+    let mut waiting: VecDeque<UProbeLink> = VecDeque::new();
+    loop {
+        // Wait for more links, or for the next moment a release may go.
+        let timeout = if waiting.is_empty() { Duration::from_secs(3600) } else { Duration::from_millis(100) };
+        match rx.recv_timeout(timeout) {
+            Ok(links) => waiting.extend(links),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        while let Ok(links) = rx.try_recv() {
+            waiting.extend(links);
+        }
+        // One at a time, checking between releases: an attach that comes
+        // meanwhile waits for at most the release in flight.
+        while !waiting.is_empty() && (quiet() || waiting.len() > MAX_WAITING) {
+            drop(waiting.pop_front());
+        }
+    }
+}
