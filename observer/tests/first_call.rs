@@ -227,6 +227,56 @@ fn a_dlopen_50ms_after_exec_from_the_loaders_search_path_is_seen_from_its_first_
     }
 }
 
+/// A runtime file caught half-written (an image layer still unpacking, a
+/// `cp` under way as the container's first processes start) is no runtime
+/// yet; it is not written off, and the program that finally loads it
+/// whole is seen from its first call.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_runtime_file_caught_half_written_is_looked_at_again_once_whole() {
+    use std::os::unix::process::CommandExt;
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--all"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let fresh = Fresh::new();
+    // The tracer's announcement of this copy, found at the exec of a
+    // process that starts while the runtime is cut short, proves it looked
+    // at the runtime in that state.
+    let witness = fresh.copy(&lib, "witness/libcuda.so.1");
+    let go = fresh.0.join("go");
+    let made = Command::new("mkfifo").arg(&go).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo: {made}");
+    let script = format!(
+        "set -e; mount -t tmpfs none /opt; mkdir /opt/zluda; \
+         head -c 4096 {lib} > /opt/zluda/libcuda.so.1; \
+         env LD_LIBRARY_PATH={witness_dir} cat {go} > /dev/null; \
+         cat {lib} > /opt/zluda/libcuda.so.1; \
+         exec {loader} --after 50 /opt/zluda/libcuda.so.1",
+        lib = lib.display(),
+        witness_dir = witness.parent().expect("dir").display(),
+        go = go.display(),
+        loader = loader.display()
+    );
+    let mut cmd = in_private_mounts(&pod, &script);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.stdout(Stdio::piped()).spawn().expect("start the script");
+    let looked = probed_since(&tracer, witness.to_str().expect("utf8"), 0);
+    assert!(reason(&looked).starts_with("LD_LIBRARY_PATH of cat"), "{looked}");
+    fs::write(&go, b"go\n").expect("let the script finish the copy");
+    let out = child.wait_with_output().expect("the script");
+    assert!(out.status.success(), "{out:?}");
+    let (_, probed) = first_call(&tracer, out_pid(&out.stdout), "cuInit", "/opt/zluda/libcuda.so.1", 0);
+    assert!(reason(&probed).starts_with("standard library directory of"), "{probed}");
+}
+
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() {

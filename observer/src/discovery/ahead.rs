@@ -42,8 +42,8 @@ pub const STANDARD_DIRS: &[&str] = &[
 
 /// An executable larger than this is not read for its run path.
 const MAX_EXE_BYTES: u64 = 512 << 20;
-/// A directory listing taken this soon after the directory changed may
-/// miss a file added in the same timestamp tick; it is not trusted.
+/// What was read of a file or directory this soon after it changed is not
+/// trusted (see [`settled`]).
 const SETTLED: Duration = Duration::from_secs(2);
 
 /// A file to probe, and why it was chosen.
@@ -68,9 +68,7 @@ struct Stamp {
 
 impl Stamp {
     fn of(meta: &fs::Metadata) -> Self {
-        let mtime_ns = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
-        let age = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok());
-        Self { dev: meta.dev(), ino: meta.ino(), mtime_ns, settled: age.is_some_and(|a| a >= SETTLED) }
+        Self { dev: meta.dev(), ino: meta.ino(), mtime_ns: mtime_ns(meta), settled: settled(meta) }
     }
 
     fn still(&self, now: &Self) -> bool {
@@ -216,6 +214,20 @@ impl AheadOfTime {
             self.caches.clear();
         }
     }
+}
+
+/// The last change of a file or directory, in ns since the epoch.
+pub fn mtime_ns(meta: &fs::Metadata) -> i128 {
+    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+}
+
+/// Whether a file or directory has been left alone long enough that what
+/// was read of it is what it is: a listing taken in the same timestamp
+/// tick as a change may miss it, and a file written a moment ago may still
+/// be being written (an image layer unpacked, a `cp` under way).
+pub fn settled(meta: &fs::Metadata) -> bool {
+    let age = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok());
+    age.is_some_and(|a| a >= SETTLED)
 }
 
 /// GPU runtime file names in a directory.

@@ -17,7 +17,7 @@ use observer_common::{
 };
 
 use super::{
-    ahead::AheadOfTime,
+    ahead::{self, AheadOfTime},
     hold::Hold,
     hot::{process_cgroup, Candidate, ExitWatch, HotCounts, KernelScope, Policy, Reason, Selection},
 };
@@ -103,8 +103,9 @@ pub struct LibraryTracker {
     probes: GpuProbes,
     /// What each exec's loader could find, resolved before it runs.
     ahead: AheadOfTime,
-    /// Files inspected and found not to be GPU runtimes.
-    rejected: HashSet<gpu::FileId>,
+    /// Files inspected and found not to be GPU runtimes, with the change
+    /// time they had then: a file rewritten in place is looked at again.
+    rejected: HashMap<gpu::FileId, i128>,
     /// Executables read for a CUDA runtime linked into them ([`linked`]).
     executables_read: HashSet<gpu::FileId>,
     /// Processes whose maps are read once their loader is likely done.
@@ -151,7 +152,7 @@ impl LibraryTracker {
             reselect_now: false,
             probes: GpuProbes::new(placement, detail),
             ahead: AheadOfTime::default(),
-            rejected: HashSet::new(),
+            rejected: HashMap::new(),
             executables_read: HashSet::new(),
             pending_scans: Vec::new(),
             kernel_names_mappings: false,
@@ -445,7 +446,12 @@ impl LibraryTracker {
         // A file that cannot be read now is no news to wait for.
         let Ok(meta) = std::fs::metadata(path) else { return true };
         let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
-        self.probes.is_attached(&id) || self.rejected.contains(&id)
+        self.probes.is_attached(&id) || self.rejected_as_it_is(&id, &meta)
+    }
+
+    /// Whether the file was found not to be a runtime, and has not changed since.
+    fn rejected_as_it_is(&self, id: &gpu::FileId, meta: &std::fs::Metadata) -> bool {
+        self.rejected.get(id) == Some(&ahead::mtime_ns(meta))
     }
 
     /// Records that `pid` maps these probed files.
@@ -596,7 +602,7 @@ impl LibraryTracker {
             }
         };
         let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
-        if self.probes.is_attached(&id) || self.rejected.contains(&id) {
+        if self.probes.is_attached(&id) || self.rejected_as_it_is(&id, &meta) {
             return self.probes.is_probed(&id).then_some(id);
         }
         // A path through /proc/PID/root lasts only as long as that process,
@@ -630,12 +636,21 @@ impl LibraryTracker {
                     Err(e) => warn!("cannot probe {e}"),
                 }
             }
+            Err(e) if !ahead::settled(&meta) => {
+                // Cut short, most likely, by a writer still at it: neither
+                // remembered nor hidden from the kernel's mapping reports,
+                // so the next exec or mapping looks at it whole.
+                debug!(
+                    "{display} changed a moment ago and is not yet a runtime ({e}): looked at again later"
+                );
+                return None;
+            }
             Err(e) => {
                 debug!("skipping {display}: {e}");
                 if self.rejected.len() > MAX_REJECTED {
                     self.rejected.clear();
                 }
-                self.rejected.insert(id);
+                self.rejected.insert(id, ahead::mtime_ns(&meta));
             }
         }
         drop(file);
