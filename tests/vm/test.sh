@@ -75,8 +75,9 @@ done
 [ ${#only[@]} -eq 0 ] || usage # --only with no binary after it
 echo 'done' >> "$guest"
 
-# The suites take 4-5 minutes under TCG; a hung guest fails the step well
-# inside CI's budget instead of holding it for the default 40 minutes.
-"$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-1200}" -- \
+# The suites take 4-7 minutes under TCG; a hung guest fails the step well
+# inside CI's budget instead of holding it for the default 40 minutes. The
+# limit is per round, so --repeat N is not cut short by its own length.
+"$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-$((1200 * repeat))}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
     sh "$guest"
