@@ -51,6 +51,51 @@ pub const GLOBAL_HOLD: &str = "HOLD_ENABLED";
 pub const HOLD_CGROUPS_MAP: &str = "HOLD_CGROUPS";
 /// Capacity of [`HOLD_CGROUPS_MAP`]: canary and gated pods on one node.
 pub const MAX_HOLD_CGROUPS: u32 = 1024;
+/// Pod cgroups by path, so that a chosen pod is held from the instant the
+/// kubelet makes its cgroup, before any task can enter it: NUL-padded
+/// [`POD_PATH_LEN`] bytes -> one of the `POD_PATH_*` kinds below. The daemon
+/// writes the paths a pod's cgroup can have as soon as its watch sees the
+/// pod, and the paths of the kubelet's QoS-level cgroups at its start.
+pub const POD_PATHS_MAP: &str = "POD_PATHS";
+/// Capacity of [`POD_PATHS_MAP`]: two paths (the systemd and cgroupfs
+/// drivers' forms) per pod of a node, many times over.
+pub const MAX_POD_PATHS: u32 = 4096;
+/// Longest pod cgroup path the kernel matches (with its NUL); the kubelet's
+/// longest, a BestEffort pod's under the systemd driver, is 107 bytes.
+pub const POD_PATH_LEN: usize = 128;
+/// A canary or gated pod: its new cgroup goes into [`HOLD_CGROUPS_MAP`].
+pub const POD_PATH_CHOSEN: u32 = 1;
+/// A pod the daemon knows and does not hold: its new cgroup is left alone.
+pub const POD_PATH_NOT_CHOSEN: u32 = 2;
+/// A kubelet QoS-level cgroup (`/kubepods.slice`, `/kubepods/burstable`,
+/// ...): a cgroup made under it that has no path of its own in the map is a
+/// pod the daemon has not classified yet.
+pub const POD_PATH_PARENT: u32 = 3;
+/// Ids of the QoS-level cgroups that exist: hash cgroup id -> 1.
+pub const POD_PARENTS_MAP: &str = "POD_PARENTS";
+pub const MAX_POD_PARENTS: u32 = 64;
+/// Pod cgroups made before the daemon's watch brought their pod (the kubelet
+/// can be a few milliseconds ahead of it): LRU cgroup id -> boot ns of the
+/// cgroup's creation. A process in one is held like a chosen pod's until
+/// the daemon has classified the pod, which takes it out, and at most
+/// [`UNCLASSIFIED_HOLD_NS`] after the cgroup was made.
+pub const UNCLASSIFIED_PODS_MAP: &str = "UNCLASSIFIED_PODS";
+pub const MAX_UNCLASSIFIED_PODS: u32 = 1024;
+/// How long a pod cgroup counts as unclassified without the daemon's word:
+/// long past the watch's latency, short enough that a pod the daemon never
+/// hears of (an API server outage) stops being held by default.
+pub const UNCLASSIFIED_HOLD_NS: u64 = 30_000_000_000;
+
+/// A pod cgroup's path as the kernel side's map key.
+pub fn pod_path_key(path: &str) -> Option<[u8; POD_PATH_LEN]> {
+    let bytes = path.as_bytes();
+    if bytes.len() >= POD_PATH_LEN {
+        return None;
+    }
+    let mut key = [0u8; POD_PATH_LEN];
+    key[..bytes.len()].copy_from_slice(bytes);
+    Some(key)
+}
 /// How many ancestors of a process's cgroup the kernel side compares with
 /// [`HOLD_CGROUPS_MAP`]: a container sits one level below its pod, a
 /// container's own sub-cgroups a few more.

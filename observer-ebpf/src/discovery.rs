@@ -19,7 +19,7 @@ use aya_ebpf::{
 use observer_common::{
     discovery::{
         ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, HOLD_CGROUP_DEPTH,
-        MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOLD_CGROUPS, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
+        MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
     },
     task::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
@@ -28,6 +28,7 @@ use observer_common::{
 use crate::{
     common::{current_header, emit, emit_urgent},
     gpu::read_global,
+    hold_scope::holds,
     kernel::{cgroup_id, cgroup_parent, current_fd_file, offsets, read},
 };
 
@@ -42,11 +43,6 @@ static MMAP_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 /// GPU runtime files userspace has handled, by device and inode.
 #[map(name = "GPU_FILES_KNOWN")] // observer_common::discovery::GPU_FILES_KNOWN_MAP
 static GPU_FILES_KNOWN: HashMap<GpuFileKey, u32> = HashMap::with_max_entries(MAX_GPU_FILES_KNOWN, 0);
-
-/// Cgroups whose processes, and those of the cgroups below, are held even
-/// without `--hold`: canary pods and pods with the readiness gate. cgroup id -> 1.
-#[map(name = "HOLD_CGROUPS")] // observer_common::discovery::HOLD_CGROUPS_MAP
-static HOLD_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_HOLD_CGROUPS, 0);
 
 /// Processes stopped until their probes exist: tgid -> boot ns of the stop.
 #[map(name = "HELD_PIDS")] // observer_common::discovery::HELD_MAP
@@ -196,7 +192,7 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
     // come between the two and the stop land after it, with no record
     // left to undo it.
     // SAFETY: signals the current process, which is a user task here.
-    if (read_global(&HOLD_ENABLED) != 0 || in_held_cgroup())
+    if (read_global(&HOLD_ENABLED) != 0 || in_held_cgroup(header.ts_boot_ns))
         && !has_controlling_tty()
         && unsafe { bpf_send_signal(SIGSTOP) } == 0
     {
@@ -222,17 +218,17 @@ pub fn mmap_exec_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Whether the current process's cgroup, or one of its ancestors, is one
-/// userspace asked to hold (a canary or gated pod's cgroup: userspace knows
-/// it before the pod's container cgroups exist). Runs only for a GPU runtime mapping
-/// being reported, so the walk costs nothing on hot paths.
+/// Whether the current process's cgroup, or one of its ancestors, is held
+/// (see `hold_scope`: a chosen pod's cgroup exists before its containers').
+/// Runs only for a GPU runtime mapping being reported, so the walk costs
+/// nothing on hot paths.
 ///
 /// match-proto: struct css_set *task_struct::cgroups; struct cgroup
 /// *css_set::dfl_cgrp.
 #[inline(always)]
-fn in_held_cgroup() -> bool {
-    // SAFETY: helper without arguments; read-only map lookup.
-    if unsafe { HOLD_CGROUPS.get(&bpf_get_current_cgroup_id()) }.is_some() {
+fn in_held_cgroup(now: u64) -> bool {
+    // SAFETY: helper without arguments.
+    if holds(unsafe { bpf_get_current_cgroup_id() }, now) {
         return true;
     }
     let o = offsets();
@@ -249,8 +245,7 @@ fn in_held_cgroup() -> bool {
             _ => return false,
         };
         let Ok(id) = cgroup_id(cgroup, &o) else { return false };
-        // SAFETY: read-only map lookup.
-        if unsafe { HOLD_CGROUPS.get(&id) }.is_some() {
+        if holds(id, now) {
             return true;
         }
     }

@@ -83,6 +83,22 @@ pub fn cgroup_parent(cgroup: *const u8, o: &KernelOffsets) -> Result<*const u8, 
     })
 }
 
+/// The cgroup id of a `struct cgroup` on the unified hierarchy; `None` for
+/// a v1 hierarchy's cgroup, whose ids are numbered apart and may equal a
+/// reported cgroup2 id, and where BTF lacks the offsets to tell.
+#[inline(always)]
+pub fn unified_cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<Option<u64>, i64> {
+    if o.have_cgroup_tree == 0 {
+        return Ok(None);
+    }
+    let root: *const u8 = read(cgroup, o.cgroup_root)?;
+    let hierarchy_id: i32 = read(root, o.cgroup_root_hierarchy_id)?;
+    if hierarchy_id != 0 {
+        return Ok(None);
+    }
+    cgroup_id(cgroup, o).map(Some)
+}
+
 /// The `struct file` behind `fd` of the current task, via
 /// task->files->fdt->fd[fd].
 ///

@@ -8,6 +8,7 @@
 mod common;
 mod discovery;
 mod gpu;
+mod hold_scope;
 mod kernel;
 mod kfd;
 mod memlimit;

@@ -21,14 +21,13 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuHashMap},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
-use observer_common::{
-    sched::{RunqHistogram, MAX_REPORTED_CGROUPS, MAX_RUNQ_CGROUPS, MAX_RUNQ_ROOTS, ROOT_PATH_LEN},
-    task::KernelOffsets,
+use observer_common::sched::{
+    RunqHistogram, MAX_REPORTED_CGROUPS, MAX_RUNQ_CGROUPS, MAX_RUNQ_ROOTS, ROOT_PATH_LEN,
 };
 
 use crate::{
     common::record_latency,
-    kernel::{cgroup_id, cgroup_parent, field, offsets, read},
+    kernel::{cgroup_id, cgroup_parent, field, offsets, unified_cgroup_id},
     offset,
 };
 
@@ -87,22 +86,6 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let now: u64 = field(rq, offset!(rq_clock));
     record_latency(&RUNQ_LATENCY, &cgroup, now.saturating_sub(queued));
     0
-}
-
-/// The cgroup id of a `struct cgroup` on the unified hierarchy; `None` for
-/// a v1 hierarchy's cgroup, whose ids are numbered apart and may equal a
-/// reported cgroup2 id, and where BTF lacks the offsets to tell.
-#[inline(always)]
-fn unified_cgroup_id(cgroup: *const u8, o: &KernelOffsets) -> Result<Option<u64>, i64> {
-    if o.have_cgroup_tree == 0 {
-        return Ok(None);
-    }
-    let root: *const u8 = read(cgroup, o.cgroup_root)?;
-    let hierarchy_id: i32 = read(root, o.cgroup_root_hierarchy_id)?;
-    if hierarchy_id != 0 {
-        return Ok(None);
-    }
-    cgroup_id(cgroup, o).map(Some)
 }
 
 /// A cgroup created under a reported one is reported too, before any task

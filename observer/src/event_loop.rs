@@ -1,9 +1,9 @@
 //! The event loop `trace` and `run` share: wake on ring-buffer records and
 //! on a tick, stop on Ctrl-C, SIGTERM, a deadline, or when the consumer says
 //! so. What happens to the events is the consumer's.
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use tokio::signal::unix::SignalKind;
+use tokio::{signal::unix::SignalKind, sync::Notify};
 
 use crate::{
     cli::CliError,
@@ -27,6 +27,11 @@ pub trait Consumer {
     fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError>;
     /// Periodic work after each tick's drain and housekeeping.
     fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError>;
+    /// Work that cannot wait for the next tick, when [`Schedule::wake`] is
+    /// notified.
+    fn wake(&mut self, _pipeline: &mut Pipeline) -> Result<Flow, CliError> {
+        Ok(Flow::Continue)
+    }
 }
 
 pub struct Schedule {
@@ -34,6 +39,9 @@ pub struct Schedule {
     pub tick: Duration,
     /// Stop after this long (`trace --duration`).
     pub deadline: Option<Duration>,
+    /// Notified when the consumer has work that cannot wait for the tick
+    /// (a pod appeared: the kernel must know it before its cgroup is made).
+    pub wake: Option<Arc<Notify>>,
 }
 
 /// Runs until a signal, the deadline or the consumer stops it.
@@ -55,6 +63,12 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
+        let woken = async {
+            match &schedule.wake {
+                Some(wake) => wake.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         let flow = tokio::select! {
             _ = tokio::signal::ctrl_c() => Flow::Stop,
             _ = sigterm.recv() => Flow::Stop,
@@ -68,6 +82,7 @@ pub async fn run(
                 let events = pipeline.handle(&records);
                 consumer.events(pipeline, events)?
             }
+            _ = woken => consumer.wake(pipeline)?,
             _ = tick.tick() => {
                 let events = pipeline.handle(&reader.drain());
                 pipeline.housekeeping();

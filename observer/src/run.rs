@@ -25,7 +25,7 @@ use crate::{
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
     gate::{
-        hold_scope::PodHold,
+        hold_scope::{PodChoice, PodHold},
         patcher::{Patcher, Target},
         startup_counts, Gate, CONDITION_TYPE,
     },
@@ -230,7 +230,11 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         aggregates_generation: u64::MAX,
         last_gpu: Vec::new(),
     };
-    event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None }).await?;
+    // A pod appearing is told to the kernel at once, not at the next tick:
+    // its cgroup and first process may follow within milliseconds.
+    let wake = exporter.held_pods.as_ref().map(|held| held.pods.change_signal());
+    event_loop::run(&mut pipeline, ring, &mut exporter, Schedule { tick: TICK, deadline: None, wake })
+        .await?;
     eprintln!("canaryscope: stopping; detaching probes");
     Ok(ExitCode::SUCCESS)
 }
@@ -294,6 +298,13 @@ impl Consumer for Exporter {
         let mut state = self.shared.write().unwrap_or_else(|p| p.into_inner());
         if state.not_ready != not_ready {
             state.not_ready = not_ready;
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn wake(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError> {
+        if let Some(held) = &mut self.held_pods {
+            held.refresh(pipeline);
         }
         Ok(Flow::Continue)
     }
@@ -424,11 +435,11 @@ struct HeldPods {
 impl HeldPods {
     fn refresh(&mut self, pipeline: &mut Pipeline) {
         let (rollouts, gated) = (&self.rollouts, self.gated);
-        let uids = self.pods.uids_where(|meta| {
+        let pods = self.pods.classify(|meta| {
             let canary = canary_reason(meta, Some(rollouts)).is_some();
-            canary || (gated && meta.gate.is_some())
+            PodChoice { chosen: canary || (gated && meta.gate.is_some()), qos: meta.qos }
         });
-        pipeline.hold_pods(&mut self.hold, &uids);
+        pipeline.hold_pods(&mut self.hold, &pods);
     }
 }
 

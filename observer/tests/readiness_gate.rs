@@ -402,3 +402,161 @@ fn gate_timeout_marks_a_silent_pod_and_a_restart_leaves_a_true_condition_alone()
     assert_eq!(patches_of(api_port, &earlier.name), Vec::<Value>::new(), "a True condition was touched");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From the API server sending a canary pod to its container's first
+/// process: the kubelet's own pace on a quiet node and on a busy one.
+const ROLLOUT_DELAYS_MS: [u64; 6] = [0, 50, 100, 300, 600, 1000];
+/// Canary pods scheduled at once, per delay and way of loading.
+const CANARIES_AT_ONCE: usize = 10;
+
+/// How a canary's worker comes to its runtime.
+#[derive(Clone, Copy, Debug)]
+enum Loading {
+    /// `DT_NEEDED`, found through `LD_LIBRARY_PATH`; `main` calls `cuInit` first.
+    Linked,
+    /// `dlopen` by path, `cuInit` at once.
+    Dlopened,
+}
+
+/// One canary of a rollout: its pod as the scheduler hands it to the node
+/// (Pending, no containers), a runtime copy no daemon has seen, and,
+/// once `delay` has passed, its container's cgroup and first process.
+struct Canary {
+    name: String,
+    uid: String,
+    cid: String,
+    lib: std::path::PathBuf,
+}
+
+impl Canary {
+    fn new(dir: &std::path::Path, tag: &str) -> Self {
+        let name = format!("infer-canaryhash-{tag}");
+        let lib = dir.join(&name).join("libcuda.so.1");
+        std::fs::create_dir_all(dir.join(&name)).expect("mkdir");
+        std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &lib).expect("copy");
+        Self { name, uid: random_pod_uid(), cid: random_hex(64), lib }
+    }
+
+    fn scheduled(&self) -> Value {
+        let mut spec = pod(&self.name, &self.uid, &self.cid, "canary", "canaryhash");
+        spec["status"] = json!({"phase": "Pending", "qosClass": "Burstable"});
+        spec
+    }
+
+    /// The kubelet's part: the pod's cgroup, the container's, and its first
+    /// process, started without a controlling terminal as a container's is.
+    fn start(&self, loading: Loading) -> (PodCgroup, std::process::Child) {
+        use std::os::unix::process::CommandExt;
+        let cg = PodCgroup::new(&self.uid, &self.cid);
+        let mut command = match loading {
+            Loading::Linked => {
+                let mut c = cg.command(&fixture("cuda_first"));
+                c.env("LD_LIBRARY_PATH", self.lib.parent().expect("dir"));
+                c
+            }
+            Loading::Dlopened => {
+                let mut c = cg.command(&fixture("gpu_dlopen"));
+                c.arg(&self.lib);
+                c
+            }
+        };
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = command.stdout(std::process::Stdio::null()).spawn().expect("worker");
+        (cg, child)
+    }
+}
+
+/// Whether the exposition counts a `cuInit` of pod `name`.
+fn cuinit_seen(text: &str, name: &str) -> bool {
+    text.lines().any(|l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("pod=\"{name}\""))
+            && l.contains("function=\"cuInit\"")
+            && metric_value(l) >= 1.0
+    })
+}
+
+/// A rollout as it unfolds on a node: the daemon runs (as the DaemonSet
+/// runs it, no `--hold`), canary pods are scheduled to the node, and each
+/// delay later the kubelet makes their cgroups and starts their workers,
+/// which call `cuInit` of a runtime file no daemon has seen. Every first
+/// call is counted, at every delay, linked or `dlopen`ed, and every
+/// `dlopen`ing worker was held at its mapping until its copy was probed.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn canaries_scheduled_while_the_daemon_runs_are_seen_from_their_first_call_at_every_delay() {
+    assert_root();
+    let dir = scratch_dir();
+    fixture("cuda_first"); // builds the ZLUDA-shaped library too
+    fixture("gpu_dlopen");
+    let (_api, api_port) = start_apiserver(&dir, None);
+    // First calls are the cold tier's. Hot-call probes are per process (and
+    // every pod here fails its init, which selects it): those of 120 workers
+    // would only make the daemon's exit minutes long.
+    let daemon = daemon(&dir, api_port, &["--hot-calls", "none"]);
+    let mut missed = Vec::new();
+    let mut runs = 0;
+    for loading in [Loading::Linked, Loading::Dlopened] {
+        for delay in ROLLOUT_DELAYS_MS {
+            let canaries: Vec<Canary> = (0..CANARIES_AT_ONCE)
+                .map(|i| Canary::new(&dir, &format!("{loading:?}-{delay}-{i}").to_lowercase()))
+                .collect();
+            let scheduled: Vec<Value> = canaries.iter().map(Canary::scheduled).collect();
+            control(api_port, "POST", "/control/pods", &Value::Array(scheduled).to_string());
+            // The kubelet's pace, not a wait for the daemon.
+            std::thread::sleep(Duration::from_millis(delay));
+            let mut started: Vec<_> = canaries.iter().map(|c| c.start(loading)).collect();
+            for (_, child) in &mut started {
+                let status = child.wait().expect("worker");
+                assert!(status.success(), "worker: {status}");
+            }
+            // Counted series appear at the daemon's next refresh; a call
+            // never seen never appears, so allow a generous bound.
+            let deadline = Instant::now() + WAIT;
+            let mut unseen: Vec<&Canary> = canaries.iter().collect();
+            while !unseen.is_empty() && Instant::now() < deadline {
+                let text = daemon.metrics();
+                unseen.retain(|c| !cuinit_seen(&text, &c.name));
+                if !unseen.is_empty() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            runs += canaries.len();
+            missed.extend(unseen.iter().map(|c| format!("{loading:?} at {delay} ms: {}", c.name)));
+            // Seen is not enough: this one-function library attaches faster
+            // than the real HIP runtime under it loads, so a first call can
+            // win the race by luck. Each copy's probes must have existed
+            // before its first call by design: found by the loader's look
+            // at exec, or the process held at the mapping until probed.
+            for c in &canaries {
+                let announced = daemon.wait_stderr_line(&format!("probing {}", c.lib.display()), WAIT);
+                let by_design = match loading {
+                    Loading::Linked => {
+                        announced.contains("LD_LIBRARY_PATH of") || announced.contains("held until probed")
+                    }
+                    Loading::Dlopened => announced.contains("held until probed"),
+                };
+                if !by_design {
+                    missed.push(format!("{loading:?} at {delay} ms: {} was not held: {announced}", c.name));
+                }
+            }
+            eprintln!(
+                "{loading:?}, {delay} ms: {} of {} first calls seen",
+                canaries.len() - unseen.len(),
+                canaries.len()
+            );
+            drop(started); // the cgroups go with the pods
+            for c in &canaries {
+                control(api_port, "DELETE", &format!("/control/pods/{NS}/{}", c.name), "");
+            }
+        }
+    }
+    assert!(missed.is_empty(), "{} findings in {runs} runs: {missed:#?}", missed.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -49,6 +49,9 @@ use kube::{
     },
     Api, Client, Config,
 };
+use tokio::sync::Notify;
+
+use super::cgroup_path::Qos;
 
 /// The label read for [`PodMeta::track`] unless configured otherwise.
 pub const DEFAULT_TRACK_LABEL: &str = "track";
@@ -107,6 +110,10 @@ pub struct PodMeta {
     /// server holds of that condition. `None` for every other pod, which the
     /// gate never touches.
     pub gate: Option<GatedPod>,
+    /// `status.qosClass`, which the API server sets when the pod is made:
+    /// it says where the kubelet will make the pod's cgroup. `None` when the
+    /// API did not say.
+    pub qos: Option<Qos>,
 }
 
 /// What the readiness gate needs of a pod that declares it.
@@ -176,7 +183,17 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         containers,
         deleting: meta.deletion_timestamp.is_some(),
         gate: gated_pod(pod),
+        qos: pod.status.as_ref().and_then(|s| s.qos_class.as_deref()).and_then(qos_class),
     })
+}
+
+fn qos_class(class: &str) -> Option<Qos> {
+    match class {
+        "Guaranteed" => Some(Qos::Guaranteed),
+        "Burstable" => Some(Qos::Burstable),
+        "BestEffort" => Some(Qos::BestEffort),
+        _ => None,
+    }
 }
 
 /// The gate's view of a pod that declares [`crate::gate::CONDITION_TYPE`].
@@ -359,6 +376,9 @@ struct Shared {
     synced: AtomicBool,
     healthy: AtomicBool,
     generation: AtomicU64,
+    /// Notified on every change of the contents, for whoever must act on a
+    /// new pod before the next tick (the hold scope).
+    changed: Arc<Notify>,
 }
 
 /// Shared, cheap-to-clone cache of pods on this node, keyed by the pod UID
@@ -397,6 +417,16 @@ impl PodCache {
     /// The cache keys (pod UIDs) of the pods `keep` accepts.
     pub fn uids_where(&self, keep: impl Fn(&PodMeta) -> bool) -> std::collections::HashSet<String> {
         self.read().iter().filter(|(_, m)| keep(m)).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// `judge` of every pod, by cache key.
+    pub fn classify<T>(&self, judge: impl Fn(&PodMeta) -> T) -> HashMap<String, T> {
+        self.read().iter().map(|(k, m)| (k.clone(), judge(m))).collect()
+    }
+
+    /// Wakes one waiter (or the next one) after each change of the contents.
+    pub fn change_signal(&self) -> Arc<Notify> {
+        self.shared.changed.clone()
     }
 
     /// The pods that declare the GPU-runtime readiness gate, by cache key.
@@ -439,14 +469,14 @@ impl PodCache {
         let mut pods = self.write();
         if pods.get(&key) != Some(&meta) {
             pods.insert(key, meta);
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            self.changed();
         }
     }
 
     fn remove(&self, key: &str) {
         let mut pods = self.write();
         if pods.remove(key).is_some() {
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            self.changed();
         }
     }
 
@@ -454,9 +484,14 @@ impl PodCache {
         let mut pods = self.write();
         if *pods != new {
             *pods = new;
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            self.changed();
         }
         self.shared.synced.store(true, Ordering::Release);
+    }
+
+    fn changed(&self) {
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.changed.notify_one();
     }
 
     fn set_healthy(&self, healthy: bool) -> bool {

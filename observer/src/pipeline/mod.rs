@@ -9,7 +9,7 @@ pub mod reader;
 pub mod runq_scope;
 pub mod stalls;
 
-use std::{collections::HashSet, path::PathBuf};
+use std::{collections::HashMap, path::PathBuf};
 
 use crate::{
     attribution::CgroupResolver,
@@ -22,7 +22,7 @@ use crate::{
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
     events::{Detail, Event, Origin, Raw},
-    gate::hold_scope::PodHold,
+    gate::hold_scope::{PodChoice, PodHold},
     metrics::CpuSnapshot,
     probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
@@ -360,10 +360,10 @@ impl Pipeline {
     /// Keeps the chosen pods' cgroups (canary and gated) in the kernel's hold set; nothing when
     /// no hold watchdog runs (no GPU probes), since no process may be held
     /// without one.
-    pub fn hold_pods(&mut self, hold: &mut PodHold, chosen: &HashSet<String>) {
+    pub fn hold_pods(&mut self, hold: &mut PodHold, pods: &HashMap<String, PodChoice>) {
         let Some(root) = self.attribution.cgroups().root().map(std::path::Path::to_path_buf) else { return };
         if self.tracker.hold_watchdog().is_some() {
-            hold.refresh(chosen, &root, &mut self.kernel);
+            hold.refresh(pods, &root, &mut self.kernel);
         }
     }
 

@@ -8,7 +8,8 @@ use aya::{
 };
 use observer_common::{
     discovery::{
-        GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOLD_CGROUPS_MAP, HOT_CGROUPS_MAP, HOT_TGIDS_MAP,
+        pod_path_key, GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOLD_CGROUPS_MAP, HOT_CGROUPS_MAP,
+        HOT_TGIDS_MAP, POD_PARENTS_MAP, POD_PATHS_MAP, POD_PATH_LEN, UNCLASSIFIED_PODS_MAP,
     },
     gpu::{
         DriverVersion, GpuStats, GpuStatsKey, InflightKey, InflightStack, DRIVER_VERSIONS_MAP, INFLIGHT_MAP,
@@ -55,6 +56,9 @@ pub struct Loaded {
     hot_cgroups: BpfHashMap<MapData, u64, u32>,
     hot_tgids: BpfHashMap<MapData, u32, u32>,
     hold_cgroups: BpfHashMap<MapData, u64, u32>,
+    pod_paths: BpfHashMap<MapData, [u8; POD_PATH_LEN], u32>,
+    pod_parents: BpfHashMap<MapData, u64, u32>,
+    unclassified_pods: BpfHashMap<MapData, u64, u64>,
     /// Why the GPU programs could not be loaded, if they could not.
     gpu_unavailable: Option<String>,
     /// The kernel has no attach cookies: GPU functions get slot programs.
@@ -91,6 +95,9 @@ impl Loaded {
             hot_cgroups: typed(&mut ebpf, HOT_CGROUPS_MAP)?,
             hot_tgids: typed(&mut ebpf, HOT_TGIDS_MAP)?,
             hold_cgroups: typed(&mut ebpf, HOLD_CGROUPS_MAP)?,
+            pod_paths: typed(&mut ebpf, POD_PATHS_MAP)?,
+            pod_parents: typed(&mut ebpf, POD_PARENTS_MAP)?,
+            unclassified_pods: typed(&mut ebpf, UNCLASSIFIED_PODS_MAP)?,
             gpu_unavailable: None,
             gpu_slots: false,
             ebpf,
@@ -281,9 +288,45 @@ impl Loaded {
     pub fn set_hold_cgroup(&mut self, cgroup_id: u64, held: bool) {
         // A full map costs that pod the hold: its start-up may then race
         // the attach, as without the gate.
-        if let Err(e) = set_member(&mut self.hold_cgroups, cgroup_id, held) {
+        // Letting go of a cgroup the kernel already dropped at its removal
+        // is no failure.
+        if let (Err(e), true) = (set_member(&mut self.hold_cgroups, cgroup_id, held), held) {
             log::warn!("{HOLD_CGROUPS_MAP}: {e}");
         }
+    }
+
+    /// Writes what the kernel does with a cgroup made at `path` (one of the
+    /// `POD_PATH_*` kinds), or with `None` forgets the path. False when the
+    /// path is too long or the map is full: that pod is then found by the
+    /// daemon's look at the hierarchy only.
+    pub fn set_pod_path(&mut self, path: &str, kind: Option<u32>) -> bool {
+        let Some(key) = pod_path_key(path) else { return false };
+        let result = match kind {
+            Some(kind) => self.pod_paths.insert(key, kind, 0),
+            None => self.pod_paths.remove(&key),
+        };
+        match result {
+            Ok(()) => true,
+            // Forgetting a path the kernel never had is no failure.
+            Err(_) if kind.is_none() => true,
+            Err(e) => {
+                log::warn!("{POD_PATHS_MAP}: {path}: {e}");
+                false
+            }
+        }
+    }
+
+    /// Puts a kubelet QoS-level cgroup into the kernel's set of pod parents.
+    pub fn set_pod_parent(&mut self, cgroup_id: u64) {
+        if let Err(e) = set_member(&mut self.pod_parents, cgroup_id, true) {
+            log::warn!("{POD_PARENTS_MAP}: {e}");
+        }
+    }
+
+    /// The daemon has classified the pod of this cgroup: it is held only if
+    /// it is in the held set.
+    pub fn set_pod_classified(&mut self, cgroup_id: u64) {
+        let _ = self.unclassified_pods.remove(&cgroup_id);
     }
 
     /// The reverse, for a file whose probes were removed.

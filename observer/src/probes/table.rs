@@ -333,6 +333,10 @@ pub const PROBES: &[Probe] = &[
         used: Use::Always,
         detail: Detail::Text("what a new program's loader could find, probed before main"),
     },
+    // Attached before the hold can matter: a pod cgroup made while they
+    // load is found by the daemon's look at its paths instead.
+    hold_scope("cgroup_mkdir", "cgroup_mkdir:hold", "hold_cgroup_mkdir", "canary and gated pods held from their cgroup's creation"),
+    hold_scope("cgroup_rmdir", "cgroup_rmdir:hold", "hold_cgroup_rmdir", "removed pod cgroups leave the held set"),
     Probe {
         family: Family::Kfd,
         label: "kfd",
@@ -403,6 +407,24 @@ const fn run_queue(event: &'static str) -> Probe {
         needs: &[Need::TaskCgroup, Need::RunDelay],
         used: Use::Always,
         detail: Detail::Text("run-queue latency per cgroup"),
+    }
+}
+
+/// A cgroup tracepoint of the hold scope (see `gate::hold_scope`).
+const fn hold_scope(
+    event: &'static str,
+    target: &'static str,
+    program: &'static str,
+    what: &'static str,
+) -> Probe {
+    Probe {
+        family: Family::Gpu,
+        label: "discovery",
+        target: Target::Named(target),
+        programs: one(program, Hook::Raw(event)),
+        needs: &[Need::CgroupTree],
+        used: Use::Always,
+        detail: Detail::Text(what),
     }
 }
 

@@ -66,6 +66,7 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
     // a refusal prints where the person can read it.
     let driver = Driver::new(args, "own probes".to_string())?;
     let mut top = LocalTop { exporter, driver };
-    event_loop::run(&mut pipeline, ring, &mut top, Schedule { tick: TICK, deadline: None }).await?;
+    event_loop::run(&mut pipeline, ring, &mut top, Schedule { tick: TICK, deadline: None, wake: None })
+        .await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -184,7 +184,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
         let _ = writeln!(printer.out, "{}", render::HEADER);
         let _ = printer.out.flush();
     }
-    let schedule = Schedule { tick: TICK, deadline: args.duration };
+    let schedule = Schedule { tick: TICK, deadline: args.duration, wake: None };
     event_loop::run(&mut pipeline, ring, &mut printer, schedule).await?;
     let _ = printer.out.flush();
     Ok(ExitCode::SUCCESS)
