@@ -226,10 +226,12 @@ fn each_layer_counts_its_own_init_failure() {
     assert_eq!(Some(metric_value(&version) as i64), told["driver_version"].as_i64(), "{version}");
 }
 
-/// A gated canary pod as the DaemonSet sees it (Kubernetes, no `--hold`):
-/// its worker's runtime is newer than the node's driver. The pod is kept
-/// out of traffic with the call the application made, the runtime's error
-/// and the version the driver reported.
+/// A gated canary pod as the DaemonSet sees it (Kubernetes, no `--hold`),
+/// in a rollout's order: the daemon runs, the pod is scheduled (Pending),
+/// its cgroup appears, it turns Running and its worker starts at once. The
+/// worker's runtime is newer than the node's driver. The pod is kept out of
+/// traffic with the call the application made, the runtime's error and the
+/// version the driver reported.
 #[test]
 #[ignore = "needs root, python3 and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
 fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
@@ -240,8 +242,7 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
     let name = "infer-canaryhash-cudart1";
     let mut spec = pod(name, &uid, &cid, "canary", "canaryhash");
     spec["spec"]["readinessGates"] = serde_json::json!([{"conditionType": GATE}]);
-    let pod_cgroup = PodCgroup::new(&uid, &cid);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&serde_json::json!([spec])));
+    let (_api, api_port) = start_apiserver_with(&dir, None, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
     let _daemon = Daemon::start(&[
         "--kubeconfig",
@@ -252,6 +253,12 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
         "none",
     ]);
     let copies = Copies::new("CUDART13");
+    // Scheduled: no container yet.
+    let mut pending = spec.clone();
+    pending["status"] = serde_json::json!({"phase": "Pending"});
+    control(api_port, "POST", "/control/pods", &serde_json::json!([pending]).to_string());
+    let pod_cgroup = PodCgroup::new(&uid, &cid);
+    control(api_port, "POST", "/control/pods", &serde_json::json!([spec]).to_string());
     let printed = copies.probe(&pod_cgroup).1;
     assert_eq!(printed["device_count_rc"], 35, "{printed}");
     let version = printed["driver_version"].as_i64().expect("the driver's version");
