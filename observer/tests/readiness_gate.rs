@@ -560,3 +560,131 @@ fn canaries_scheduled_while_the_daemon_runs_are_seen_from_their_first_call_at_ev
     assert!(missed.is_empty(), "{} findings in {runs} runs: {missed:#?}", missed.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process's scheduler state (`T` when stopped), `None` once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+}
+
+/// The value of the first series of `metric` for pod `name` and `function`.
+fn pod_function_value(text: &str, metric: &str, name: &str, function: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| {
+            l.starts_with(&format!("{metric}{{"))
+                && l.contains(&format!("pod=\"{name}\""))
+                && l.contains(&format!("function=\"{function}\""))
+        })
+        .map(metric_value)
+}
+
+/// A rolling update of the DaemonSet during a canary: the daemon is stopped
+/// with SIGTERM and a new one started while a gated canary and a gated
+/// stable pod run, both started up under the old one. Nothing the pods'
+/// owners see changes because of it: no condition moves, the gate's
+/// timeout marks neither, a process the old daemon held at its stop runs
+/// on, and the new daemon's counters start from zero, one series per label
+/// set, which is a counter reset to Prometheus' `rate()`.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_daemon_restart_under_running_gated_pods_moves_no_condition_and_leaves_nothing_held() {
+    use std::os::unix::process::CommandExt;
+    assert_root();
+    let dir = scratch_dir();
+    let (_api, api_port) = start_apiserver(&dir, None);
+    let gate_timeout = Duration::from_secs(3);
+    let timeout_flag = ["--gate-timeout", "3s"];
+    let old = daemon(&dir, api_port, &timeout_flag);
+    let canary = TestPod::new("infer-canaryhash-restart", true);
+    let stable = TestPod::of_revision("infer-stablehash-restart", true, false);
+    control(api_port, "POST", "/control/pods", &json!([canary.json, stable.json]).to_string());
+    // Both start up under the old daemon and keep running across the restart.
+    let mut running = Vec::new();
+    for pod in [&canary, &stable] {
+        let mut worker = pod.worker(true);
+        worker.args(["--linger", "120000"]).stdout(std::process::Stdio::null());
+        running.push(Proc(worker.spawn().expect("worker")));
+    }
+    let mut before = Vec::new();
+    for pod in [&canary, &stable] {
+        let judged = wait_condition(api_port, &pod.name, "True", "RuntimeReady");
+        before.push((gate_condition(&judged).expect("condition"), patches_of(api_port, &pod.name).len()));
+    }
+    wait_settled(&old, "both pods true", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"true\"} 2")
+    });
+    let old_cuinit =
+        pod_function_value(&old.metrics(), "canaryscope_gpu_api_calls_total", &canary.name, "cuInit")
+            .expect("the canary's start-up counted by the old daemon");
+
+    // A process of the canary held by the old daemon as it stops: with the
+    // daemon frozen, its mapping of a fresh runtime copy stays held.
+    fixture("cuda_first");
+    let copy = dir.join("restart-copy/libcuda.so.1");
+    std::fs::create_dir_all(dir.join("restart-copy")).expect("mkdir");
+    std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &copy).expect("copy");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(old.pid() as i32, libc::SIGSTOP) };
+    let mut late = canary.cg.command(&fixture("gpu_dlopen"));
+    late.arg(&copy).stdout(std::process::Stdio::null());
+    // SAFETY: setsid is async-signal-safe (no controlling terminal: holdable).
+    unsafe {
+        late.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut late = late.spawn().expect("gpu_dlopen");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while process_state(late.id()) != Some('T') {
+        assert!(Instant::now() < deadline, "the late process was never held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: as above; the stop is taken once the daemon runs again.
+    unsafe { libc::kill(old.pid() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
+    assert!(old.stop().success(), "the old daemon stops cleanly");
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = late.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a process the old daemon held is still {:?}",
+            process_state(late.id())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the held process ran on: {status}");
+
+    let new = daemon(&dir, api_port, &timeout_flag);
+    // Past the gate's timeout as counted from the new daemon's start: a pod
+    // that started up before it is not a silent one.
+    std::thread::sleep(gate_timeout + Duration::from_secs(2));
+    wait_settled(&new, "both pods still true", |text| {
+        text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"true\"} 2")
+    });
+    for (pod, (condition, patches)) in [&canary, &stable].into_iter().zip(&before) {
+        let now = get_pod(api_port, &pod.name);
+        assert_eq!(gate_condition(&now).as_ref(), Some(condition), "{}'s condition moved", pod.name);
+        assert_eq!(patches_of(api_port, &pod.name).len(), *patches, "{} was patched again", pod.name);
+    }
+    let text = new.metrics();
+    let new_cuinit = pod_function_value(&text, "canaryscope_gpu_api_calls_total", &canary.name, "cuInit");
+    assert!(
+        new_cuinit.unwrap_or(0.0) < old_cuinit,
+        "the new daemon's count starts from zero: {new_cuinit:?} after {old_cuinit}"
+    );
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
+        .collect();
+    let mut unique = series.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), series.len(), "a series twice in one scrape");
+    drop(running);
+    let _ = std::fs::remove_dir_all(&dir);
+}
