@@ -88,14 +88,9 @@ pub const UNCLASSIFIED_HOLD_NS: u64 = 30_000_000_000;
 
 /// A pod cgroup's path as the kernel side's map key.
 pub fn pod_path_key(path: &str) -> Option<[u8; POD_PATH_LEN]> {
-    let bytes = path.as_bytes();
-    if bytes.len() >= POD_PATH_LEN {
-        return None;
-    }
-    let mut key = [0u8; POD_PATH_LEN];
-    key[..bytes.len()].copy_from_slice(bytes);
-    Some(key)
+    crate::path_key(path)
 }
+
 /// How many ancestors of a process's cgroup the kernel side compares with
 /// [`HOLD_CGROUPS_MAP`]: a container sits one level below its pod, a
 /// container's own sub-cgroups a few more.

@@ -33,6 +33,19 @@ macro_rules! wire_enum {
     };
 }
 
+/// A cgroup path as a kernel-side map key: its bytes NUL-padded to `LEN`,
+/// the form `bpf_probe_read_kernel_str` leaves the tracepoint's path in.
+/// `None` when the path and its NUL do not fit.
+pub fn path_key<const LEN: usize>(path: &str) -> Option<[u8; LEN]> {
+    let bytes = path.as_bytes();
+    if bytes.len() >= LEN {
+        return None;
+    }
+    let mut key = [0u8; LEN];
+    key[..bytes.len()].copy_from_slice(bytes);
+    Some(key)
+}
+
 pub mod discovery;
 pub mod gpu;
 pub mod kfd;

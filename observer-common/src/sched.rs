@@ -21,13 +21,7 @@ pub const ROOT_PATH_LEN: usize = 128;
 
 /// A root's path as the kernel side's map key.
 pub fn root_path_key(path: &str) -> Option<[u8; ROOT_PATH_LEN]> {
-    let bytes = path.as_bytes();
-    if bytes.len() >= ROOT_PATH_LEN {
-        return None;
-    }
-    let mut key = [0u8; ROOT_PATH_LEN];
-    key[..bytes.len()].copy_from_slice(bytes);
-    Some(key)
+    crate::path_key(path)
 }
 
 pub const MAX_RUNQ_CGROUPS: u32 = 8192;
