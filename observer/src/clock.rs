@@ -1,4 +1,9 @@
 //! Kernel events carry `CLOCK_BOOTTIME` nanoseconds; users want wall-clock time.
+//!
+//! The offset between the two moves whenever the wall clock is stepped (a
+//! time daemon's correction, a virtual machine resumed): an offset taken
+//! once at start would stamp every later event that far off, so the
+//! pipeline takes it again every tick.
 
 /// Offset to add to a boot-time timestamp to get Unix time in nanoseconds.
 #[derive(Clone, Copy, Debug)]

@@ -97,3 +97,11 @@ pub async fn run(
         }
     }
 }
+
+/// For a command a person stops (`trace`, `top`): gives the prompt back at
+/// once, telling them the kernel is still releasing the probes.
+pub fn leave(pipeline: &mut Pipeline) {
+    if let Some(pid) = pipeline.release_after_exit() {
+        eprintln!("canaryscope: stopped; the kernel releases the probes in the background (pid {pid})");
+    }
+}

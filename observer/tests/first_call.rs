@@ -87,31 +87,23 @@ fn in_private_mounts(pod: &PodCgroup, script: &str) -> Command {
     cmd
 }
 
-/// Now, as the tracer stamps events (Unix ns).
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-/// The announcement of `library`'s probes made since `since_ns`. Another
+/// The announcement of `library`'s probes made after `mark`. Another
 /// process of the same container (the `cp` or `mount` that prepared it) may
 /// have led to the file first: the reason names whichever did.
-fn probed_since(tracer: &Tracer, library: &str, since_ns: u64) -> Value {
-    tracer.wait_for(&format!("probes of {library}"), wait(), |e| {
-        e["kind"] == "library_probed" && e["library"] == library && e["ts_ns"].as_u64() >= Some(since_ns)
+fn probed_after(tracer: &Tracer, library: &str, mark: usize) -> Value {
+    tracer.wait_for_after(mark, &format!("probes of {library}"), wait(), |e| {
+        e["kind"] == "library_probed" && e["library"] == library
     })
 }
 
 /// The first call of `pid`, through the library at `library`; and the
-/// announcement of that library's probes since `since_ns`.
-fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str, since_ns: u64) -> (Value, Value) {
+/// announcement of that library's probes after `mark`.
+fn first_call(tracer: &Tracer, pid: u64, function: &str, library: &str, mark: usize) -> (Value, Value) {
     let call = tracer.wait_for(&format!("{function} of pid {pid} via {library}"), wait(), |e| {
         e["kind"] == "gpu_call" && e["function"] == function && e["pid"] == pid
     });
     assert_eq!(call["library"], library, "{call}");
-    (call, probed_since(tracer, library, since_ns))
+    (call, probed_after(tracer, library, mark))
 }
 
 /// Runs `script` in a private mount namespace of the pod and returns the
@@ -124,9 +116,9 @@ fn first_call_in_private_mounts(
     function: &str,
     library: &str,
 ) -> (Value, Value) {
-    let since = now_ns();
+    let mark = tracer.mark();
     let pid = out_pid(&run_detached(in_private_mounts(pod, script)).stdout);
-    first_call(tracer, pid, function, library, since)
+    first_call(tracer, pid, function, library, mark)
 }
 
 /// Shell commands giving a private root its own ld.so.cache that names a
@@ -154,8 +146,8 @@ fn reason(probed: &Value) -> &str {
 // rate in the default mode is measured by `cargo xtask bench`.
 
 /// The file is probed at an exec, for the reason given: every run.
-fn probed_at_exec(tracer: &Tracer, library: &str, since_ns: u64, reason_prefix: &str) {
-    let probed = probed_since(tracer, library, since_ns);
+fn probed_at_exec(tracer: &Tracer, library: &str, mark: usize, reason_prefix: &str) {
+    let probed = probed_after(tracer, library, mark);
     assert!(reason(&probed).starts_with(reason_prefix), "{probed}");
 }
 
@@ -185,9 +177,9 @@ fn dt_needed_libraries_are_probed_at_exec_from_the_loaders_search_path() {
         probed_at_exec(&tracer, copy.to_str().expect("utf8"), 0, "run path of ");
         // A container root whose own ld.so.cache names a directory only it has.
         let script = format!("{}; exec {} --linger 200", own_ld_cache(&lib), needed.display());
-        let since = now_ns();
+        let mark = tracer.mark();
         run_detached(in_private_mounts(&pod, &script));
-        probed_at_exec(&tracer, "/mnt/gpu/libcuda.so.1", since, "ld.so.cache of ");
+        probed_at_exec(&tracer, "/mnt/gpu/libcuda.so.1", mark, "ld.so.cache of ");
         eprintln!("run {run}: LD_LIBRARY_PATH, run path and ld.so.cache probed at exec");
     }
 }
@@ -268,7 +260,7 @@ fn a_runtime_file_caught_half_written_is_looked_at_again_once_whole() {
         });
     }
     let child = cmd.stdout(Stdio::piped()).spawn().expect("start the script");
-    let looked = probed_since(&tracer, witness.to_str().expect("utf8"), 0);
+    let looked = probed_after(&tracer, witness.to_str().expect("utf8"), 0);
     assert!(reason(&looked).starts_with("LD_LIBRARY_PATH of cat"), "{looked}");
     fs::write(&go, b"go\n").expect("let the script finish the copy");
     let out = child.wait_with_output().expect("the script");
@@ -293,7 +285,7 @@ fn a_runtime_dlopened_right_after_another_library_is_not_hidden_by_coalescing() 
         cmd.arg("--preload").arg(&other).args(["--linger", "300"]).arg(&lib);
         run_detached(cmd);
         // Found from its own mapping, not hidden behind the other one's.
-        let probed = probed_since(&tracer, lib.to_str().expect("utf8"), 0);
+        let probed = probed_after(&tracer, lib.to_str().expect("utf8"), 0);
         assert!(reason(&probed).starts_with("mapped by gpu_dlopen"), "run {run}: {probed}");
     }
 }
@@ -506,4 +498,51 @@ fn a_new_daemon_resumes_what_a_dead_one_left_held() {
     let next = Tracer::start(&["--hold", "--all"]);
     assert_all_finish(children, wait());
     next.wait_stderr("resumed 3 processes an earlier canaryscope left held", wait());
+}
+
+/// A person who stops `trace --hold` gets the prompt back while the kernel
+/// still releases the probes, in a process the tracer names. That process
+/// keeps no terminal or pipe of the tracer's open, sits in no session a
+/// Ctrl-C reaches, holds nothing started meanwhile (the holding program
+/// is gone before it is made), and ends once the release is done.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_stopped_tracer_leaves_the_release_behind_and_holds_nothing_meanwhile() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold"]);
+    let watchdog = watchdog_pid(&tracer);
+    let fresh = Fresh::new();
+    // Files probed besides the host's HIP runtime: links to release.
+    assert_all_finish(start_burst(&loader, &lib, &fresh, 3), wait());
+    for i in 0..3 {
+        let copy = fresh.0.join(format!("burst{i}/libcuda.so.1"));
+        probed_after(&tracer, copy.to_str().expect("utf8"), 0);
+    }
+    // Ctrl-C, as a person stops it: the readers reach the end of the
+    // tracer's stdout and stderr, so nothing else holds them open.
+    let (status, releaser, _) = tracer.signal_and_reap(libc::SIGINT);
+    assert!(status.success(), "Ctrl-C ends the tracer cleanly: {status:?}");
+    let releaser = releaser.expect("the tracer names the process releasing its probes");
+    // The watchdog sweeps a moment after the tracer goes; once it is gone,
+    // a process stopped now would stay stopped.
+    wait_gone(watchdog, wait());
+    assert!(
+        still_running(releaser),
+        "the release ended with the watchdog's last sweep: nothing left to check it against"
+    );
+    for fd in 0..3 {
+        let link = fs::read_link(format!("/proc/{releaser}/fd/{fd}"));
+        assert!(link.is_err(), "the releaser keeps fd {fd} open: {link:?}");
+    }
+    let stat = fs::read_to_string(format!("/proc/{releaser}/stat")).expect("the releaser's stat");
+    let session =
+        stat.rsplit_once(") ").and_then(|(_, rest)| rest.split_whitespace().nth(3)?.parse::<u32>().ok());
+    assert_eq!(session, Some(releaser), "the releaser leads its own session: {stat}");
+    // A GPU runtime file never seen, mapped while the release goes on.
+    let later = Fresh::new();
+    assert_all_finish(start_burst(&loader, &lib, &later, 2), wait());
+    assert!(still_running(releaser), "the release ended before the late pair mapped its files");
+    wait_gone(releaser, Duration::from_secs(300));
 }

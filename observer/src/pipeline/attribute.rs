@@ -138,6 +138,11 @@ impl Attributor {
         self.oom_groups.due(std::time::Instant::now())
     }
 
+    /// Follows a step of the wall clock (see `clock`).
+    pub fn retake_clock(&mut self) {
+        self.clock = BootClock::new();
+    }
+
     pub fn wall_now_ns(&self) -> u64 {
         self.clock.to_unix_ns(BootClock::boot_now_ns())
     }

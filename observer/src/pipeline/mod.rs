@@ -263,9 +263,10 @@ impl Pipeline {
         }
     }
 
-    /// Due map scans, expired holds, retired library files, and KFD's
-    /// current processes.
+    /// The wall clock's offset, due map scans, expired holds, retired
+    /// library files, and KFD's current processes.
     pub fn housekeeping(&mut self) {
+        self.attribution.retake_clock();
         self.tracker.housekeeping(&mut self.kernel);
         if self.last_kfd_refresh.elapsed() >= KFD_REFRESH_EVERY {
             self.last_kfd_refresh = std::time::Instant::now();
@@ -409,6 +410,15 @@ impl Pipeline {
             decode_errors: self.attribution.decode_errors(),
             events_lost: self.kernel.events_lost(),
         }
+    }
+
+    /// Ends tracing so that this process can exit at once: nothing is held
+    /// from here on, and what is held now is resumed; the kernel's release
+    /// of the probes is left to a child that outlives this process (see
+    /// `probes::releaser::release_after_exit`). Returns its pid.
+    pub fn release_after_exit(&mut self) -> Option<u32> {
+        self.tracker.stop_holding(&mut self.kernel);
+        crate::probes::releaser::release_after_exit()
     }
 }
 

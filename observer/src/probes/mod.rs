@@ -12,7 +12,7 @@ pub mod kfd;
 pub mod linked_runtime;
 pub mod loaded;
 pub mod maps;
-mod releaser;
+pub(crate) mod releaser;
 pub mod table;
 pub mod tracefs;
 

@@ -95,3 +95,55 @@ fn run(rx: Receiver<Vec<UProbeLink>>) {
         }
     }
 }
+
+/// Lets this process exit without waiting for the kernel to release its
+/// uprobe links: a grace period each, one at a time, so seconds per probed
+/// library while the person who pressed Ctrl-C waits for a prompt.
+///
+/// A forked child holds a second reference to every descriptor, waits for
+/// this process to be gone, and exits: the last reference, and with it the
+/// release, is the child's. It closes stdin, stdout and stderr first, so a
+/// shell or a pipe reading this process sees it end at once, and leaves the
+/// terminal's session, so a second Ctrl-C cannot reach it.
+///
+/// Call it only when about to exit, once nothing can be held any more: the
+/// programs stay attached until the child is done. Returns the child's pid,
+/// or `None` when none could be made; the release then happens at this
+/// process's own exit, as it would without this call.
+pub fn release_after_exit() -> Option<u32> {
+    // SAFETY: pidfd_open(2) on this process; the fd tells when it is gone.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as libc::c_int;
+    if pidfd < 0 {
+        debug!("no pidfd for this process: probes are released at its exit");
+        return None;
+    }
+    // SAFETY: the child of a process that may have other threads calls only
+    // async-signal-safe functions (raw system calls) before `_exit`.
+    let child = unsafe { libc::fork() };
+    match child {
+        0 => unsafe {
+            libc::setsid();
+            libc::prctl(libc::PR_SET_NAME, c"cs-release".as_ptr() as libc::c_ulong, 0, 0, 0);
+            for fd in 0..3 {
+                libc::close(fd);
+            }
+            // Readable once the whole of the parent has exited. A signal
+            // ends the wait early, and the release then falls to whichever
+            // of the two exits last: slower, never lost.
+            let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+            libc::poll(&mut pfd, 1, -1);
+            libc::_exit(0)
+        },
+        -1 => {
+            debug!("fork for the background release failed: {}", std::io::Error::last_os_error());
+            // SAFETY: our own descriptor, not used again.
+            unsafe { libc::close(pidfd) };
+            None
+        }
+        pid => {
+            // SAFETY: as above.
+            unsafe { libc::close(pidfd) };
+            Some(pid as u32)
+        }
+    }
+}

@@ -68,5 +68,8 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
     let mut top = LocalTop { exporter, driver };
     event_loop::run(&mut pipeline, ring, &mut top, Schedule { tick: TICK, deadline: None, wake: None })
         .await?;
+    // The terminal is restored before the probes go.
+    drop(top);
+    event_loop::leave(&mut pipeline);
     Ok(ExitCode::SUCCESS)
 }

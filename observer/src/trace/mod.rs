@@ -187,6 +187,8 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
     let schedule = Schedule { tick: TICK, deadline: args.duration, wake: None };
     event_loop::run(&mut pipeline, ring, &mut printer, schedule).await?;
     let _ = printer.out.flush();
+    drop(printer);
+    event_loop::leave(&mut pipeline);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -66,11 +66,24 @@ pub fn assert_root() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "integration tests need root: run `cargo xtask test`");
 }
 
+/// The field the harness adds to each collected line: the Unix ns at which
+/// it was read from the tracer's output.
+pub const READ_AT: &str = "read_at_ns";
+
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
 /// A running `canaryscope trace --json`, collecting its output lines.
 pub struct Tracer {
     child: Child,
     lines: Arc<Mutex<Vec<Value>>>,
     stderr: Arc<Mutex<String>>,
+    /// The threads reading stdout and stderr: both end at end of file.
+    readers: Vec<thread::JoinHandle<()>>,
 }
 
 impl Tracer {
@@ -88,16 +101,22 @@ impl Tracer {
         let stderr = Arc::new(Mutex::new(String::new()));
         let out = child.stdout.take().expect("stdout");
         let sink = lines.clone();
-        thread::spawn(move || {
+        let stdout_reader = thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let value: Value =
+                let mut value: Value =
                     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}"));
+                // When the line reached us, beside when the tracer says it
+                // happened: a failed wait's dump then tells an event that
+                // never came from one that came late.
+                if let Some(fields) = value.as_object_mut() {
+                    fields.insert(READ_AT.into(), Value::from(unix_now_ns()));
+                }
                 sink.lock().expect("lock").push(value);
             }
         });
         let err = child.stderr.take().expect("stderr");
         let err_sink = stderr.clone();
-        thread::spawn(move || {
+        let stderr_reader = thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 eprintln!("[canaryscope] {line}");
                 let mut s = err_sink.lock().expect("lock");
@@ -105,7 +124,7 @@ impl Tracer {
                 s.push('\n');
             }
         });
-        let tracer = Self { child, lines, stderr };
+        let tracer = Self { child, lines, stderr, readers: vec![stdout_reader, stderr_reader] };
         tracer.wait_stderr("tracing;", startup_timeout());
         tracer
     }
@@ -136,11 +155,29 @@ impl Tracer {
         self.lines.lock().expect("lock").clone()
     }
 
+    /// Where the collected events end now: what [`Self::wait_for_after`]
+    /// takes, to tell what came after without comparing two processes'
+    /// clocks (a stepped wall clock moves one and not the other).
+    pub fn mark(&self) -> usize {
+        self.lines.lock().expect("lock").len()
+    }
+
     /// Waits until `pred` holds for some collected event.
     pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_for_after(0, what, timeout, pred)
+    }
+
+    /// Waits until `pred` holds for some event collected after `mark`.
+    pub fn wait_for_after(
+        &self,
+        mark: usize,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(v) = self.events().into_iter().find(|e| pred(e)) {
+            if let Some(v) = self.events().into_iter().skip(mark).find(|e| pred(e)) {
                 return v;
             }
             if Instant::now() >= deadline {
@@ -178,13 +215,49 @@ impl Tracer {
         pid
     }
 
-    /// SIGTERM, then the exit status and everything printed.
-    pub fn stop(mut self) -> (std::process::ExitStatus, Vec<Value>) {
+    /// SIGTERM, then the exit status and everything printed. The probes'
+    /// release, which a stopped tracer leaves to a background process, is
+    /// waited for too: the next test's tracer must not attach behind it.
+    pub fn stop(self) -> (std::process::ExitStatus, Vec<Value>) {
+        let (status, releaser, events) = self.signal_and_reap(libc::SIGTERM);
+        if let Some(pid) = releaser {
+            wait_gone(pid, Duration::from_secs(300));
+        }
+        (status, events)
+    }
+
+    /// Sends `signal`, reaps the tracer and reads its output to the end.
+    /// Returns its exit status, the pid of the background process it named
+    /// for its probes' release, and its events.
+    pub fn signal_and_reap(mut self, signal: i32) -> (std::process::ExitStatus, Option<u32>, Vec<Value>) {
         // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
         let status = self.child.wait().expect("wait");
-        thread::sleep(Duration::from_millis(100));
-        (status, self.events())
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = reader.join();
+        }
+        let releaser = self.stderr.lock().expect("lock").lines().find_map(|l| {
+            let (_, rest) = l.split_once("in the background (pid ")?;
+            rest.trim_end_matches(')').parse::<u32>().ok()
+        });
+        (status, releaser, self.events())
+    }
+}
+
+/// Whether process `pid` still runs: a zombie has released everything it
+/// held, and one whose new parent never reaps it stays listed for good.
+pub fn still_running(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the parenthesised command name.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Waits until process `pid` has exited, up to `limit`.
+pub fn wait_gone(pid: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while still_running(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} still there after {limit:?}");
+        thread::sleep(Duration::from_millis(20));
     }
 }
 

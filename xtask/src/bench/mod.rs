@@ -69,6 +69,7 @@ mod process;
 mod report;
 mod rounds;
 mod sched;
+mod stop;
 
 use bpf_stats::BPF_STATS;
 use report::{load_average, num, opt, render_json, render_markdown};
@@ -106,6 +107,7 @@ pub enum Case {
     /// How long `--hold` stops a process that maps a new GPU runtime file,
     /// and the default mode's share of first calls seen for racing shapes.
     FirstCall,
+    Stop,
 }
 
 /// A case pushes its rows as it goes, so an error keeps what was measured.
@@ -266,10 +268,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 5] = [
+    let cases: [(Case, &str, CaseFn); 6] = [
         (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
         (Case::LaunchLoop, "launch_bound_loop", launch_loop::launch_case),
         (Case::FirstCall, "first_call", first_call::first_call_case),
+        (Case::Stop, "stop", stop::stop_case),
         (Case::Sched, "sched_overhead", sched::sched_case),
         (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),
     ];

@@ -1,0 +1,149 @@
+//! `stop`: what stopping `canaryscope trace` costs once it has probed
+//! real-size libraries. Two figures, each with only the host's HIP runtime
+//! probed (the baseline) and with fresh copies of NVIDIA's `libcuda`
+//! probed besides, side by side:
+//! - the prompt: SIGINT to the tracer's exit, what the person waits for;
+//! - the release: SIGINT until the kernel has released every probe (the
+//!   background releaser the tracer names on leaving is gone), what a
+//!   tracer started right after would wait behind, and what a daemon's
+//!   `terminationGracePeriodSeconds` has to cover, per probed file.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{
+    div, median,
+    process::{Proc, SIGINT},
+    sub, Env, Plan, Row, Target,
+};
+
+/// The prompt must come back within this, however many files were probed.
+const PROMPT_TARGET_MS: f64 = 1000.0;
+
+/// NVIDIA's real `libcuda.so.1`, as fetched for the suite.
+fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
+    let paths = std::fs::read_to_string(env.fixtures.join("../nvidia/paths.env"))
+        .context("target/nvidia/paths.env (tests/nvidia/fetch.sh; cargo xtask fixtures runs it)")?;
+    paths
+        .lines()
+        .find_map(|l| l.strip_prefix("LIBCUDA="))
+        .map(PathBuf::from)
+        .context("target/nvidia/paths.env names no LIBCUDA")
+}
+
+/// One stop: (prompt ms, release ms).
+fn one_stop(env: &Env, libcuda: &Path, copies: usize, trial: usize) -> Result<(f64, f64)> {
+    let dir = std::env::temp_dir().join(format!("canaryscope-bench-stop-{}-{trial}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let result = stop_with_copies(env, libcuda, &dir, copies, trial);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn stop_with_copies(
+    env: &Env,
+    libcuda: &Path,
+    dir: &Path,
+    copies: usize,
+    trial: usize,
+) -> Result<(f64, f64)> {
+    let mut cmd = Command::new(&env.bin);
+    cmd.args(["trace", "--json"]);
+    let mut tracer =
+        Proc::spawn(env, &format!("stop-{copies}-{trial}"), &mut cmd, SIGINT, Duration::from_secs(120))?;
+    wait_for(&mut tracer, "tracing;", 1)?;
+    for i in 0..copies {
+        let copy = dir.join(format!("{i}/libcuda.so.1"));
+        std::fs::create_dir_all(copy.parent().context("copy's directory")?)?;
+        std::fs::copy(libcuda, &copy).with_context(|| format!("copy {}", libcuda.display()))?;
+        // The file stays (and stays probed) until the tracer stops.
+        let status = Command::new(env.fixture("gpu_dlopen")).arg(&copy).output()?.status;
+        if !status.success() {
+            bail!("gpu_dlopen {} failed: {status}", copy.display());
+        }
+    }
+    // The host's HIP runtime, and each copy.
+    wait_for(&mut tracer, "\"kind\":\"library_probed\"", 1 + copies)?;
+    let started = Instant::now();
+    let (prompt, killed) = tracer.stop();
+    if killed {
+        bail!("the tracer did not stop on SIGINT; {}", tracer.log_tail());
+    }
+    let releaser = tracer.output().lines().find_map(|l| {
+        l.split_once("in the background (pid ").and_then(|(_, r)| r.trim_end_matches(')').parse::<u32>().ok())
+    });
+    if let Some(pid) = releaser {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while still_running(pid) {
+            if Instant::now() > deadline {
+                bail!("the tracer's releaser (pid {pid}) still runs 300 s after the stop");
+            }
+            sleep(Duration::from_millis(5));
+        }
+    }
+    Ok((prompt.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Whether process `pid` still runs (a zombie has released everything).
+fn still_running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Waits until the tracer's output holds `needle` `count` times.
+fn wait_for(tracer: &mut Proc, needle: &str, count: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while tracer.output().matches(needle).count() < count {
+        if tracer.exited().is_some() || Instant::now() > deadline {
+            bail!("waiting for {count} of {needle:?}; {}", tracer.log_tail());
+        }
+        sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
+    let libcuda = nvidia_libcuda(env)?;
+    let (trials, copies) = if plan.quick { (1, 2) } else { (3, 4) };
+    eprintln!("    stop: {trials} stops of a tracer with HIP only, and with {copies} copies of NVIDIA's libcuda besides");
+    let (mut bare_prompt, mut bare_release, mut full_prompt, mut full_release) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Interleaved, so drift hits both alike.
+    for trial in 0..trials {
+        let (p, r) = one_stop(env, &libcuda, 0, 2 * trial)?;
+        bare_prompt.push(p);
+        bare_release.push(r);
+        let (p, r) = one_stop(env, &libcuda, copies, 2 * trial + 1)?;
+        full_prompt.push(p);
+        full_release.push(r);
+    }
+    let mut row = Row::new("stop_prompt_ms", "ms");
+    row.baseline = median(&bare_prompt);
+    row.canaryscope = median(&full_prompt);
+    row.ratio(
+        &format!("with {copies} libcuda copies / HIP only"),
+        div(median(&full_prompt), median(&bare_prompt)),
+    );
+    row.samples.push(("hip only".into(), bare_prompt));
+    row.samples.push((format!("+{copies} libcuda"), full_prompt));
+    row.target = Some(Target::new("SIGINT to prompt", PROMPT_TARGET_MS, row.canaryscope, " ms"));
+    row.notes.push("SIGINT to the tracer's exit: the probes' release goes on in the background".into());
+    out.push(row);
+
+    let mut row = Row::new("stop_release_ms", "ms");
+    row.baseline = median(&bare_release);
+    row.canaryscope = median(&full_release);
+    let per_file = sub(median(&full_release), median(&bare_release)).map(|d| d / copies as f64);
+    row.ratio("per libcuda copy ms", per_file);
+    row.samples.push(("hip only".into(), bare_release));
+    row.samples.push((format!("+{copies} libcuda"), full_release));
+    row.notes.push("SIGINT until the kernel has released every probe (the releaser gone)".into());
+    out.push(row);
+    Ok(())
+}
