@@ -127,7 +127,18 @@ pub enum Detail {
         reason: String,
         /// How long the process that mapped it was held, when it was.
         held_ns: Option<u64>,
+        /// From the record that revealed the file (an exec, a mapping) to
+        /// its probes existing: its init functions' (attached first), and
+        /// all of them. `None` for what was found at start.
+        probes_after: Option<ProbesAfter>,
     },
+}
+
+/// How long after a file was revealed its probes existed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbesAfter {
+    pub init_ns: u64,
+    pub all_ns: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -392,12 +403,14 @@ impl Event {
                 m.insert("runnable_threads".into(), json!(runnable_threads));
                 m.insert("quota_cores".into(), json!(quota_cores));
             }
-            Detail::LibraryProbed { library, flavor, functions, reason, held_ns } => {
+            Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
                 m.insert("library".into(), json!(library));
                 m.insert("flavor".into(), json!(flavor));
                 m.insert("functions".into(), json!(functions));
                 m.insert("reason".into(), json!(reason));
                 m.insert("held_ns".into(), json!(held_ns));
+                m.insert("init_probes_after_ns".into(), json!(probes_after.map(|p| p.init_ns)));
+                m.insert("probes_after_ns".into(), json!(probes_after.map(|p| p.all_ns)));
             }
         }
         Value::Object(m)

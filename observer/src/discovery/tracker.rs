@@ -91,6 +91,8 @@ pub struct Announcement {
     pub reason: String,
     /// How long the process that revealed it was held, with `--hold`.
     pub held_ns: Option<u64>,
+    /// When its probes came to exist.
+    pub probed_at: Option<gpu::ProbedAt>,
     /// The record that revealed it; `None` for what was found at start.
     pub origin: Option<EventHeader>,
 }
@@ -630,6 +632,7 @@ impl LibraryTracker {
                             functions,
                             reason: reason.to_string(),
                             held_ns: None,
+                            probed_at: self.probes.probed_at(&id),
                             origin: origin.copied(),
                         });
                     }

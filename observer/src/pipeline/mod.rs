@@ -245,7 +245,12 @@ impl Pipeline {
 
     fn announce(&mut self, out: &mut Vec<Event>) {
         for a in self.tracker.take_announcements() {
-            let Announcement { library, flavor, functions, reason, held_ns, origin } = a;
+            let Announcement { library, flavor, functions, reason, held_ns, probed_at, origin } = a;
+            let probes_after =
+                origin.as_ref().zip(probed_at).map(|(header, at)| crate::events::ProbesAfter {
+                    init_ns: at.init_ns.saturating_sub(header.ts_boot_ns),
+                    all_ns: at.all_ns.saturating_sub(header.ts_boot_ns),
+                });
             let origin = match &origin {
                 Some(header) => self.attribution.origin(header),
                 None => self.attribution.now(),
@@ -258,6 +263,7 @@ impl Pipeline {
                     functions,
                     reason,
                     held_ns,
+                    probes_after,
                 },
             });
         }

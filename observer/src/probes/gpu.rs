@@ -20,7 +20,7 @@ use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::{gpu_slots::Slots, AttachError};
-use crate::config::HotDetail;
+use crate::{clock::BootClock, config::HotDetail};
 use observer_common::gpu::{cookie, Api, GpuFunction, Tier, COUNT_PROGRAM};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
@@ -346,6 +346,7 @@ pub struct AttachedLibrary {
     /// even after the process whose /proc/PID/root led to it is gone, and
     /// it is the path per-process probes attach through later.
     handle: Option<fs::File>,
+    probed_at: ProbedAt,
 }
 
 impl AttachedLibrary {
@@ -427,6 +428,11 @@ impl GpuProbes {
     }
 
     /// Whether a file carries probes (not merely failed).
+    /// When file `id`'s probes came to exist, if it is attached.
+    pub fn probed_at(&self, id: &FileId) -> Option<ProbedAt> {
+        self.attached.get(id).map(|a| a.probed_at)
+    }
+
     pub fn is_probed(&self, id: &FileId) -> bool {
         self.attached.contains_key(id)
     }
@@ -533,7 +539,8 @@ impl GpuProbes {
             UProbeScope::AllProcesses,
         );
         debug!("attached {} in {:?}", library.display_path, started.elapsed());
-        let AttachOutcome { links, count, first_error } = attached;
+        let probed_at = ProbedAt { init_ns: attached.init_ready_ns, all_ns: BootClock::boot_now_ns() };
+        let AttachOutcome { links, count, first_error, .. } = attached;
         // The path went away while attaching (usually through
         // /proc/PID/root of a process that just exited): undo, and do not
         // remember the file as failed, so the next process that maps it
@@ -571,6 +578,7 @@ impl GpuProbes {
                 links,
                 hot: HashMap::new(),
                 handle,
+                probed_at,
             },
         );
         Ok(count)
@@ -601,7 +609,7 @@ impl GpuProbes {
             count_hot,
             UProbeScope::OneProcess(scope_pid),
         );
-        let AttachOutcome { links, count, first_error } = outcome;
+        let AttachOutcome { links, count, first_error, .. } = outcome;
         if let Some(e) = first_error {
             // A process that exited meanwhile is no failure of the file.
             let gone = !Path::new(&format!("/proc/{pid}")).exists();
@@ -697,6 +705,20 @@ struct AttachOutcome {
     /// Functions with all their probes in place.
     count: usize,
     first_error: Option<AttachError>,
+    /// When the init functions' probes (attached first) were all in place,
+    /// on the boot clock.
+    init_ready_ns: u64,
+}
+
+/// When a file's probes came to exist, on the boot clock that stamps the
+/// kernel's records, so that they compare with the record that revealed
+/// the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbedAt {
+    /// Its init functions' probes: the first calls a process makes.
+    pub init_ns: u64,
+    /// Every probe of its tier.
+    pub all_ns: u64,
 }
 
 /// Attaches the entry and return programs to each resolved function of
@@ -714,8 +736,13 @@ fn attach_functions(
     scope: UProbeScope,
 ) -> AttachOutcome {
     let api = library.flavor.api();
-    let mut outcome = AttachOutcome { links: Vec::new(), count: 0, first_error: None };
-    for (index, function) in api.functions().iter().enumerate() {
+    let mut outcome = AttachOutcome { links: Vec::new(), count: 0, first_error: None, init_ready_ns: 0 };
+    let mut init_ready_ns = None;
+    for index in attach_order(api.functions()) {
+        let function = &api.functions()[index];
+        if init_ready_ns.is_none() && !observer_common::gpu::is_init_function(function.name) {
+            init_ready_ns = Some(BootClock::boot_now_ns());
+        }
         if !wanted(function) {
             continue;
         }
@@ -756,7 +783,20 @@ fn attach_functions(
             outcome.count += 1;
         }
     }
+    outcome.init_ready_ns = init_ready_ns.unwrap_or_else(BootClock::boot_now_ns);
     outcome
+}
+
+/// Indices into `functions` in the order their probes are created: the
+/// init functions (`cuInit`, `hipInit`, `cudaGetDeviceCount`, ...) first,
+/// the rest in table order. Creating a uprobe takes milliseconds, so a
+/// process that maps a runtime and calls it at once, without the hold, is
+/// caught by whichever probes exist by then; its first call is one of these.
+fn attach_order(functions: &[GpuFunction]) -> Vec<usize> {
+    let (mut order, rest): (Vec<usize>, Vec<usize>) =
+        (0..functions.len()).partition(|&i| observer_common::gpu::is_init_function(functions[i].name));
+    order.extend(rest);
+    order
 }
 
 fn attach_point(
@@ -812,6 +852,28 @@ mod tests {
         assert_eq!(candidate_api("libcudart-d0da41ae.so.11.0"), Some(Api::Cudart));
         assert_eq!(candidate_api("libcudart_static.a"), None);
         assert_eq!(candidate_api("libc.so.6"), None);
+    }
+
+    #[test]
+    fn init_functions_are_attached_before_the_rest() {
+        for api in Api::ALL {
+            let functions = api.functions();
+            let order = attach_order(functions);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..functions.len()).collect::<Vec<_>>(), "{api:?}: each function once");
+            let inits = functions.iter().filter(|f| observer_common::gpu::is_init_function(f.name)).count();
+            assert!(inits > 0, "{api:?} has init functions");
+            let (head, tail) = order.split_at(inits);
+            assert!(
+                head.iter().all(|&i| observer_common::gpu::is_init_function(functions[i].name)),
+                "{api:?}"
+            );
+            assert!(tail.windows(2).all(|w| w[0] < w[1]), "{api:?}: the rest keep table order");
+        }
+        // The call a process makes first is the first probe created.
+        assert_eq!(Api::Cuda.functions()[attach_order(Api::Cuda.functions())[0]].name, "cuInit");
+        assert_eq!(Api::Hip.functions()[attach_order(Api::Hip.functions())[0]].name, "hipInit");
     }
 
     #[test]

@@ -122,9 +122,14 @@ pub fn detail(event: &Event) -> String {
             let lib = library.rsplit('/').next().unwrap_or(library);
             format!("{function} still running after {} [{lib}]", duration(*elapsed_ns))
         }
-        Detail::LibraryProbed { library, flavor, functions, reason, held_ns } => {
+        Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
             let held = held_ns.map(|ns| format!(", process held {}", duration(ns))).unwrap_or_default();
-            format!("{library} ({flavor}, {functions} functions): {reason}{held}")
+            let after = probes_after
+                .map(|p| {
+                    format!("; probed {} after (init functions {})", duration(p.all_ns), duration(p.init_ns))
+                })
+                .unwrap_or_default();
+            format!("{library} ({flavor}, {functions} functions): {reason}{held}{after}")
         }
     }
 }
@@ -182,6 +187,7 @@ mod tests {
                 functions: 16,
                 reason: "mapped by a running process".into(),
                 held_ns: None,
+                probes_after: None,
             },
         };
         let l = line(&ev);

@@ -29,6 +29,12 @@
 //! - `first_call` (first_call.rs): how long `--hold` stops a process
 //!   mapping a GPU runtime file never seen before, p50/p99, and the default
 //!   mode's share of first calls seen where it races with the attach.
+//! - `attach` (attach.rs): for the real HIP runtime and NVIDIA's libcuda,
+//!   p50/p99 from the record that revealed a fresh copy to its init
+//!   functions' probes and to all of them, and the default mode's share of
+//!   first calls seen 0, 10 and 50 ms after exec.
+//! - `stop` (stop.rs): `trace`'s prompt after SIGINT, and the kernel's
+//!   release of its probes behind it, with HIP only and with libcuda copies.
 //!
 //! What the cases share: the processes they start (process.rs), the
 //! daemon and its /metrics (daemon.rs), the peers (peers.rs), BPF program
@@ -56,6 +62,7 @@ use clap::{Args, ValueEnum};
 
 use crate::{root, step};
 
+mod attach;
 mod bpf_stats;
 mod cgroups;
 mod daemon;
@@ -107,6 +114,11 @@ pub enum Case {
     /// How long `--hold` stops a process that maps a new GPU runtime file,
     /// and the default mode's share of first calls seen for racing shapes.
     FirstCall,
+    /// How soon a real runtime file's probes exist once revealed, and the
+    /// default mode's share of first calls seen 0, 10 and 50 ms after exec.
+    Attach,
+    /// What stopping `trace` costs with real libraries probed: the prompt,
+    /// and the kernel's release behind it.
     Stop,
 }
 
@@ -268,10 +280,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 6] = [
+    let cases: [(Case, &str, CaseFn); 7] = [
         (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
         (Case::LaunchLoop, "launch_bound_loop", launch_loop::launch_case),
         (Case::FirstCall, "first_call", first_call::first_call_case),
+        (Case::Attach, "attach", attach::attach_case),
         (Case::Stop, "stop", stop::stop_case),
         (Case::Sched, "sched_overhead", sched::sched_case),
         (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),

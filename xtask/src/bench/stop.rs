@@ -26,7 +26,7 @@ use super::{
 const PROMPT_TARGET_MS: f64 = 1000.0;
 
 /// NVIDIA's real `libcuda.so.1`, as fetched for the suite.
-fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
+pub(super) fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
     let paths = std::fs::read_to_string(env.fixtures.join("../nvidia/paths.env"))
         .context("target/nvidia/paths.env (tests/nvidia/fetch.sh; cargo xtask fixtures runs it)")?;
     paths
@@ -91,13 +91,13 @@ fn stop_with_copies(
 }
 
 /// Whether process `pid` still runs (a zombie has released everything).
-fn still_running(pid: u32) -> bool {
+pub(super) fn still_running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
 /// Waits until the tracer's output holds `needle` `count` times.
-fn wait_for(tracer: &mut Proc, needle: &str, count: usize) -> Result<()> {
+pub(super) fn wait_for(tracer: &mut Proc, needle: &str, count: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     while tracer.output().matches(needle).count() < count {
         if tracer.exited().is_some() || Instant::now() > deadline {

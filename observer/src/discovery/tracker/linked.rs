@@ -89,6 +89,7 @@ impl LibraryTracker {
                 functions,
                 reason,
                 held_ns: None,
+                probed_at: tracker.probes.probed_at(&id),
                 origin: origin.copied(),
             });
         };
