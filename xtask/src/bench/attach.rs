@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::{
     median, percentile,
     process::{Proc, SIGINT},
-    stop::{nvidia_libcuda, still_running, wait_for},
+    stop::{nvidia_libcuda, stop_and_await_release, wait_for},
     Env, Plan, Row,
 };
 
@@ -99,20 +99,7 @@ fn runs_in(
             }
         }
     }
-    let (_, killed) = tracer.stop();
-    if killed {
-        bail!("the tracer did not stop on SIGINT; {}", tracer.log_tail());
-    }
-    // The next case's tracer would attach behind this one's release.
-    let releaser = tracer.output().lines().find_map(|l| {
-        l.split_once("in the background (pid ").and_then(|(_, r)| r.trim_end_matches(')').parse::<u32>().ok())
-    });
-    if let Some(pid) = releaser {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while still_running(pid) && Instant::now() < deadline {
-            sleep(Duration::from_millis(20));
-        }
-    }
+    stop_and_await_release(&mut tracer)?;
     let events = tracer.output().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
     Ok((runs, events))
 }

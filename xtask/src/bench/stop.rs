@@ -71,6 +71,14 @@ fn stop_with_copies(
     // The host's HIP runtime, and each copy.
     wait_for(&mut tracer, "\"kind\":\"library_probed\"", 1 + copies)?;
     let started = Instant::now();
+    let prompt = stop_and_await_release(&mut tracer)?;
+    Ok((prompt.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Stops a tracer with SIGINT and waits until the releaser it names on
+/// leaving is gone (a tracer started sooner would attach behind its
+/// release); returns how long the tracer itself took to exit.
+pub(super) fn stop_and_await_release(tracer: &mut Proc) -> Result<Duration> {
     let (prompt, killed) = tracer.stop();
     if killed {
         bail!("the tracer did not stop on SIGINT; {}", tracer.log_tail());
@@ -87,11 +95,11 @@ fn stop_with_copies(
             sleep(Duration::from_millis(5));
         }
     }
-    Ok((prompt.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3))
+    Ok(prompt)
 }
 
 /// Whether process `pid` still runs (a zombie has released everything).
-pub(super) fn still_running(pid: u32) -> bool {
+fn still_running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
