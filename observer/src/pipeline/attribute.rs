@@ -140,7 +140,7 @@ impl Attributor {
 
     /// Follows a step of the wall clock (see `clock`).
     pub fn retake_clock(&mut self) {
-        self.clock = BootClock::new();
+        self.clock.retake();
     }
 
     pub fn wall_now_ns(&self) -> u64 {
