@@ -218,6 +218,18 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
         cgroup2.is_some(),
         cgroup2.map(|p| format!("mounted at {}", p.display())).unwrap_or_else(|| "not mounted".into()),
     ));
+    let multi = crate::probes::uprobe_multi::kernel_has_it();
+    facilities.push(item(
+        "uprobe_multi",
+        multi,
+        match multi {
+            true => "GPU runtime files probed with one uprobe_multi link per program",
+            false => {
+                "no uprobe_multi links (before Linux 6.6): a perf-event link per GPU function, each \
+                      released in about 0.1 s when probing stops"
+            }
+        },
+    ));
     let kfd = Path::new("/dev/kfd").exists();
     facilities.push(item(
         "amdgpu_kfd",
@@ -295,6 +307,7 @@ fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
         hold: false,
         hold_scoped: false,
         kfd_syscall_fallback: false,
+        per_function_uprobes: false,
         // What the daemon would do by default; nothing is troubled yet.
         hot_policy: Policy::for_daemon(
             crate::config::HotCalls::Selected,
@@ -319,7 +332,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     } else {
         println!("canaryscope check: kernel {}", report.kernel);
         for f in &report.facilities {
-            println!("  {} {:<11} {}", if f.ok { "ok  " } else { "MISS" }, f.name, f.detail);
+            println!("  {} {:<12} {}", if f.ok { "ok  " } else { "MISS" }, f.name, f.detail);
         }
         println!("GPU runtime libraries:");
         if report.gpu_libraries.is_empty() {

@@ -153,6 +153,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         // pod's start-up calls are the gate's evidence.
         hold_scoped: settings.kube.is_some(),
         kfd_syscall_fallback: false,
+        per_function_uprobes: false,
         hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
         hot_detail: settings.hot_detail,
         runq_prefixes: Some(settings.cgroups.clone()),

@@ -57,6 +57,50 @@ fn cu_init_failure_is_reported_with_the_hip_call_beneath() {
     assert!(hip["ts_ns"].as_u64() <= cu["ts_ns"].as_u64());
 }
 
+/// Where the kernel has `uprobe_multi` links, a newly probed file costs one
+/// link per program, whatever its function count: what its release costs
+/// at a stop. Elsewhere, and when told, functions get a perf-event link
+/// each. Calls are seen either way.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_probed_file_takes_one_uprobe_multi_link_per_program_where_the_kernel_has_them() {
+    assert_root();
+    let lib = zluda_lib();
+    let multi = kernel_has_uprobe_multi();
+    for per_function in [false, true] {
+        let tracer = Tracer::start(if per_function { &["--per-function-uprobes"] } else { &[] });
+        let before = uprobe_multi_links(tracer.pid());
+        // A file this tracer has never seen, mapped by a process in a pod.
+        let dir = std::env::temp_dir().join(format!("canaryscope-links-{}", random_hex(12)));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let copy = dir.join("libcuda.so.1");
+        std::fs::copy(&lib, &copy).expect("copy the ZLUDA library");
+        let copy_path = copy.to_str().expect("utf8").to_string();
+        let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+        let mark = tracer.mark();
+        let out = pod.command(&fixture("gpu_dlopen")).arg(&copy).output().expect("gpu_dlopen");
+        assert!(out.status.success(), "{out:?}");
+        tracer.wait_for_after(mark, "the copy probed", WAIT, |e| {
+            e["kind"] == "library_probed" && e["library"] == copy_path.as_str()
+        });
+        // trace probes the hot tier everywhere, timed: an entry and a
+        // return program.
+        let expected = if multi && !per_function { 2 } else { 0 };
+        assert_eq!(
+            uprobe_multi_links(tracer.pid()) - before,
+            expected,
+            "uprobe_multi in the kernel: {multi}; --per-function-uprobes: {per_function}"
+        );
+        // Its calls are seen through whichever links it got.
+        let out = pod.command(&fixture("cuda_app")).env("LD_LIBRARY_PATH", &dir).output().expect("cuda_app");
+        assert!(out.status.success(), "{out:?}");
+        let pid = out_pid(&out.stdout);
+        let cu = tracer.wait_for("cuInit", WAIT, |e| e["function"] == "cuInit" && e["pid"] == pid);
+        assert_eq!(cu["library"], copy_path.as_str(), "{cu}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn check_tells_zluda_from_other_libraries() {

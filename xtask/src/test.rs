@@ -194,6 +194,7 @@ const ONE_PER_FAMILY: &[Suite] = &[
             "cu_init_failure_is_reported_with_the_hip_call_beneath",
             "a_crash_inside_the_library_names_library_and_call",
             "a_library_loaded_later_is_found_within_a_second",
+            "a_probed_file_takes_one_uprobe_multi_link_per_program_where_the_kernel_has_them",
         ],
     ),
     (

@@ -194,6 +194,9 @@ impl LibraryTracker {
         if kernel.gpu_slots() {
             self.probes.use_slots();
         }
+        if let Some(programs) = kernel.take_multi_programs() {
+            self.probes.use_multi(programs);
+        }
         match kernel.gpu_unavailable() {
             Some(why) => self.probes.refuse(library, why),
             None => self.probes.attach(kernel.object_mut(), library),

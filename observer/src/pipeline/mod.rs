@@ -50,6 +50,9 @@ pub struct Options {
     /// See KFD ioctls through the syscall fallback even where the
     /// `kfd_ioctl` kprobe would work (tests of the fallback).
     pub kfd_syscall_fallback: bool,
+    /// Probe GPU functions with a perf-event link each even where the
+    /// kernel has `uprobe_multi` (the bench's baseline).
+    pub per_function_uprobes: bool,
     /// Which processes get the hot tier of GPU functions.
     pub hot_policy: Policy,
     /// What the hot tier's probes record in a selected process.
@@ -109,6 +112,9 @@ impl Pipeline {
         let mut env = probes::environment();
         if options.kfd_syscall_fallback {
             env.kernel.hide(table::KFD_IOCTL);
+        }
+        if options.per_function_uprobes {
+            env.kernel.hide(probes::uprobe_multi::KERNEL_FUNCTION);
         }
         let mut kernel = probes::load(&options.settings, &env)?;
         let ring = kernel.take_ring().ok_or(LoadError::MissingMap(observer_common::EVENTS_MAP))?;

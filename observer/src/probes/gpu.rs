@@ -19,7 +19,12 @@ use aya::{
 use log::{debug, info};
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::{gpu_slots::Slots, AttachError};
+use super::{
+    gpu_slots::Slots,
+    releaser::Link,
+    uprobe_multi::{self, Fires, MultiPrograms},
+    AttachError,
+};
 use crate::{clock::BootClock, config::HotDetail};
 use observer_common::gpu::{cookie, Api, GpuFunction, Tier, COUNT_PROGRAM};
 
@@ -309,7 +314,15 @@ pub enum HotPlacement {
     Nowhere,
 }
 
-type Links = Vec<(&'static str, UProbeLinkId)>;
+/// A probe link as this file holds it.
+enum ProbeLink {
+    /// One function's perf-event link, owned by aya's program.
+    PerFunction(&'static str, UProbeLinkId),
+    /// A `uprobe_multi` link: one program at every function of a file.
+    Multi(std::os::fd::OwnedFd),
+}
+
+type Links = Vec<ProbeLink>;
 
 /// The attached state: which files carry probes and on which functions.
 pub struct GpuProbes {
@@ -324,6 +337,8 @@ pub struct GpuProbes {
     table: Vec<String>,
     /// On a kernel without attach cookies: which function has which slot.
     slots: Option<Slots>,
+    /// On a kernel with `uprobe_multi` links: the programs loaded for them.
+    multi: Option<MultiPrograms>,
 }
 
 impl Default for GpuProbes {
@@ -400,6 +415,7 @@ impl GpuProbes {
             failed: HashMap::new(),
             table: Vec::new(),
             slots: None,
+            multi: None,
         }
     }
 
@@ -417,6 +433,21 @@ impl GpuProbes {
     /// no attach cookies (gpu_slots.rs).
     pub fn use_slots(&mut self) {
         self.slots.get_or_insert_with(Slots::default);
+    }
+
+    /// Probes each file through one `uprobe_multi` link per program from
+    /// now on.
+    pub fn use_multi(&mut self, programs: MultiPrograms) {
+        self.multi = Some(programs);
+    }
+
+    /// How functions get their probes here, for `check`.
+    fn link_kind(&self) -> &'static str {
+        match (&self.slots, &self.multi) {
+            (Some(_), _) => "fallback before Linux 5.15 (no attach cookies): a program pair per function",
+            (None, Some(_)) => "one uprobe_multi link per program",
+            (None, None) => "a perf-event link per function and program",
+        }
     }
 
     pub fn hot_placement(&self) -> HotPlacement {
@@ -451,14 +482,7 @@ impl GpuProbes {
                     format!(", {} hot in {} selected processes, {detail}", l.hot_functions(), l.hot.len())
                 }
             };
-            let hot = match &self.slots {
-                Some(_) => {
-                    format!(
-                        "{hot}; fallback before Linux 5.15 (no attach cookies): a program pair per function"
-                    )
-                }
-                None => hot,
-            };
+            let hot = format!("{hot}; {}", self.link_kind());
             crate::probes::ProbeStatus {
                 probe: "gpu",
                 target: l.library.display_path.clone(),
@@ -531,6 +555,7 @@ impl GpuProbes {
         let attached = attach_functions(
             ebpf,
             self.slots.as_mut(),
+            self.multi.as_ref(),
             &library.path,
             &library,
             library_index,
@@ -602,6 +627,7 @@ impl GpuProbes {
         let outcome = attach_functions(
             ebpf,
             self.slots.as_mut(),
+            self.multi.as_ref(),
             &path,
             &library.library,
             library.index,
@@ -728,6 +754,7 @@ pub struct ProbedAt {
 fn attach_functions(
     ebpf: &mut Ebpf,
     mut slots: Option<&mut Slots>,
+    multi: Option<&MultiPrograms>,
     path: &Path,
     library: &GpuLibrary,
     library_index: u32,
@@ -736,6 +763,19 @@ fn attach_functions(
     scope: UProbeScope,
 ) -> AttachOutcome {
     let api = library.flavor.api();
+    if let (Some(multi), None) = (multi, slots.as_deref()) {
+        match attach_multi(multi, path, library, library_index, &wanted, count_hot, scope) {
+            Ok(outcome) => return outcome,
+            // A file the kernel refuses as a whole (an offset it will not
+            // probe) still gets every function it can, one link each, and
+            // the reason per function.
+            Err(e) => debug!(
+                "uprobe_multi on {} ({}): {e}; a link per function instead",
+                library.display_path,
+                path.display()
+            ),
+        }
+    }
     let mut outcome = AttachOutcome { links: Vec::new(), count: 0, first_error: None, init_ready_ns: 0 };
     let mut init_ready_ns = None;
     for index in attach_order(api.functions()) {
@@ -771,7 +811,7 @@ fn attach_functions(
         let mut ok = true;
         for program_name in programs {
             match attach_point(ebpf, program_name, path, offset, attach_cookie, scope) {
-                Ok(link) => outcome.links.push((program_name, link)),
+                Ok(link) => outcome.links.push(ProbeLink::PerFunction(program_name, link)),
                 Err(e) => {
                     debug!("attach {} {}: {e}", library.display_path, function.name);
                     outcome.first_error.get_or_insert(e);
@@ -785,6 +825,69 @@ fn attach_functions(
     }
     outcome.init_ready_ns = init_ready_ns.unwrap_or_else(BootClock::boot_now_ns);
     outcome
+}
+
+/// Attaches `library`'s wanted functions with one `uprobe_multi` link per
+/// program, return programs first (see `attach_functions`), each link's
+/// init functions first. On error nothing stays attached.
+fn attach_multi(
+    multi: &MultiPrograms,
+    path: &Path,
+    library: &GpuLibrary,
+    library_index: u32,
+    wanted: &impl Fn(&GpuFunction) -> bool,
+    count_hot: bool,
+    scope: UProbeScope,
+) -> std::io::Result<AttachOutcome> {
+    let api = library.flavor.api();
+    /// One link's program, when it fires, and its (offset, cookie) points.
+    type Group = (&'static str, Fires, Vec<(u64, u64)>);
+    let mut groups: [Group; 3] = [
+        (COUNT_PROGRAM, Fires::AtReturn, Vec::new()),
+        (EXIT_PROGRAM, Fires::AtReturn, Vec::new()),
+        (ENTER_PROGRAM, Fires::AtEntry, Vec::new()),
+    ];
+    let mut count = 0;
+    for index in attach_order(api.functions()) {
+        let function = &api.functions()[index];
+        let Some(&offset) = library.functions.get(function.name).filter(|_| wanted(function)) else {
+            continue;
+        };
+        let point = (offset, cookie(library_index, api, index as u32));
+        if count_hot && function.tier == Tier::Hot {
+            groups[0].2.push(point);
+        } else {
+            groups[1].2.push(point);
+            groups[2].2.push(point);
+        }
+        count += 1;
+    }
+    let pid = match scope {
+        UProbeScope::OneProcess(pid) => Some(pid.get()),
+        UProbeScope::AllProcesses | UProbeScope::CallingProcess => None,
+    };
+    let mut links = Vec::new();
+    for (program, fires, points) in &groups {
+        if points.is_empty() {
+            continue;
+        }
+        let created = multi
+            .fd(program)
+            .ok_or_else(|| std::io::Error::other(format!("{program} is not loaded for uprobe_multi")))
+            .and_then(|fd| {
+                super::releaser::note_attach();
+                uprobe_multi::attach(fd, path, points, *fires, pid)
+            });
+        match created {
+            Ok(link) => links.push(link),
+            Err(e) => {
+                super::releaser::release(links.into_iter().rev().map(Link::Multi).collect());
+                return Err(e);
+            }
+        }
+    }
+    let links = links.into_iter().map(ProbeLink::Multi).collect();
+    Ok(AttachOutcome { links, count, first_error: None, init_ready_ns: BootClock::boot_now_ns() })
 }
 
 /// Indices into `functions` in the order their probes are created: the
@@ -827,12 +930,18 @@ fn attach_point(
 ///
 /// Links go in the reverse of their attach order, entry programs before
 /// their return programs, for the reason `attach_functions` gives.
-fn detach_links(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
+fn detach_links(ebpf: &mut Ebpf, links: Links) {
     let mut taken = Vec::with_capacity(links.len());
-    for (program_name, link) in links.into_iter().rev() {
-        match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(AttachError::Attach)) {
-            Ok(link) => taken.push(link),
-            Err(e) => debug!("detach {program_name}: {e}"),
+    for link in links.into_iter().rev() {
+        match link {
+            ProbeLink::Multi(fd) => taken.push(Link::Multi(fd)),
+            ProbeLink::PerFunction(program_name, link) => {
+                match uprobe(ebpf, program_name).and_then(|p| p.take_link(link).map_err(AttachError::Attach))
+                {
+                    Ok(link) => taken.push(Link::PerfEvent(link)),
+                    Err(e) => debug!("detach {program_name}: {e}"),
+                }
+            }
         }
     }
     super::releaser::release(taken);

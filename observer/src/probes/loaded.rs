@@ -63,6 +63,9 @@ pub struct Loaded {
     gpu_unavailable: Option<String>,
     /// The kernel has no attach cookies: GPU functions get slot programs.
     gpu_slots: bool,
+    /// The GPU programs loaded for `uprobe_multi` links, until the GPU
+    /// probes take them.
+    multi_programs: Option<super::uprobe_multi::MultiPrograms>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
@@ -100,6 +103,7 @@ impl Loaded {
             unclassified_pods: typed(&mut ebpf, UNCLASSIFIED_PODS_MAP)?,
             gpu_unavailable: None,
             gpu_slots: false,
+            multi_programs: None,
             ebpf,
         })
     }
@@ -137,6 +141,15 @@ impl Loaded {
 
     pub fn gpu_slots(&self) -> bool {
         self.gpu_slots
+    }
+
+    pub fn set_multi_programs(&mut self, programs: super::uprobe_multi::MultiPrograms) {
+        self.multi_programs = Some(programs);
+    }
+
+    /// The programs for `uprobe_multi` links, handed to the GPU probes once.
+    pub fn take_multi_programs(&mut self) -> Option<super::uprobe_multi::MultiPrograms> {
+        self.multi_programs.take()
     }
 
     /// Loads the GPU uprobe programs (the pair and the counting return);

@@ -15,6 +15,7 @@ pub mod maps;
 pub(crate) mod releaser;
 pub mod table;
 pub mod tracefs;
+pub mod uprobe_multi;
 
 use std::collections::HashSet;
 
@@ -84,6 +85,7 @@ impl KernelFunctions {
                 table::Use::IfKernelHas(f) | table::Use::UnlessKernelHas(f) => Some(f),
                 table::Use::Always | table::Use::IfHelpers(_) | table::Use::UnlessHelpers(_) => None,
             })
+            .chain([uprobe_multi::KERNEL_FUNCTION])
             .collect();
         let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
         Self { kprobes: kfd::kprobes_supported(), present: kfd::functions_in(&kallsyms, &wanted) }
@@ -93,6 +95,11 @@ impl KernelFunctions {
     /// with it on kernels that have the preferred hook).
     pub fn hide(&mut self, function: &str) {
         self.present.remove(function);
+    }
+
+    /// Whether the kernel can make `uprobe_multi` links.
+    pub fn has_uprobe_multi(&self) -> bool {
+        self.present.contains(uprobe_multi::KERNEL_FUNCTION)
     }
 
     /// Whether a table entry applies to this kernel.
@@ -161,7 +168,26 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
         .override_global(observer_common::kfd::GLOBAL_KFD_RDEV, &kfd_rdev, true)
         .override_global(observer_common::discovery::GLOBAL_HOLD, &hold, true)
         .load(EBPF_OBJECT)?;
+    // Loaded now, while every map is still in the object to relocate against.
+    let cookies = table::Need::Helpers(table::GPU_CALL_HELPERS).check(env).is_ok();
+    let multi = match cookies && env.kernel.has_uprobe_multi() {
+        true => match uprobe_multi::load(
+            EBPF_OBJECT,
+            &ebpf,
+            &[gpu::ENTER_PROGRAM, gpu::EXIT_PROGRAM, gpu_common::COUNT_PROGRAM],
+        ) {
+            Ok(programs) => Some(programs),
+            Err(why) => {
+                warn!("GPU runtime probes: a perf-event link per function ({why})");
+                None
+            }
+        },
+        false => None,
+    };
     let mut loaded = Loaded::new(ebpf)?;
+    if let Some(programs) = multi {
+        loaded.set_multi_programs(programs);
+    }
     // A kernel whose verifier refuses the GPU programs still gets every
     // other family; the failure shows up in `check` and the probe metric,
     // with the kernel feature it lacks where that is known.

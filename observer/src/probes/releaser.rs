@@ -22,6 +22,15 @@ use std::{
 use aya::programs::uprobe::UProbeLink;
 use log::debug;
 
+/// A link whose drop releases its probes.
+#[allow(dead_code, reason = "each link is held only to be dropped")]
+pub enum Link {
+    /// One function's perf-event uprobe.
+    PerfEvent(UProbeLink),
+    /// A `uprobe_multi` link: every function of a file for one program.
+    Multi(std::os::fd::OwnedFd),
+}
+
 /// Attaching must have been quiet this long before a link is released.
 const QUIET: Duration = Duration::from_secs(1);
 /// Links waiting past this many are released without waiting for quiet.
@@ -29,7 +38,7 @@ const MAX_WAITING: usize = 4096;
 
 /// Milliseconds since [`epoch`] of the latest attach.
 static LAST_ATTACH_MS: AtomicU64 = AtomicU64::new(0);
-static QUEUE: OnceLock<Option<Sender<Vec<UProbeLink>>>> = OnceLock::new();
+static QUEUE: OnceLock<Option<Sender<Vec<Link>>>> = OnceLock::new();
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -46,7 +55,7 @@ pub fn note_attach() {
 }
 
 /// Hands links over for release in the background.
-pub fn release(links: Vec<UProbeLink>) {
+pub fn release(links: Vec<Link>) {
     if links.is_empty() {
         return;
     }
@@ -75,8 +84,8 @@ fn quiet() -> bool {
     now_ms().saturating_sub(LAST_ATTACH_MS.load(Ordering::Relaxed)) >= QUIET.as_millis() as u64
 }
 
-fn run(rx: Receiver<Vec<UProbeLink>>) {
-    let mut waiting: VecDeque<UProbeLink> = VecDeque::new();
+fn run(rx: Receiver<Vec<Link>>) {
+    let mut waiting: VecDeque<Link> = VecDeque::new();
     loop {
         // Wait for more links, or for the next moment a release may go.
         let timeout = if waiting.is_empty() { Duration::from_secs(3600) } else { Duration::from_millis(100) };

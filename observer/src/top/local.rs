@@ -57,6 +57,7 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
         hold: false,
         hold_scoped: false,
         kfd_syscall_fallback: false,
+        per_function_uprobes: false,
         hot_policy: Policy::for_daemon(hot_calls, hot_window),
         hot_detail: config::HotDetail::Counts,
         runq_prefixes: Some(runq_prefixes),

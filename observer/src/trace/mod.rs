@@ -78,6 +78,10 @@ pub struct Args {
     /// kfd_ioctl kprobe works (tests run the fallback on such kernels).
     #[arg(long, hide = true)]
     pub kfd_syscall_fallback: bool,
+    /// Probe GPU functions through a perf-event link each even where the
+    /// kernel has uprobe_multi links (the bench compares the two).
+    #[arg(long, hide = true)]
+    pub per_function_uprobes: bool,
 }
 
 /// What `canaryscope` alone runs: the flags' defaults.
@@ -163,6 +167,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
         hold: args.hold,
         hold_scoped: false,
         kfd_syscall_fallback: args.kfd_syscall_fallback,
+        per_function_uprobes: args.per_function_uprobes,
         hot_policy: Policy::for_trace(
             args.hot_calls,
             &args.pids,

@@ -252,6 +252,30 @@ pub fn still_running(pid: u32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
+/// How many of process `pid`'s descriptors are `uprobe_multi` links, as
+/// the kernel describes each in /proc/PID/fdinfo.
+pub fn uprobe_multi_links(pid: u32) -> usize {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
+    dir.flatten()
+        .filter(|entry| {
+            fs::read_to_string(entry.path()).is_ok_and(|info| {
+                // Newer kernels name the return kind `uretprobe_multi`.
+                info.lines().any(|l| {
+                    let mut words = l.split_whitespace();
+                    words.next() == Some("link_type:")
+                        && matches!(words.next(), Some("uprobe_multi" | "uretprobe_multi"))
+                })
+            })
+        })
+        .count()
+}
+
+/// Whether this kernel makes `uprobe_multi` links (Linux 6.6 and later).
+pub fn kernel_has_uprobe_multi() -> bool {
+    fs::read_to_string("/proc/kallsyms")
+        .is_ok_and(|k| k.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_uprobe_multi_link_attach")))
+}
+
 /// Waits until process `pid` has exited, up to `limit`.
 pub fn wait_gone(pid: u32, limit: Duration) {
     let deadline = Instant::now() + limit;

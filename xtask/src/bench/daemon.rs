@@ -49,6 +49,11 @@ impl Daemon {
         self.proc.pid()
     }
 
+    /// What it printed so far.
+    pub(super) fn output(&self) -> String {
+        self.proc.output()
+    }
+
     pub(super) fn metrics(&self) -> Result<String> {
         match http_get(&self.addr, "/metrics")? {
             (200, body) => Ok(body),

@@ -7,6 +7,11 @@
 //!   background releaser the tracer names on leaving is gone), what a
 //!   tracer started right after would wait behind, and what a daemon's
 //!   `terminationGracePeriodSeconds` has to cover, per probed file.
+//!
+//! Where the kernel has `uprobe_multi` links (6.6+), the release with the
+//! copies is measured again with a perf-event link per function (the
+//! tracer's hidden `--per-function-uprobes`), side by side; and the daemon
+//! is stopped with ten runtime files probed, as a DaemonSet update stops it.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -17,6 +22,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{
+    daemon::Daemon,
     div, median,
     process::{Proc, SIGINT},
     sub, Env, Plan, Row, Target,
@@ -24,6 +30,26 @@ use super::{
 
 /// The prompt must come back within this, however many files were probed.
 const PROMPT_TARGET_MS: f64 = 1000.0;
+/// With `uprobe_multi`, the daemon must exit within this of SIGTERM ...
+const DAEMON_STOP_TARGET_MS: f64 = 5000.0;
+/// ... with this many runtime files probed: the host's HIP runtime and
+/// copies of NVIDIA's `libcuda`.
+const DAEMON_FILES: usize = 10;
+
+/// How the probed functions are linked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Links {
+    /// The tracer's choice: `uprobe_multi` where the kernel has it.
+    Default,
+    /// A perf-event link per function and program.
+    PerFunction,
+}
+
+/// Whether this kernel can make `uprobe_multi` links.
+fn kernel_has_uprobe_multi() -> bool {
+    std::fs::read_to_string("/proc/kallsyms")
+        .is_ok_and(|k| k.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_uprobe_multi_link_attach")))
+}
 
 /// NVIDIA's real `libcuda.so.1`, as fetched for the suite.
 pub(super) fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
@@ -37,13 +63,34 @@ pub(super) fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
 }
 
 /// One stop: (prompt ms, release ms).
-fn one_stop(env: &Env, libcuda: &Path, copies: usize, trial: usize) -> Result<(f64, f64)> {
-    let dir = std::env::temp_dir().join(format!("canaryscope-bench-stop-{}-{trial}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let result = stop_with_copies(env, libcuda, &dir, copies, trial);
+fn one_stop(env: &Env, libcuda: &Path, copies: usize, trial: usize, links: Links) -> Result<(f64, f64)> {
+    let dir = scratch_dir(&format!("stop-{trial}"))?;
+    let result = stop_with_copies(env, libcuda, &dir, copies, trial, links);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+fn scratch_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("canaryscope-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Makes `copies` fresh copies of `libcuda` under `dir` and has a process
+/// map each, so that whoever watches probes them as new files. The files
+/// stay (and stay probed) until the watcher stops.
+fn map_copies(env: &Env, libcuda: &Path, dir: &Path, copies: usize) -> Result<()> {
+    for i in 0..copies {
+        let copy = dir.join(format!("{i}/libcuda.so.1"));
+        std::fs::create_dir_all(copy.parent().context("copy's directory")?)?;
+        std::fs::copy(libcuda, &copy).with_context(|| format!("copy {}", libcuda.display()))?;
+        let status = Command::new(env.fixture("gpu_dlopen")).arg(&copy).output()?.status;
+        if !status.success() {
+            bail!("gpu_dlopen {} failed: {status}", copy.display());
+        }
+    }
+    Ok(())
 }
 
 fn stop_with_copies(
@@ -52,22 +99,17 @@ fn stop_with_copies(
     dir: &Path,
     copies: usize,
     trial: usize,
+    links: Links,
 ) -> Result<(f64, f64)> {
     let mut cmd = Command::new(&env.bin);
     cmd.args(["trace", "--json"]);
+    if links == Links::PerFunction {
+        cmd.arg("--per-function-uprobes");
+    }
     let mut tracer =
         Proc::spawn(env, &format!("stop-{copies}-{trial}"), &mut cmd, SIGINT, Duration::from_secs(120))?;
     wait_for(&mut tracer, "tracing;", 1)?;
-    for i in 0..copies {
-        let copy = dir.join(format!("{i}/libcuda.so.1"));
-        std::fs::create_dir_all(copy.parent().context("copy's directory")?)?;
-        std::fs::copy(libcuda, &copy).with_context(|| format!("copy {}", libcuda.display()))?;
-        // The file stays (and stays probed) until the tracer stops.
-        let status = Command::new(env.fixture("gpu_dlopen")).arg(&copy).output()?.status;
-        if !status.success() {
-            bail!("gpu_dlopen {} failed: {status}", copy.display());
-        }
-    }
+    map_copies(env, libcuda, dir, copies)?;
     // The host's HIP runtime, and each copy.
     wait_for(&mut tracer, "\"kind\":\"library_probed\"", 1 + copies)?;
     let started = Instant::now();
@@ -120,16 +162,21 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     let libcuda = nvidia_libcuda(env)?;
     let (trials, copies) = if plan.quick { (1, 2) } else { (3, 4) };
     eprintln!("    stop: {trials} stops of a tracer with HIP only, and with {copies} copies of NVIDIA's libcuda besides");
-    let (mut bare_prompt, mut bare_release, mut full_prompt, mut full_release) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let multi = kernel_has_uprobe_multi();
+    let (mut bare_prompt, mut bare_release, mut full_prompt, mut full_release, mut per_function_release) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Interleaved, so drift hits both alike.
     for trial in 0..trials {
-        let (p, r) = one_stop(env, &libcuda, 0, 2 * trial)?;
+        let (p, r) = one_stop(env, &libcuda, 0, 3 * trial, Links::Default)?;
         bare_prompt.push(p);
         bare_release.push(r);
-        let (p, r) = one_stop(env, &libcuda, copies, 2 * trial + 1)?;
+        let (p, r) = one_stop(env, &libcuda, copies, 3 * trial + 1, Links::Default)?;
         full_prompt.push(p);
         full_release.push(r);
+        if multi {
+            let (_, r) = one_stop(env, &libcuda, copies, 3 * trial + 2, Links::PerFunction)?;
+            per_function_release.push(r);
+        }
     }
     let mut row = Row::new("stop_prompt_ms", "ms");
     row.baseline = median(&bare_prompt);
@@ -150,8 +197,70 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     let per_file = sub(median(&full_release), median(&bare_release)).map(|d| d / copies as f64);
     row.ratio("per libcuda copy ms", per_file);
     row.samples.push(("hip only".into(), bare_release));
-    row.samples.push((format!("+{copies} libcuda"), full_release));
+    row.samples.push((format!("+{copies} libcuda"), full_release.clone()));
     row.notes.push("SIGINT until the kernel has released every probe (the releaser gone)".into());
+    row.notes.push(match multi {
+        true => "one uprobe_multi link per program and file".into(),
+        false => "no uprobe_multi on this kernel: a perf-event link per function and program".into(),
+    });
     out.push(row);
+
+    if multi {
+        let mut row = Row::new("stop_release_by_link_kind_ms", "ms");
+        row.baseline = median(&per_function_release);
+        row.canaryscope = median(&full_release);
+        row.ratio("uprobe_multi / perf-event per function", div(row.canaryscope, row.baseline));
+        row.samples.push(("perf-event per function".into(), per_function_release));
+        row.samples.push(("uprobe_multi".into(), full_release.clone()));
+        row.notes.push(format!("the release with {copies} libcuda copies and HIP probed, each way"));
+        out.push(row);
+
+        let daemon_trials = if plan.quick { 1 } else { 3 };
+        eprintln!(
+            "    stop: {daemon_trials} SIGTERMs of the daemon with {DAEMON_FILES} runtime files probed"
+        );
+        let mut took = Vec::new();
+        for trial in 0..daemon_trials {
+            took.push(daemon_stop(env, &libcuda, trial)?);
+        }
+        let mut row = Row::new("daemon_stop_ms", "ms");
+        row.canaryscope = median(&took);
+        row.samples.push((format!("{DAEMON_FILES} files"), took));
+        row.target = Some(Target::new(
+            &format!("SIGTERM to exit, {DAEMON_FILES} files probed"),
+            DAEMON_STOP_TARGET_MS,
+            row.canaryscope,
+            " ms",
+        ));
+        row.notes.push(
+            "the daemon releases its probes before it exits: one uprobe_multi link per program and file"
+                .into(),
+        );
+        out.push(row);
+    }
     Ok(())
+}
+
+/// One SIGTERM of a daemon probing the host's HIP runtime and fresh
+/// `libcuda` copies, [`DAEMON_FILES`] files in all; ms until it exited.
+fn daemon_stop(env: &Env, libcuda: &Path, trial: usize) -> Result<f64> {
+    let dir = scratch_dir(&format!("daemon-stop-{trial}"))?;
+    let result = (|| {
+        let daemon = Daemon::start(env, &format!("daemon-stop-{trial}"), &[])?;
+        map_copies(env, libcuda, &dir, DAEMON_FILES - 1)?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // Each copy by its own path: the host's HIP runtime was probed at start.
+        let probed = |log: &str| {
+            (0..DAEMON_FILES - 1).all(|i| log.contains(&format!("{}/{i}/libcuda.so.1 (", dir.display())))
+        };
+        while !probed(&daemon.output()) {
+            if Instant::now() > deadline {
+                bail!("the daemon probed fewer than {DAEMON_FILES} files in 120 s; {}", daemon.output());
+            }
+            sleep(Duration::from_millis(20));
+        }
+        Ok(daemon.stop().as_secs_f64() * 1e3)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
