@@ -351,6 +351,53 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
     }
 }
 
+/// A daemon that reads a mapping's report only after the process has
+/// gone (it was busy, or the hold's deadline let the process run on) cannot
+/// reach the file through that process. The file must stay news to the
+/// kernel side, so that the next process mapping it is reported, and held,
+/// again: a runbook's worker restarted after such a miss is seen from its
+/// first call.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_runtime_whose_first_mapper_left_unread_is_held_at_its_next_mapping() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold", "--all"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let fresh = Fresh::new();
+    let copy = fresh.copy(&lib, "missed/libcuda.so.1");
+    let copy_path = copy.to_str().expect("utf8");
+    let marker = fresh.copy(&lib, "marker/libcuda.so.1");
+    // The daemon frozen: the first mapper is held, resumed by the watchdog's
+    // deadline, calls and exits before its report is read.
+    // SAFETY: plain signals to the tracer process this test started.
+    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) }, 0);
+    let mut first = pod.command(&loader);
+    first.arg(&copy);
+    let first = run_detached(first);
+    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGCONT) }, 0);
+    // Reports are read in order: once a later file is announced, the first
+    // mapper's report has been handled.
+    let mut later = pod.command(&loader);
+    later.arg(&marker);
+    run_detached(later);
+    probed_after(&tracer, marker.to_str().expect("utf8"), 0);
+    let first_pid = out_pid(&first.stdout);
+    assert!(
+        !tracer
+            .events()
+            .iter()
+            .any(|e| e["kind"] == "gpu_call" && e["pid"] == first_pid && e["library"] == copy_path),
+        "the first mapper ran while the daemon was frozen: its calls into the copy went unseen"
+    );
+    let mut next = pod.command(&loader);
+    next.arg(&copy);
+    let pid = out_pid(&run_detached(next).stdout);
+    let (_, probed) = first_call(&tracer, pid, "cuInit", copy_path, 0);
+    assert!(reason(&probed).ends_with("held until probed"), "{probed}");
+}
+
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {

@@ -337,9 +337,14 @@ impl LibraryTracker {
                 if let Some(id) = self.consider(kernel, via_fd, display, &reason, Some(&ev.header)) {
                     self.register(pid, BTreeSet::from([id]));
                 }
+            } else {
+                // Named like a runtime only in the kernel's view of it.
+                kernel.mark_known(ev.key);
             }
         }
-        kernel.mark_known(ev.key);
+        // Whatever `consider` reached it marked known. A file it could not
+        // reach (the process gone before its report was read) stays news:
+        // the next mapping of it is reported, and held, again.
         // Its hot-call probes too, before it runs again.
         self.apply(kernel, pid, Instant::now());
         if ev.held == 0 {
