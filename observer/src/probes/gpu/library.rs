@@ -1,0 +1,326 @@
+//! Finding GPU runtime files (host paths, running processes and their
+//! container roots, `--lib`) and telling them apart: HIP from a CUDA
+//! driver library or runtime, ZLUDA from NVIDIA, by name and exports.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::uprobe::UProbeAttachLocation;
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use observer_common::gpu::{Api, GpuFunction};
+
+/// What kind of GPU runtime a library file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flavor {
+    /// AMD's HIP runtime, `libamdhip64.so*`.
+    Hip,
+    /// A CUDA driver API library built on HIP: ZLUDA's `libcuda.so`/`libnvcuda.so`.
+    Zluda,
+    /// NVIDIA's own driver library.
+    Nvidia,
+    /// NVIDIA's CUDA runtime, `libcudart.so*`, as frameworks' wheels ship
+    /// it; it calls whichever driver library is there (NVIDIA's or ZLUDA's).
+    Cudart,
+}
+
+impl Flavor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hip => "hip",
+            Self::Zluda => "zluda",
+            Self::Nvidia => "nvidia",
+            Self::Cudart => "cudart",
+        }
+    }
+
+    pub fn api(self) -> Api {
+        match self {
+            Self::Hip => Api::Hip,
+            Self::Zluda | Self::Nvidia => Api::Cuda,
+            Self::Cudart => Api::Cudart,
+        }
+    }
+}
+
+/// Whether a file name looks like a GPU runtime library we probe.
+pub fn candidate_api(file_name: &str) -> Option<Api> {
+    if file_name.starts_with("libamdhip64.so") {
+        Some(Api::Hip)
+    } else if file_name.starts_with("libcuda.so") || file_name.starts_with("libnvcuda.so") {
+        Some(Api::Cuda)
+    } else if file_name.starts_with("libcudart") && file_name.contains(".so") {
+        // Also as wheel repair tools rename it: libcudart-1a2b3c4d.so.12.
+        Some(Api::Cudart)
+    } else {
+        None
+    }
+}
+
+/// Identity of a library file: uprobes live on inodes, so two paths to the
+/// same file (symlinks, a container root that bind-mounts the host's) are
+/// one library and get one set of probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GpuLibrary {
+    /// A path through which the file can be opened now (may go via /proc/PID/root).
+    pub path: PathBuf,
+    /// The path as the workload sees it (inside its container).
+    pub display_path: String,
+    pub id: FileId,
+    pub flavor: Flavor,
+    /// Function name -> file offset of its entry point.
+    pub functions: BTreeMap<&'static str, u64>,
+    /// Exported names at an entry point already probed under another name
+    /// (alias -> probed name): one address takes one probe.
+    pub aliases: Vec<(&'static str, &'static str)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LibraryError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: not an ELF shared object ({reason})")]
+    NotElf { path: String, reason: String },
+    #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so*, libnvcuda.so* or libcudart*.so*)")]
+    NotGpuLibrary { path: String },
+    #[error("{path}: exports none of the probed {api} functions")]
+    NoFunctions { path: String, api: &'static str },
+}
+
+/// Opens and inspects one library file.
+pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryError> {
+    let io_err = |source| LibraryError::Io { path: display_path.to_string(), source };
+    let meta = fs::metadata(path).map_err(io_err)?;
+    let data = fs::read(path).map_err(io_err)?;
+    let file = object::File::parse(&*data)
+        .map_err(|e| LibraryError::NotElf { path: display_path.to_string(), reason: e.to_string() })?;
+
+    let file_name = Path::new(display_path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let api = match candidate_api(file_name) {
+        Some(api) => api,
+        // A renamed copy still counts if it exports the entry points.
+        None if has_symbol(&file, "hipInit") => Api::Hip,
+        None if has_symbol(&file, "cuInit") => Api::Cuda,
+        None if has_symbol(&file, "cudaGetDeviceCount") => Api::Cudart,
+        None => return Err(LibraryError::NotGpuLibrary { path: display_path.to_string() }),
+    };
+    let flavor = match api {
+        Api::Hip => Flavor::Hip,
+        // ZLUDA's CUDA library is built on HIP and links libamdhip64;
+        // NVIDIA's driver library does not.
+        Api::Cuda if needs_library(&file, "libamdhip64") => Flavor::Zluda,
+        Api::Cuda => Flavor::Nvidia,
+        Api::Cudart => Flavor::Cudart,
+    };
+    let (functions, aliases) = resolve_functions(&file, file.dynamic_symbols(), api.functions());
+    if functions.is_empty() {
+        return Err(LibraryError::NoFunctions { path: display_path.to_string(), api: api.as_str() });
+    }
+    Ok(GpuLibrary {
+        path: path.to_path_buf(),
+        display_path: display_path.to_string(),
+        id: FileId { dev: meta.dev(), ino: meta.ino() },
+        flavor,
+        functions,
+        aliases,
+    })
+}
+
+fn has_symbol(file: &object::File<'_>, name: &str) -> bool {
+    file.dynamic_symbols().any(|s| s.name() == Ok(name) && s.is_definition())
+}
+
+fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
+    // object exposes DT_NEEDED only through the ELF-specific API; the
+    // imports list carries the library of each imported symbol on ELF files
+    // that use symbol versioning, so check both.
+    if let Ok(imports) = file.imports() {
+        if imports.iter().any(|i| String::from_utf8_lossy(i.library()).starts_with(prefix)) {
+            return true;
+        }
+    }
+    dt_needed(file).iter().any(|n| n.starts_with(prefix))
+}
+
+/// DT_NEEDED entries of an ELF64 little-endian shared object.
+fn dt_needed(file: &object::File<'_>) -> Vec<String> {
+    let (Some(dynamic), Some(dynstr)) = (file.section_by_name(".dynamic"), file.section_by_name(".dynstr"))
+    else {
+        return Vec::new();
+    };
+    let (Ok(dynamic), Ok(dynstr)) = (dynamic.data(), dynstr.data()) else {
+        return Vec::new();
+    };
+    const DT_NEEDED: u64 = 1;
+    dynamic
+        .chunks_exact(16)
+        .filter_map(|entry| {
+            let tag = u64::from_le_bytes(entry[..8].try_into().ok()?);
+            let val = u64::from_le_bytes(entry[8..].try_into().ok()?) as usize;
+            if tag != DT_NEEDED {
+                return None;
+            }
+            let rest = dynstr.get(val..)?;
+            let end = rest.iter().position(|b| *b == 0)?;
+            Some(String::from_utf8_lossy(&rest[..end]).into_owned())
+        })
+        .collect()
+}
+
+/// File offsets of the wanted functions. Uprobes attach at file offsets, so
+/// each symbol's virtual address is translated through its section. Where
+/// two wanted names share an entry point, the one listed first is probed and
+/// the other is returned as its alias.
+/// `symbols`: a library's exports (its dynamic symbols), or an
+/// executable's own symbol table, where a statically linked runtime is.
+pub(in crate::probes) fn resolve_functions(
+    file: &object::File<'_>,
+    symbols: object::read::SymbolIterator<'_, '_>,
+    wanted: &'static [GpuFunction],
+) -> (BTreeMap<&'static str, u64>, Vec<(&'static str, &'static str)>) {
+    let mut offsets: HashMap<&'static str, u64> = HashMap::new();
+    for symbol in symbols {
+        if !symbol.is_definition() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let Some(want) = wanted.iter().find(|w| w.name == name) else {
+            continue;
+        };
+        let Some(section) = symbol.section_index().and_then(|i| file.section_by_index(i).ok()) else {
+            continue;
+        };
+        let Some((section_offset, _)) = section.file_range() else {
+            continue;
+        };
+        if let Ok(UProbeAttachLocation::AbsoluteOffset(offset)) =
+            UProbeAttachLocation::from_virtual_address(symbol.address(), section.address(), section_offset)
+        {
+            offsets.insert(want.name, offset);
+        }
+    }
+    let mut found = BTreeMap::new();
+    let mut aliases = Vec::new();
+    let mut by_offset: HashMap<u64, &'static str> = HashMap::new();
+    for function in wanted {
+        let Some(&offset) = offsets.get(function.name) else { continue };
+        match by_offset.get(&offset) {
+            Some(first) => aliases.push((function.name, *first)),
+            None => {
+                by_offset.insert(offset, function.name);
+                found.insert(function.name, offset);
+            }
+        }
+    }
+    (found, aliases)
+}
+
+/// Libraries in the host's standard directories.
+pub fn host_libraries() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in crate::discovery::ahead::STANDARD_DIRS {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if candidate_api(&name.to_string_lossy()).is_some() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// GPU libraries mapped by one process, as (path to open, path it sees).
+///
+/// The file is reached through /proc/PID/root, so a container's own copy is
+/// found with the path the container uses. When that path no longer leads
+/// to the mapped file (unlinked or replaced since it was mapped), the
+/// mapping itself is opened through /proc/PID/map_files, which needs
+/// CAP_SYS_ADMIN; without it such a library is skipped.
+pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
+    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
+        // The process exited between the event and this scan.
+        return Vec::new();
+    };
+    // Any file name may be mapped, UTF-8 or not; the libraries we look for
+    // have ASCII names, so a lossy view loses none of them.
+    let maps = String::from_utf8_lossy(&maps);
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for mapping in crate::probes::maps::file_mappings(&maps) {
+        let path = mapping.file_path();
+        let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
+            continue;
+        }
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let open_path = if !mapping.deleted() && via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
+        };
+        out.push((open_path, path.to_string()));
+    }
+    out
+}
+
+/// Every pid in /proc (used once at start; later processes are found
+/// through exec-mapping events, not by polling).
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_select_the_api() {
+        assert_eq!(candidate_api("libamdhip64.so.5"), Some(Api::Hip));
+        assert_eq!(candidate_api("libamdhip64.so"), Some(Api::Hip));
+        assert_eq!(candidate_api("libcuda.so.1"), Some(Api::Cuda));
+        assert_eq!(candidate_api("libnvcuda.so"), Some(Api::Cuda));
+        assert_eq!(candidate_api("libcudart.so.13"), Some(Api::Cudart));
+        assert_eq!(candidate_api("libcudart-d0da41ae.so.11.0"), Some(Api::Cudart));
+        assert_eq!(candidate_api("libcudart_static.a"), None);
+        assert_eq!(candidate_api("libc.so.6"), None);
+    }
+
+    #[test]
+    fn a_non_gpu_library_is_refused_clearly() {
+        // libc exists on every machine this runs on and exports no GPU API.
+        let libc = host_like_libc();
+        let err = inspect(&libc, "/renamed/libfoo.so").expect_err("libc is no GPU runtime");
+        assert!(err.to_string().contains("not a GPU runtime library"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_names_the_path() {
+        let err = inspect(Path::new("/nonexistent/libamdhip64.so"), "/nonexistent/libamdhip64.so")
+            .expect_err("missing");
+        assert!(err.to_string().starts_with("/nonexistent/libamdhip64.so: "), "{err}");
+    }
+
+    fn host_like_libc() -> PathBuf {
+        ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect("a libc on this machine")
+    }
+}
