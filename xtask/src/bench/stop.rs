@@ -79,13 +79,24 @@ fn scratch_dir(name: &str) -> Result<PathBuf> {
 
 /// Makes `copies` fresh copies of `libcuda` under `dir` and has a process
 /// map each, so that whoever watches probes them as new files. The files
-/// stay (and stay probed) until the watcher stops.
+/// stay (and stay probed) until the watcher stops. Each process stays a
+/// while, as a worker would: a watcher still busy with the last copy reads
+/// the report of this one while the process, and so the file, is there.
 fn map_copies(env: &Env, libcuda: &Path, dir: &Path, copies: usize) -> Result<()> {
+    let mut mappers = Vec::new();
     for i in 0..copies {
         let copy = dir.join(format!("{i}/libcuda.so.1"));
         std::fs::create_dir_all(copy.parent().context("copy's directory")?)?;
         std::fs::copy(libcuda, &copy).with_context(|| format!("copy {}", libcuda.display()))?;
-        let status = Command::new(env.fixture("gpu_dlopen")).arg(&copy).output()?.status;
+        let mapper = Command::new(env.fixture("gpu_dlopen"))
+            .args(["--linger", "2000"])
+            .arg(&copy)
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        mappers.push((copy, mapper));
+    }
+    for (copy, mut mapper) in mappers {
+        let status = mapper.wait()?;
         if !status.success() {
             bail!("gpu_dlopen {} failed: {status}", copy.display());
         }
