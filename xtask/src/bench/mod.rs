@@ -33,8 +33,10 @@
 //!   p50/p99 from the record that revealed a fresh copy to its init
 //!   functions' probes and to all of them, and the default mode's share of
 //!   first calls seen 0, 10 and 50 ms after exec.
-//! - `stop` (stop.rs): `trace`'s prompt after SIGINT, and the kernel's
-//!   release of its probes behind it, with HIP only and with libcuda copies.
+//! - `stop` (stop.rs): `trace`'s prompt after SIGINT and SIGTERM, `top`'s
+//!   after q in a terminal (top_quit.rs), the kernel's release of the
+//!   probes behind them, with HIP only and with libcuda copies, by link
+//!   kind; the daemon's exit after SIGTERM with ten files probed.
 //!
 //! What the cases share: the processes they start (process.rs), the
 //! daemon and its /metrics (daemon.rs), the peers (peers.rs), BPF program
@@ -77,6 +79,7 @@ mod report;
 mod rounds;
 mod sched;
 mod stop;
+mod top_quit;
 
 use bpf_stats::BPF_STATS;
 use report::{load_average, num, opt, render_json, render_markdown};

@@ -8,6 +8,9 @@
 //!   tracer started right after would wait behind, and what a daemon's
 //!   `terminationGracePeriodSeconds` has to cover, per probed file.
 //!
+//! The prompt is also measured for SIGTERM, and for `top` quit with q in a
+//! terminal (tmux), with the copies probed.
+//!
 //! Where the kernel has `uprobe_multi` links (6.6+), the release with the
 //! copies is measured again with a perf-event link per function (the
 //! tracer's hidden `--per-function-uprobes`), side by side; and the daemon
@@ -24,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use super::{
     daemon::Daemon,
     div, median,
-    process::{Proc, SIGINT},
+    process::{Proc, SIGINT, SIGTERM},
     sub, Env, Plan, Row, Target,
 };
 
@@ -62,15 +65,22 @@ pub(super) fn nvidia_libcuda(env: &Env) -> Result<PathBuf> {
         .context("target/nvidia/paths.env names no LIBCUDA")
 }
 
-/// One stop: (prompt ms, release ms).
-fn one_stop(env: &Env, libcuda: &Path, copies: usize, trial: usize, links: Links) -> Result<(f64, f64)> {
+/// One stop by `signal`: (prompt ms, release ms).
+fn one_stop(
+    env: &Env,
+    libcuda: &Path,
+    copies: usize,
+    trial: usize,
+    links: Links,
+    signal: i32,
+) -> Result<(f64, f64)> {
     let dir = scratch_dir(&format!("stop-{trial}"))?;
-    let result = stop_with_copies(env, libcuda, &dir, copies, trial, links);
+    let result = stop_with_copies(env, libcuda, &dir, copies, trial, links, signal);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn scratch_dir(name: &str) -> Result<PathBuf> {
+pub(super) fn scratch_dir(name: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("canaryscope-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -82,7 +92,7 @@ fn scratch_dir(name: &str) -> Result<PathBuf> {
 /// stay (and stay probed) until the watcher stops. Each process stays a
 /// while, as a worker would: a watcher still busy with the last copy reads
 /// the report of this one while the process, and so the file, is there.
-fn map_copies(env: &Env, libcuda: &Path, dir: &Path, copies: usize) -> Result<()> {
+pub(super) fn map_copies(env: &Env, libcuda: &Path, dir: &Path, copies: usize) -> Result<()> {
     let mut mappers = Vec::new();
     for i in 0..copies {
         let copy = dir.join(format!("{i}/libcuda.so.1"));
@@ -111,6 +121,7 @@ fn stop_with_copies(
     copies: usize,
     trial: usize,
     links: Links,
+    signal: i32,
 ) -> Result<(f64, f64)> {
     let mut cmd = Command::new(&env.bin);
     cmd.args(["trace", "--json"]);
@@ -118,7 +129,7 @@ fn stop_with_copies(
         cmd.arg("--per-function-uprobes");
     }
     let mut tracer =
-        Proc::spawn(env, &format!("stop-{copies}-{trial}"), &mut cmd, SIGINT, Duration::from_secs(120))?;
+        Proc::spawn(env, &format!("stop-{copies}-{trial}"), &mut cmd, signal, Duration::from_secs(120))?;
     wait_for(&mut tracer, "tracing;", 1)?;
     map_copies(env, libcuda, dir, copies)?;
     // The host's HIP runtime, and each copy.
@@ -128,27 +139,47 @@ fn stop_with_copies(
     Ok((prompt.as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3))
 }
 
-/// Stops a tracer with SIGINT and waits until the releaser it names on
-/// leaving is gone (a tracer started sooner would attach behind its
-/// release); returns how long the tracer itself took to exit.
+/// `top` quit with q, with the host's HIP runtime and `copies` fresh
+/// `libcuda` copies probed; ms from the key to its process gone.
+fn top_quit_once(env: &Env, libcuda: &Path, copies: usize, trial: usize) -> Result<f64> {
+    let dir = scratch_dir(&format!("top-{trial}"))?;
+    let result = (|| {
+        let (took, pane) = super::top_quit::quit_after(env, &dir, || map_copies(env, libcuda, &dir, copies))?;
+        await_releaser(&pane)?;
+        Ok(took)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Stops a tracer with its stop signal and waits until the releaser it
+/// names on leaving is gone (a tracer started sooner would attach behind
+/// its release); returns how long the tracer itself took to exit.
 pub(super) fn stop_and_await_release(tracer: &mut Proc) -> Result<Duration> {
     let (prompt, killed) = tracer.stop();
     if killed {
-        bail!("the tracer did not stop on SIGINT; {}", tracer.log_tail());
+        bail!("the tracer did not stop on its signal; {}", tracer.log_tail());
     }
-    let releaser = tracer.output().lines().find_map(|l| {
-        l.split_once("in the background (pid ").and_then(|(_, r)| r.trim_end_matches(')').parse::<u32>().ok())
+    await_releaser(&tracer.output())?;
+    Ok(prompt)
+}
+
+/// Waits until the releaser named in a command's last words has exited.
+fn await_releaser(output: &str) -> Result<()> {
+    let releaser = output.lines().find_map(|l| {
+        l.split_once("in the background (pid ")
+            .and_then(|(_, r)| r.trim().trim_end_matches(')').parse::<u32>().ok())
     });
     if let Some(pid) = releaser {
         let deadline = Instant::now() + Duration::from_secs(300);
         while still_running(pid) {
             if Instant::now() > deadline {
-                bail!("the tracer's releaser (pid {pid}) still runs 300 s after the stop");
+                bail!("the releaser (pid {pid}) still runs 300 s after the stop");
             }
             sleep(Duration::from_millis(5));
         }
     }
-    Ok(prompt)
+    Ok(())
 }
 
 /// Whether process `pid` still runs (a zombie has released everything).
@@ -176,16 +207,20 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     let multi = kernel_has_uprobe_multi();
     let (mut bare_prompt, mut bare_release, mut full_prompt, mut full_release, mut per_function_release) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut sigterm_prompt, mut top_quit) = (Vec::new(), Vec::new());
     // Interleaved, so drift hits both alike.
     for trial in 0..trials {
-        let (p, r) = one_stop(env, &libcuda, 0, 3 * trial, Links::Default)?;
+        let (p, r) = one_stop(env, &libcuda, 0, 5 * trial, Links::Default, SIGINT)?;
         bare_prompt.push(p);
         bare_release.push(r);
-        let (p, r) = one_stop(env, &libcuda, copies, 3 * trial + 1, Links::Default)?;
+        let (p, r) = one_stop(env, &libcuda, copies, 5 * trial + 1, Links::Default, SIGINT)?;
         full_prompt.push(p);
         full_release.push(r);
+        let (p, _) = one_stop(env, &libcuda, copies, 5 * trial + 2, Links::Default, SIGTERM)?;
+        sigterm_prompt.push(p);
+        top_quit.push(top_quit_once(env, &libcuda, copies, 5 * trial + 3)?);
         if multi {
-            let (_, r) = one_stop(env, &libcuda, copies, 3 * trial + 2, Links::PerFunction)?;
+            let (_, r) = one_stop(env, &libcuda, copies, 5 * trial + 4, Links::PerFunction, SIGINT)?;
             per_function_release.push(r);
         }
     }
@@ -198,8 +233,18 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     );
     row.samples.push(("hip only".into(), bare_prompt));
     row.samples.push((format!("+{copies} libcuda"), full_prompt));
+    row.samples.push((format!("+{copies} libcuda, SIGTERM"), sigterm_prompt));
     row.target = Some(Target::new("SIGINT to prompt", PROMPT_TARGET_MS, row.canaryscope, " ms"));
-    row.notes.push("SIGINT to the tracer's exit: the probes' release goes on in the background".into());
+    row.notes.push(
+        "SIGINT (and SIGTERM) to the tracer's exit: the probes' release goes on in the background".into(),
+    );
+    out.push(row);
+
+    let mut row = Row::new("top_quit_ms", "ms");
+    row.canaryscope = median(&top_quit);
+    row.samples.push((format!("+{copies} libcuda"), top_quit));
+    row.target = Some(Target::new("q to the shell's prompt", PROMPT_TARGET_MS, row.canaryscope, " ms"));
+    row.notes.push("`canaryscope top` in a tmux pane: the q key to the pane's process gone".into());
     out.push(row);
 
     let mut row = Row::new("stop_release_ms", "ms");
