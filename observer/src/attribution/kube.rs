@@ -52,9 +52,7 @@ use kube::{
 use tokio::sync::Notify;
 
 use super::cgroup_path::Qos;
-
-/// The label read for [`PodMeta::track`] unless configured otherwise.
-pub const DEFAULT_TRACK_LABEL: &str = "track";
+use crate::config::DEFAULT_TRACK_LABEL;
 
 /// Set by Argo Rollouts on the pods of each revision of a Rollout.
 const ROLLOUTS_HASH_LABEL: &str = "rollouts-pod-template-hash";
