@@ -218,7 +218,7 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
         cgroup2.is_some(),
         cgroup2.map(|p| format!("mounted at {}", p.display())).unwrap_or_else(|| "not mounted".into()),
     ));
-    let multi = crate::probes::uprobe_multi::kernel_has_it();
+    let multi = crate::probes::KernelFunctions::read().has_uprobe_multi();
     facilities.push(item(
         "uprobe_multi",
         multi,

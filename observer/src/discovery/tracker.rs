@@ -327,7 +327,10 @@ impl LibraryTracker {
         // renamed file): the descriptor it was mapped from is still open
         // while the process is held.
         // (A file reported only because the process is selected is known
-        // and was found through its maps already.)
+        // and was found through its maps already.) Whatever `consider`
+        // reaches it marks known; a file it cannot reach (the process gone
+        // before its report was read) stays news, so the next mapping of it
+        // is reported, and held, again.
         if self.announcements.len() == first_new && ev.fd >= 0 && ev.known == 0 {
             let via_fd = PathBuf::from(format!("/proc/{pid}/fd/{}", ev.fd));
             let name = comm_str(&ev.name).to_string();
@@ -342,9 +345,6 @@ impl LibraryTracker {
                 kernel.mark_known(ev.key);
             }
         }
-        // Whatever `consider` reached it marked known. A file it could not
-        // reach (the process gone before its report was read) stays news:
-        // the next mapping of it is reported, and held, again.
         // Its hot-call probes too, before it runs again.
         self.apply(kernel, pid, Instant::now());
         if ev.held == 0 {

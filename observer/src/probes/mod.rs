@@ -76,7 +76,7 @@ pub struct KernelFunctions {
 }
 
 impl KernelFunctions {
-    fn read() -> Self {
+    pub fn read() -> Self {
         let wanted: Vec<&'static str> = table::PROBES
             .iter()
             .copied()
@@ -168,9 +168,11 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
         .override_global(observer_common::kfd::GLOBAL_KFD_RDEV, &kfd_rdev, true)
         .override_global(observer_common::discovery::GLOBAL_HOLD, &hold, true)
         .load(EBPF_OBJECT)?;
+    // Attach cookies name a call's function; without them the GPU programs
+    // are slot pairs, and uprobe_multi links carry no use.
+    let cookies = table::Need::Helpers(table::GPU_CALL_HELPERS).check(env);
     // Loaded now, while every map is still in the object to relocate against.
-    let cookies = table::Need::Helpers(table::GPU_CALL_HELPERS).check(env).is_ok();
-    let multi = match cookies && env.kernel.has_uprobe_multi() {
+    let multi = match cookies.is_ok() && env.kernel.has_uprobe_multi() {
         true => match uprobe_multi::load(
             EBPF_OBJECT,
             &ebpf,
@@ -191,7 +193,7 @@ pub fn load(settings: &KernelSettings, env: &Environment) -> Result<Loaded, Load
     // A kernel whose verifier refuses the GPU programs still gets every
     // other family; the failure shows up in `check` and the probe metric,
     // with the kernel feature it lacks where that is known.
-    let refused = match table::Need::Helpers(table::GPU_CALL_HELPERS).check(env) {
+    let refused = match cookies {
         // No attach cookies: a pair of programs per probed function
         // (gpu_slots.rs), loaded as functions are probed.
         Err(missing) => {

@@ -34,14 +34,8 @@ const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
 
 /// The kernel function behind these links: present in kallsyms exactly
-/// where the kernel can make them.
+/// where the kernel can make them (see `KernelFunctions::has_uprobe_multi`).
 pub const KERNEL_FUNCTION: &str = "bpf_uprobe_multi_link_attach";
-
-/// Whether this kernel can make `uprobe_multi` links.
-pub fn kernel_has_it() -> bool {
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    !super::kfd::functions_in(&kallsyms, &[KERNEL_FUNCTION]).is_empty()
-}
 
 /// The leading fields of `union bpf_attr` for `BPF_PROG_LOAD`; the kernel
 /// takes a shorter attribute as zeros beyond it.
