@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <build|run|test|vm|matrix|bench|image|fixtures>`.
+//! Project tasks: `cargo xtask <build|run|test|vm|matrix|bench|image|fixtures|layers>`.
 //!
 //! Every task says what it is doing before it does it: builds, VM boots and
 //! benchmarks take long enough that silence would look like a hang.
@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod fixtures;
 mod image;
+mod layers;
 mod matrix;
 mod side_jobs;
 mod test;
@@ -35,6 +36,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Check that observer/src imports run downward only (layers, no cycle, no forbidden arrow).
+    Layers,
     /// Build the C test programs and libraries into target/fixtures.
     Fixtures,
     /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, image, VM, bench smoke.
@@ -124,6 +127,7 @@ fn main() -> ExitCode {
             step(&format!("running canaryscope {}", args.join(" ")));
             run(Command::new(bin).args(args))
         }),
+        Task::Layers => layers::check(),
         Task::Fixtures => fixtures::build_all().map(|_| ()),
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),

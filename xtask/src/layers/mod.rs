@@ -1,0 +1,172 @@
+//! `cargo xtask layers`: the observer's modules import downward only.
+//!
+//! Every top-level module of `observer/src` sits in one layer. An import may
+//! name its own layer or one below; within a layer, modules must not import
+//! each other in a circle. A few arrows are named outright because they are
+//! the ones a change is most tempted to add (see docs/ARCHITECTURE.md).
+mod imports;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{bail, Result};
+pub use imports::{read_crate, Import};
+
+/// Layers from the bottom up; a module not listed here is an error, so a new
+/// module is placed on purpose.
+pub const LAYERS: &[(&str, &[&str])] = &[
+    ("leaves", &["error", "config", "clock", "names", "procfs", "cpu", "oom", "gpu_library"]),
+    ("attribution", &["attribution"]),
+    ("events", &["events", "exit_cause"]),
+    ("probes", &["probes"]),
+    ("discovery", &["discovery"]),
+    ("pipeline", &["pipeline", "event_loop"]),
+    ("consumers", &["metrics", "gate", "render"]),
+    ("commands", &["run", "trace", "top", "check"]),
+    ("cli", &["cli"]),
+];
+
+const COMMANDS: &[&str] = &["run", "trace", "top", "check"];
+
+/// Arrows that must never exist, whatever the layers say: (from, to, why).
+fn forbidden(from: &str, to: &str) -> Option<&'static str> {
+    let data_path = ["probes", "discovery", "pipeline", "attribution"];
+    if to == "cli" {
+        return Some("nothing imports the command line; it imports everything");
+    }
+    if COMMANDS.contains(&to) && from != "cli" {
+        return Some("only cli/ names a command; share code through a lower layer");
+    }
+    if from == "probes" && to == "discovery" {
+        return Some("probes only load and attach; discovery decides what to probe");
+    }
+    if data_path.contains(&from) && ["metrics", "gate"].contains(&to) {
+        return Some("the data path does not know its consumers");
+    }
+    if from == "config" && to != "error" {
+        return Some("config is a leaf: it may name only error");
+    }
+    None
+}
+
+/// The top-level module a module path belongs to (`""` for the crate root).
+fn top(module: &[String]) -> &str {
+    module.first().map_or("", String::as_str)
+}
+
+fn layer_of(top: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, members)| members.contains(&top))
+}
+
+/// What is wrong with the crate's imports, one line each.
+pub fn problems(imports: &[Import], root_files: &BTreeSet<String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for name in root_files {
+        if layer_of(name).is_none() {
+            found.push(format!("module `{name}` is in no layer: place it in xtask/src/layers/mod.rs LAYERS"));
+        }
+    }
+    let mut graph: BTreeMap<&str, BTreeMap<&str, &Import>> = BTreeMap::new();
+    for import in imports {
+        let (from, to) = (top(&import.from), top(&import.to));
+        if from.is_empty() || to.is_empty() || from == to {
+            continue;
+        }
+        let at = format!("{}:{}", shown(&import.file), import.line);
+        if let Some(why) = forbidden(from, to) {
+            found.push(format!("{at}: `{}` makes {from} import {to}: {why}", import.written));
+        } else if let (Some(a), Some(b)) = (layer_of(from), layer_of(to)) {
+            if b > a {
+                found.push(format!(
+                    "{at}: `{}` makes {from} (layer {}) import {to} (layer {}), which is above it",
+                    import.written, LAYERS[a].0, LAYERS[b].0
+                ));
+            }
+        }
+        graph.entry(from).or_default().entry(to).or_insert(import);
+    }
+    for cycle in cycles(&graph) {
+        let mut line = format!("import cycle: {}", cycle.join(" -> "));
+        for pair in cycle.windows(2) {
+            let import = graph[pair[0]][pair[1]];
+            line.push_str(&format!(
+                "\n    {}:{}: `{}`",
+                shown(&import.file),
+                import.line,
+                import.written
+            ));
+        }
+        found.push(line);
+    }
+    found
+}
+
+/// A file as the workspace names it.
+fn shown(file: &std::path::Path) -> String {
+    file.strip_prefix(crate::root()).unwrap_or(file).display().to_string()
+}
+
+/// One shortest cycle through each module that is on one, each cycle once.
+fn cycles<'a>(graph: &BTreeMap<&'a str, BTreeMap<&'a str, &Import>>) -> Vec<Vec<&'a str>> {
+    let mut seen: BTreeSet<BTreeSet<&str>> = BTreeSet::new();
+    let mut found = Vec::new();
+    for &start in graph.keys() {
+        // Breadth-first from start's successors back to start.
+        let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut closed = false;
+        while let Some(node) = queue.pop_front() {
+            for &next in graph.get(node).into_iter().flat_map(|n| n.keys()) {
+                if next == start {
+                    came_from.insert(start, node);
+                    closed = true;
+                    break;
+                }
+                if let std::collections::btree_map::Entry::Vacant(slot) = came_from.entry(next) {
+                    slot.insert(node);
+                    queue.push_back(next);
+                }
+            }
+            if closed {
+                break;
+            }
+        }
+        if !closed {
+            continue;
+        }
+        let mut cycle = vec![start];
+        let mut node = came_from[start];
+        while node != start {
+            cycle.push(node);
+            node = came_from[node];
+        }
+        cycle.push(start);
+        cycle.reverse();
+        if seen.insert(cycle.iter().copied().collect()) {
+            found.push(cycle);
+        }
+    }
+    found
+}
+
+/// The check as the suite runs it, over observer/src.
+pub fn check() -> Result<()> {
+    let src = crate::root().join("observer/src");
+    let imports = read_crate(&src.join("lib.rs"))?;
+    let root_files = std::fs::read_dir(&src)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let module = name.strip_suffix(".rs").map(str::to_string).unwrap_or(name);
+            (!["lib", "main"].contains(&module.as_str())).then_some(module)
+        })
+        .collect();
+    let problems = problems(&imports, &root_files);
+    if problems.is_empty() {
+        eprintln!("    {} imports between modules, all downward, no cycle", imports.len());
+        return Ok(());
+    }
+    for problem in &problems {
+        eprintln!("{problem}");
+    }
+    bail!("{} layering problems in observer/src (see docs/ARCHITECTURE.md)", problems.len())
+}
