@@ -10,12 +10,13 @@ use serde::Serialize;
 
 use crate::{
     attribution::cgroups::cgroup2_root,
-    cli::CliError,
+    config::Families,
     discovery::hot::Policy,
+    error::CliError,
     pipeline::{Options, Pipeline},
     probes::{
         gpu::{self, Flavor},
-        Families, KernelSettings, ProbeStatus,
+        KernelSettings, ProbeStatus,
     },
 };
 

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::{signal::unix::SignalKind, sync::Notify};
 
 use crate::{
-    cli::CliError,
+    error::CliError,
     events::Event,
     pipeline::{
         reader::{Ring, RingReader},

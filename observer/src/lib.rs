@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod cpu;
 pub mod discovery;
+pub mod error;
 pub mod event_loop;
 pub mod events;
 pub mod exit_cause;

@@ -1,12 +1,10 @@
 //! The command line: subcommands, global options, and how a mistake in
 //! them is reported (one line, exit status 2).
-pub mod error;
-
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-pub use error::{require_root, CliError};
+use crate::error::CliError;
 
 /// Node-level eBPF observer: GPU runtime failures, KFD driver errors, CPU
 /// throttling, OOM kills and crashes, attributed to cgroups and pods.
@@ -52,8 +50,16 @@ pub fn parse() -> Result<Cli, ExitCode> {
             let _ = e.print();
             ExitCode::SUCCESS
         }
-        _ => CliError::usage(error::one_line_clap(&e.to_string())).report(),
+        _ => CliError::usage(one_line_clap(&e.to_string())).report(),
     })
+}
+
+/// Clap's usage errors span several lines ("error: ...", the usage, a hint);
+/// keep the first, without its "error: " tag, and point at --help.
+pub fn one_line_clap(rendered: &str) -> String {
+    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid command line");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (see canaryscope --help)")
 }
 
 /// Runs one subcommand; `trace` when none is given.
@@ -87,5 +93,11 @@ mod tests {
         let default = crate::trace::Args::default();
         assert_eq!(from_flags.stall_threshold, default.stall_threshold);
         assert_eq!(from_flags.probes, default.probes);
+    }
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let rendered = "error: unexpected argument '--nope' found\n\nUsage: canaryscope trace [OPTIONS]\n\nFor more information, try '--help'.\n";
+        assert_eq!(one_line_clap(rendered), "unexpected argument '--nope' found (see canaryscope --help)");
     }
 }

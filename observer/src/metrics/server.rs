@@ -2,7 +2,6 @@
 //! HTTP/1.1 responder is enough for Prometheus and kubelet probes and keeps
 //! the daemon free of a web framework; every response closes the connection.
 use std::{
-    net::SocketAddr,
     sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
@@ -152,25 +151,4 @@ async fn send(
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(&body).await?;
     stream.shutdown().await
-}
-
-pub fn parse_listen(addr: &str) -> Result<SocketAddr, String> {
-    // Accept ":9464" as shorthand for all interfaces.
-    let full = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr.to_string() };
-    full.parse()
-        .map_err(|_| format!("--listen {addr}: not an address (use HOST:PORT, e.g. 0.0.0.0:9464 or :9464)"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listen_addresses() {
-        assert_eq!(parse_listen(":9464").map(|a| a.port()), Ok(9464));
-        assert!(parse_listen("127.0.0.1:80").is_ok());
-        assert!(parse_listen("[::1]:9464").is_ok());
-        let err = parse_listen("localhost").expect_err("no port");
-        assert!(err.contains("--listen localhost"), "{err}");
-    }
 }

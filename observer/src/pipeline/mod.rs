@@ -13,18 +13,19 @@ use std::{collections::HashMap, path::PathBuf};
 
 use crate::{
     attribution::CgroupResolver,
-    cli::CliError,
     config,
+    config::Families,
     cpu::{CpuFinding, CpuMonitor},
     discovery::{
         hold::{Hold, HoldError},
         hot::{CanaryJudge, HotCounts, Policy},
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
+    error::CliError,
     events::{Detail, Event, Origin, Raw},
     gate::hold_scope::{PodChoice, PodHold},
     metrics::CpuSnapshot,
-    probes::{self, gpu::GpuProbes, table, Families, KernelSettings, LoadError, Loaded, ProbeStatus},
+    probes::{self, gpu::GpuProbes, table, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
 use attribute::Attributor;
 use observer_common::gpu::Api;

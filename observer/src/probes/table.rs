@@ -10,7 +10,8 @@ use aya::{
 use log::{info, warn};
 use observer_common::{kfd::HW_HOOKS, task::KernelOffsets};
 
-use super::{Environment, Families, ProbeStatus};
+use super::{Environment, ProbeStatus};
+use crate::config::Families;
 
 /// Where a program attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use super::{parse_reading, Args, Driver, TICK};
 use crate::{
-    cli::CliError,
     config::{self, parse_duration, parse_hot_calls},
     discovery::hot::Policy,
+    error::CliError,
     event_loop::{self, Consumer, Flow, Schedule},
     events::Event,
     pipeline::{Options, Pipeline},

@@ -20,10 +20,10 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    cli::CliError,
+    config::Families,
     config::{self, parse_duration},
+    error::CliError,
     event_loop::Flow,
-    probes::Families,
 };
 use screen::{Input, Screen};
 use table::{Reading, Row, SortKey};
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         }
         None => {
             config::check_gpu_options(&args.libs, false, args.probes)?;
-            crate::cli::require_root("canaryscope top")?;
+            crate::error::require_root("canaryscope top")?;
             runtime.block_on(local::run(&args))
         }
     }

@@ -12,14 +12,15 @@ use std::{
 use log::warn;
 
 use crate::{
-    cli::{require_root, CliError},
+    config::Families,
     config::{self, parse_duration},
     discovery::hot::Policy,
+    error::{require_root, CliError},
     event_loop::{self, Consumer, Flow, Schedule},
     events::Event,
     pipeline::{Options, Pipeline},
     probes::gpu::HotPlacement,
-    probes::{Families, KernelSettings},
+    probes::KernelSettings,
 };
 
 /// How often stalls are scanned and the ring buffer is drained anyway.

@@ -177,7 +177,9 @@ impl Crate {
             Some(first) => {
                 // Uniform paths: a child module's name, or a name `use`d here.
                 let child: ModulePath = module.iter().cloned().chain([first.to_string()]).collect();
-                if !self.modules.contains(&child) && !self.aliases.get(module).is_some_and(|a| a.contains_key(first)) {
+                if !self.modules.contains(&child)
+                    && !self.aliases.get(module).is_some_and(|a| a.contains_key(first))
+                {
                     return None;
                 }
             }

@@ -88,12 +88,7 @@ pub fn problems(imports: &[Import], root_files: &BTreeSet<String>) -> Vec<String
         let mut line = format!("import cycle: {}", cycle.join(" -> "));
         for pair in cycle.windows(2) {
             let import = graph[pair[0]][pair[1]];
-            line.push_str(&format!(
-                "\n    {}:{}: `{}`",
-                shown(&import.file),
-                import.line,
-                import.written
-            ));
+            line.push_str(&format!("\n    {}:{}: `{}`", shown(&import.file), import.line, import.written));
         }
         found.push(line);
     }

@@ -1,5 +1,7 @@
-//! Errors at the command-line edge: one clear line on stderr and an exit
+//! The error every command returns: one clear line on stderr and an exit
 //! status that tells a script whether the input or the machine was wrong.
+//! A leaf: the data path returns its own typed errors, and each command
+//! says which of them are the user's mistake.
 use std::process::ExitCode;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,23 +42,4 @@ pub fn require_root(command: &str) -> Result<(), CliError> {
         )));
     }
     Ok(())
-}
-
-/// Clap's usage errors span several lines ("error: ...", the usage, a hint);
-/// keep the first, without its "error: " tag, and point at --help.
-pub fn one_line_clap(rendered: &str) -> String {
-    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid command line");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    format!("{first} (see canaryscope --help)")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clap_errors_become_one_line() {
-        let rendered = "error: unexpected argument '--nope' found\n\nUsage: canaryscope trace [OPTIONS]\n\nFor more information, try '--help'.\n";
-        assert_eq!(one_line_clap(rendered), "unexpected argument '--nope' found (see canaryscope --help)");
-    }
 }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use log::info;
+use settings::Settings;
 use tokio::net::TcpListener;
 
 use crate::{
@@ -18,9 +19,9 @@ use crate::{
         labels::{labels_for, Liveness},
         rollouts::{self, canary_reason},
     },
-    cli::{require_root, CliError},
-    config::{self, Settings},
+    config,
     discovery::hot::Policy,
+    error::{require_root, CliError},
     event_loop::{self, Consumer, Flow, Schedule},
     events::{Detail, Event},
     exit_cause::{self, SenderScope},
@@ -36,6 +37,8 @@ use crate::{
     pipeline::{Options, Pipeline},
     probes::KernelSettings,
 };
+
+pub mod settings;
 
 /// Events are rare, so a short tick keeps detection latency low without
 /// re-rendering per event under a flood.
