@@ -8,8 +8,9 @@
 #![no_main]
 
 use canaryscope_fuzz::{
-    catalog::{Kind, MetricDecl, Scope, LABEL_NAMES as NAMES},
+    catalog::{Kind, MetricDecl, Scope},
     families::Family,
+    label_names::LABEL_NAMES as NAMES,
 };
 use libfuzzer_sys::fuzz_target;
 use prometheus::TextEncoder;

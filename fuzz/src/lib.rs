@@ -5,11 +5,19 @@
 #[path = "../../observer/src/attribution/cgroup_path.rs"]
 pub mod cgroup_path;
 
-#[path = "../../observer/src/probes/maps.rs"]
+#[path = "../../observer/src/procfs.rs"]
 pub mod maps;
 
 #[path = "../../observer/src/probes/tracefs.rs"]
 pub mod tracefs;
+
+#[path = "../../observer/src/attribution/label_names.rs"]
+pub mod label_names;
+
+/// The catalog names its label list where the observer defines it.
+pub mod attribution {
+    pub use super::label_names;
+}
 
 #[path = "../../observer/src/metrics/catalog.rs"]
 pub mod catalog;

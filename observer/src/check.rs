@@ -12,12 +12,11 @@ use crate::{
     attribution::cgroups::cgroup2_root,
     config::Families,
     discovery::hot::Policy,
+    discovery::scan::host_libraries,
     error::CliError,
+    gpu_library::{self, Flavor},
     pipeline::{Options, Pipeline},
-    probes::{
-        gpu::{self, Flavor},
-        KernelSettings, ProbeStatus,
-    },
+    probes::{KernelSettings, ProbeStatus},
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -130,7 +129,10 @@ fn parse_readiness_gate(text: &str) -> ReadinessGate {
     use crate::metrics::catalog::{PREFIX, READINESS_GATE_ENABLED, READINESS_GATE_PODS};
     let enabled_prefix = format!("{PREFIX}{} ", READINESS_GATE_ENABLED.name);
     let pods_prefix = format!("{PREFIX}{}{{condition=\"", READINESS_GATE_PODS.name);
-    let mut gate = ReadinessGate { condition_type: crate::gate::CONDITION_TYPE, ..ReadinessGate::default() };
+    let mut gate = ReadinessGate {
+        condition_type: crate::attribution::kube::CONDITION_TYPE,
+        ..ReadinessGate::default()
+    };
     for line in text.lines() {
         if let Some(value) = line.strip_prefix(&enabled_prefix) {
             gate.enabled = value.trim().parse::<f64>().ok().map(|v| v == 1.0);
@@ -240,14 +242,14 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
 
     let mut paths: Vec<(PathBuf, String)> =
         extra_libs.iter().map(|p| (p.clone(), p.display().to_string())).collect();
-    paths.extend(gpu::host_libraries().into_iter().map(|p| {
+    paths.extend(host_libraries().into_iter().map(|p| {
         let d = p.display().to_string();
         (p, d)
     }));
     let mut seen = std::collections::HashSet::new();
     let mut gpu_libraries = Vec::new();
     for (path, display) in paths {
-        match gpu::inspect(&path, &display) {
+        match gpu_library::inspect(&path, &display) {
             Ok(lib) => {
                 if seen.insert(lib.id) {
                     gpu_libraries.push(Library {
@@ -278,10 +280,10 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
     let observable = probes.iter().any(|p| p.attached);
     let exposition = scrape(daemon);
     let hot_calls = daemon_hot_calls(daemon, exposition.as_deref());
-    let readiness_gate = exposition
-        .as_deref()
-        .map(parse_readiness_gate)
-        .unwrap_or(ReadinessGate { condition_type: crate::gate::CONDITION_TYPE, ..ReadinessGate::default() });
+    let readiness_gate = exposition.as_deref().map(parse_readiness_gate).unwrap_or(ReadinessGate {
+        condition_type: crate::attribution::kube::CONDITION_TYPE,
+        ..ReadinessGate::default()
+    });
     Report {
         kernel: kernel_release(),
         facilities,

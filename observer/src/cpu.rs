@@ -237,6 +237,16 @@ impl CpuMonitor {
     }
 }
 
+/// Per-cgroup CPU numbers from the CPU monitor.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuSnapshot {
+    pub periods: u64,
+    pub throttled_periods: u64,
+    pub throttled_ns: u64,
+    pub runnable: u32,
+    pub quota_cores: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

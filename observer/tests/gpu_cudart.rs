@@ -360,7 +360,7 @@ fn nvidias_libcuda_fails_cuinit_through_dlopen_and_dt_needed() {
 #[test]
 #[ignore = "needs NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
 fn a_broken_runtime_file_is_refused_with_its_reason() {
-    use observer::probes::gpu::inspect;
+    use observer::gpu_library::inspect;
     let dir = std::env::temp_dir().join(format!("canaryscope-bad-cudart-{}", random_hex(12)));
     fs::create_dir_all(&dir).expect("mkdir");
     let whole = fs::read(library("CUDART13")).expect("read the runtime");

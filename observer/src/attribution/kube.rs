@@ -104,7 +104,7 @@ pub struct PodMeta {
     /// not restarted.
     pub deleting: bool,
     /// For a pod that declares the readiness gate
-    /// [`crate::gate::CONDITION_TYPE`] in `spec.readinessGates`: what the API
+    /// [`CONDITION_TYPE`] in `spec.readinessGates`: what the API
     /// server holds of that condition. `None` for every other pod, which the
     /// gate never touches.
     pub gate: Option<GatedPod>,
@@ -194,11 +194,15 @@ fn qos_class(class: &str) -> Option<Qos> {
     }
 }
 
-/// The gate's view of a pod that declares [`crate::gate::CONDITION_TYPE`].
+/// The condition type, and the readiness gate pods declare: the pod cache
+/// reads it, the gate keeps it.
+pub const CONDITION_TYPE: &str = "canaryscope.io/gpu-runtime";
+
+/// The gate's view of a pod that declares [`CONDITION_TYPE`].
 fn gated_pod(pod: &Pod) -> Option<GatedPod> {
     let spec = pod.spec.as_ref()?;
     let gates = spec.readiness_gates.as_deref().unwrap_or_default();
-    if !gates.iter().any(|g| g.condition_type == crate::gate::CONDITION_TYPE) {
+    if !gates.iter().any(|g| g.condition_type == CONDITION_TYPE) {
         return None;
     }
     let status = pod.status.as_ref();
@@ -206,7 +210,7 @@ fn gated_pod(pod: &Pod) -> Option<GatedPod> {
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default()
         .iter()
-        .find(|c| c.type_ == crate::gate::CONDITION_TYPE)
+        .find(|c| c.type_ == CONDITION_TYPE)
         .map(|c| GateCondition {
             status: c.status.clone(),
             reason: c.reason.clone().unwrap_or_default(),
@@ -933,12 +937,13 @@ mod tests {
         json["status"]["startTime"] = "2026-01-01T00:00:10Z".into();
         json["status"]["conditions"] = serde_json::json!([
             {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
-            {"type": crate::gate::CONDITION_TYPE, "status": "False", "reason": "InitFailed",
+            {"type": CONDITION_TYPE, "status": "False", "reason": "InitFailed",
              "message": "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
              "lastTransitionTime": "2026-01-01T00:01:00Z"},
         ]);
         assert_eq!(pod_meta(&pod(json.clone()), "track").expect("meta").gate, None, "no gate declared");
-        json["spec"]["readinessGates"] = serde_json::json!([{"conditionType": "example.com/other"}, {"conditionType": crate::gate::CONDITION_TYPE}]);
+        json["spec"]["readinessGates"] =
+            serde_json::json!([{"conditionType": "example.com/other"}, {"conditionType": CONDITION_TYPE}]);
         let gate = pod_meta(&pod(json.clone()), "track").expect("meta").gate.expect("gated");
         assert_eq!(gate.resource_version, "77");
         assert_eq!(gate.started_at, Some(1_767_225_610));
@@ -1255,14 +1260,14 @@ pub(super) mod fake_apiserver_tests {
         let types = |p: &Pod| -> Vec<String> {
             p.status.iter().flat_map(|s| s.conditions.iter().flatten()).map(|c| c.type_.clone()).collect()
         };
-        let gate = |status: &str| serde_json::json!({"status": {"conditions": [{"type": crate::gate::CONDITION_TYPE, "status": status}]}});
+        let gate = |status: &str| serde_json::json!({"status": {"conditions": [{"type": CONDITION_TYPE, "status": status}]}});
         let params = PatchParams::default();
         // The server gave the pod the kubelet's conditions.
         let kubelet = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
 
         let merged =
             pods.patch_status("web-a1", &params, &Patch::Strategic(gate("False"))).await.expect("patch");
-        assert_eq!(types(&merged), [&kubelet[..], &[crate::gate::CONDITION_TYPE]].concat());
+        assert_eq!(types(&merged), [&kubelet[..], &[CONDITION_TYPE]].concat());
         let merged =
             pods.patch_status("web-a1", &params, &Patch::Strategic(gate("True"))).await.expect("patch");
         assert_eq!(types(&merged).len(), 5, "merged by type, not appended");
@@ -1279,7 +1284,7 @@ pub(super) mod fake_apiserver_tests {
         // A JSON merge patch replaces the list: the kubelet's conditions go.
         let replaced =
             pods.patch_status("web-a1", &params, &Patch::Merge(gate("True"))).await.expect("patch");
-        assert_eq!(types(&replaced), [crate::gate::CONDITION_TYPE]);
+        assert_eq!(types(&replaced), [CONDITION_TYPE]);
 
         let (status, body) = server.control("GET", "/control/patches", "").await;
         assert_eq!(status, 200, "{body}");

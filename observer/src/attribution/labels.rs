@@ -6,7 +6,7 @@ use super::{
     kube::{container_name, PodCache},
 };
 
-pub use crate::metrics::catalog::LABEL_NAMES;
+pub use super::label_names::LABEL_NAMES;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkloadLabels {

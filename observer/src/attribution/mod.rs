@@ -6,6 +6,7 @@ pub mod cgroup_path;
 pub mod cgroups;
 pub mod kfd_procs;
 pub mod kube;
+pub mod label_names;
 pub mod labels;
 pub mod rollouts;
 

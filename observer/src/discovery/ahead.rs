@@ -17,10 +17,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use object::{Object, ObjectSection};
-
 use super::ldcache;
-use crate::probes::{gpu::candidate_api, linked_runtime::carries_runtime_mark};
+use crate::gpu_library::{candidate_api, dynamic_strings, linked_runtime::carries_runtime_mark};
 
 /// Directories a loader or a ROCm/ZLUDA install puts these libraries in.
 pub const STANDARD_DIRS: &[&str] = &[
@@ -87,7 +85,7 @@ pub struct AheadOfTime {
     /// Executable (dev, ino) -> its run-path entries, unexpanded.
     runpaths: HashMap<(u64, u64), Vec<String>>,
     /// Executables (dev, ino) read for their run path that carry the CUDA
-    /// runtime's mark (see `probes::linked_runtime`): a byte search of the
+    /// runtime's mark (see `gpu_library::linked_runtime`): a byte search of the
     /// file already in memory, so an exec costs no second read.
     runtime_marked: std::collections::HashSet<(u64, u64)>,
 }
@@ -268,29 +266,12 @@ fn environ_var(pid: u32, name: &[u8]) -> Option<String> {
 
 /// `DT_RUNPATH` and `DT_RPATH` entries of an ELF file, in order.
 pub fn run_path(data: &[u8]) -> Vec<String> {
-    const DT_RPATH: u64 = 15;
-    const DT_RUNPATH: u64 = 29;
     let Ok(file) = object::File::parse(data) else { return Vec::new() };
-    let (Some(dynamic), Some(dynstr)) = (file.section_by_name(".dynamic"), file.section_by_name(".dynstr"))
-    else {
-        return Vec::new();
-    };
-    let (Ok(dynamic), Ok(dynstr)) = (dynamic.data(), dynstr.data()) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in dynamic.chunks_exact(16) {
-        let tag = u64::from_le_bytes(entry[..8].try_into().unwrap_or_default());
-        let val = u64::from_le_bytes(entry[8..].try_into().unwrap_or_default()) as usize;
-        if tag != DT_RUNPATH && tag != DT_RPATH {
-            continue;
-        }
-        let Some(rest) = dynstr.get(val..) else { continue };
-        let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
-        let value = String::from_utf8_lossy(&rest[..end]);
-        out.extend(value.split(':').filter(|d| !d.is_empty()).map(str::to_string));
+    let mut dirs = Vec::new();
+    for value in dynamic_strings(&file, &[object::elf::DT_RUNPATH, object::elf::DT_RPATH]) {
+        dirs.extend(value.split(':').filter(|d| !d.is_empty()).map(str::to_string));
     }
-    out
+    dirs
 }
 
 #[cfg(test)]

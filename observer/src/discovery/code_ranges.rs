@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::probes::{gpu::candidate_api, maps::parse_line};
+use crate::{gpu_library::candidate_api, procfs::parse_line};
 
 /// Exited processes' ranges are kept this long: their exit records (with
 /// the crash) are behind at most the ring buffer's backlog.

@@ -20,10 +20,14 @@ use super::{
     ahead::{self, AheadOfTime},
     hold::Hold,
     hot::{process_cgroup, Candidate, ExitWatch, HotCounts, KernelScope, Policy, Reason, Selection},
+    scan::process_libraries,
 };
-use crate::probes::{
-    gpu::{self, Flavor, GpuAttachError, GpuProbes, HotPlacement},
-    Loaded,
+use crate::{
+    gpu_library::{self, FileId, Flavor, GpuLibrary},
+    probes::{
+        gpu::{self, GpuAttachError, GpuProbes, HotPlacement},
+        Loaded,
+    },
 };
 
 mod linked;
@@ -44,7 +48,7 @@ struct GpuProcess {
     comm: String,
     cgroup_id: u64,
     cgroup_path: Option<String>,
-    libraries: BTreeSet<gpu::FileId>,
+    libraries: BTreeSet<FileId>,
     exit: ExitWatch,
     /// Why it carries hot-call probes, when it does.
     reason: Option<Reason>,
@@ -107,9 +111,9 @@ pub struct LibraryTracker {
     ahead: AheadOfTime,
     /// Files inspected and found not to be GPU runtimes, with the change
     /// time they had then: a file rewritten in place is looked at again.
-    rejected: HashMap<gpu::FileId, i128>,
+    rejected: HashMap<FileId, i128>,
     /// Executables read for a CUDA runtime linked into them ([`linked`]).
-    executables_read: HashSet<gpu::FileId>,
+    executables_read: HashSet<FileId>,
     /// Processes whose maps are read once their loader is likely done.
     pending_scans: Vec<PendingScan>,
     /// The kernel side reports mappings of runtime files by name (see
@@ -186,11 +190,7 @@ impl LibraryTracker {
     /// Probes a library file in the shape this kernel allows: through the
     /// shared programs, through slot programs where there are no attach
     /// cookies, or not at all, with the reason kept for `check`.
-    fn attach_library(
-        &mut self,
-        kernel: &mut Loaded,
-        library: gpu::GpuLibrary,
-    ) -> Result<usize, GpuAttachError> {
+    fn attach_library(&mut self, kernel: &mut Loaded, library: GpuLibrary) -> Result<usize, GpuAttachError> {
         if kernel.gpu_slots() {
             self.probes.use_slots();
         }
@@ -211,7 +211,8 @@ impl LibraryTracker {
     ) -> Result<(), ExplicitLibraryError> {
         for path in paths {
             let display = path.display().to_string();
-            let library = gpu::inspect(path, &display).map_err(|e| ExplicitLibraryError(e.to_string()))?;
+            let library =
+                gpu_library::inspect(path, &display).map_err(|e| ExplicitLibraryError(e.to_string()))?;
             let key = GpuFileKey::from_stat(library.id.dev, library.id.ino);
             self.attach_library(kernel, library).map_err(|e| ExplicitLibraryError(e.to_string()))?;
             kernel.mark_known(key);
@@ -228,7 +229,7 @@ impl LibraryTracker {
         for c in self.ahead.for_process(std::process::id(), "the host") {
             self.consider(kernel, c.open_path, c.display, &c.reason, None);
         }
-        for pid in gpu::all_pids() {
+        for pid in crate::procfs::all_pids() {
             self.scan_process(kernel, pid, Scan::AtStart);
         }
     }
@@ -427,7 +428,7 @@ impl LibraryTracker {
         };
         let mut probed = BTreeSet::new();
         let mut left = false;
-        for (path, display) in gpu::process_libraries(pid) {
+        for (path, display) in process_libraries(pid) {
             if leave_to_kernel_report(scan, self.kernel_names_mappings, self.is_known(&path)) {
                 debug!("{display}: left to the kernel's report of its mapping by pid {pid}");
                 left = true;
@@ -455,17 +456,17 @@ impl LibraryTracker {
         use std::os::unix::fs::MetadataExt;
         // A file that cannot be read now is no news to wait for.
         let Ok(meta) = std::fs::metadata(path) else { return true };
-        let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
         self.probes.is_attached(&id) || self.rejected_as_it_is(&id, &meta)
     }
 
     /// Whether the file was found not to be a runtime, and has not changed since.
-    fn rejected_as_it_is(&self, id: &gpu::FileId, meta: &std::fs::Metadata) -> bool {
+    fn rejected_as_it_is(&self, id: &FileId, meta: &std::fs::Metadata) -> bool {
         self.rejected.get(id) == Some(&ahead::mtime_ns(meta))
     }
 
     /// Records that `pid` maps these probed files.
-    fn register(&mut self, pid: u32, libraries: BTreeSet<gpu::FileId>) {
+    fn register(&mut self, pid: u32, libraries: BTreeSet<FileId>) {
         // Before its hot-call probes are attached, which hold its address
         // space and can make the kernel's own lookup at a crash give up.
         self.code.note(pid);
@@ -602,7 +603,7 @@ impl LibraryTracker {
         display: String,
         reason: &str,
         origin: Option<&EventHeader>,
-    ) -> Option<gpu::FileId> {
+    ) -> Option<FileId> {
         use std::os::{fd::AsRawFd, unix::fs::MetadataExt};
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
@@ -611,7 +612,7 @@ impl LibraryTracker {
                 return None;
             }
         };
-        let id = gpu::FileId { dev: meta.dev(), ino: meta.ino() };
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
         if self.probes.is_attached(&id) || self.rejected_as_it_is(&id, &meta) {
             return self.probes.is_probed(&id).then_some(id);
         }
@@ -627,7 +628,7 @@ impl LibraryTracker {
         };
         let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let t0 = Instant::now();
-        match gpu::inspect(&held_open, &display) {
+        match gpu_library::inspect(&held_open, &display) {
             Ok(library) => {
                 debug!("inspected {display} in {:?}", t0.elapsed());
                 let flavor = library.flavor;

@@ -36,7 +36,6 @@
 //! - A pod that has not called the runtime gets no condition (Kubernetes
 //!   keeps it unready), unless `--gate-timeout` is set and the pod has no
 //!   condition yet: then `False`, `NoRuntimeActivity`.
-pub mod hold_scope;
 pub mod patcher;
 
 use std::{
@@ -52,12 +51,9 @@ use crate::{
         kube::{container_name, PodMeta},
     },
     events::{result_name, signal_label, Detail, Event},
+    gpu_library::candidate_api,
     pipeline::stalls::Stall,
-    probes::gpu::candidate_api,
 };
-
-/// The condition type, and the readiness gate pods declare.
-pub const CONDITION_TYPE: &str = "canaryscope.io/gpu-runtime";
 
 pub const REASON_READY: &str = "RuntimeReady";
 pub const REASON_INIT_FAILED: &str = "InitFailed";

@@ -30,7 +30,8 @@ use kube::{
 use log::{debug, info, warn};
 use tokio::sync::Notify;
 
-use super::{Desired, CONDITION_TYPE};
+use super::Desired;
+use crate::attribution::kube::CONDITION_TYPE;
 use crate::attribution::kube::{self as podkube, GateCondition, GatedPod, KubeError, KubeOptions, PodCache};
 
 /// Least time between two patches of one pod.

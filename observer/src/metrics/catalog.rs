@@ -6,9 +6,7 @@
 use Kind::{Counter, Gauge, Histogram};
 use Scope::{Node, Workload};
 
-/// The workload labels every workload family carries first, in this order.
-/// Their values come from `attribution::labels`.
-pub const LABEL_NAMES: [&str; 6] = ["namespace", "pod", "container", "workload", "revision", "track"];
+use crate::attribution::label_names::LABEL_NAMES;
 
 /// What Prometheus is told the family is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

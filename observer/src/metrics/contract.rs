@@ -8,8 +8,9 @@ use serde_json::{json, Map, Value};
 use observer_common::gpu::Api;
 
 use super::catalog::{
-    Kind, Scope, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_STALLED_CALLS, LABEL_NAMES, PREFIX,
+    Kind, Scope, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_STALLED_CALLS, PREFIX,
 };
+use crate::attribution::label_names::LABEL_NAMES;
 
 /// Families with a series per GPU function, whose hot-tier series exist only
 /// for selected processes.

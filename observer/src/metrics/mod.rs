@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod contract;
 pub mod families;
+pub mod recorder;
 pub mod server;
 
 use std::{
@@ -24,19 +25,10 @@ use prometheus::{Encoder, TextEncoder};
 
 use crate::{
     attribution::labels::{Liveness, WorkloadLabels},
+    cpu::CpuSnapshot,
     events::{result_name, Detail, Event},
     probes::ProbeStatus,
 };
-
-/// Per-cgroup CPU numbers from the CPU monitor.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct CpuSnapshot {
-    pub periods: u64,
-    pub throttled_periods: u64,
-    pub throttled_ns: u64,
-    pub runnable: u32,
-    pub quota_cores: f64,
-}
 
 /// An abnormal exit's label values after the workload's: signal, cause,
 /// sender scope, kill reason. All bounded; never a pid or a comm.

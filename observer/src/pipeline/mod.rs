@@ -15,7 +15,8 @@ use crate::{
     attribution::CgroupResolver,
     config,
     config::Families,
-    cpu::{CpuFinding, CpuMonitor},
+    cpu::{CpuFinding, CpuMonitor, CpuSnapshot},
+    discovery::hold_scope::{PodChoice, PodHold},
     discovery::{
         hold::{Hold, HoldError},
         hot::{CanaryJudge, HotCounts, Policy},
@@ -23,8 +24,6 @@ use crate::{
     },
     error::CliError,
     events::{Detail, Event, Origin, Raw},
-    gate::hold_scope::{PodChoice, PodHold},
-    metrics::CpuSnapshot,
     probes::{self, gpu::GpuProbes, table, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
 use attribute::Attributor;
@@ -46,7 +45,7 @@ pub struct Options {
     /// probes exist (`--hold`).
     pub hold: bool,
     /// Hold only the processes of cgroups named later (canary and gated pods', see
-    /// `gate::hold_scope`); the watchdog is started as for `hold`.
+    /// `discovery::hold_scope`); the watchdog is started as for `hold`.
     pub hold_scoped: bool,
     /// See KFD ioctls through the syscall fallback even where the
     /// `kfd_ioctl` kprobe would work (tests of the fallback).

@@ -297,7 +297,7 @@ impl Loaded {
 
     /// Tells the kernel side whether processes of a cgroup, and of the
     /// cgroups below it, are held at their first mapping of a GPU runtime
-    /// file it has not seen (a gated pod's, see `gate::hold_scope`).
+    /// file it has not seen (a gated pod's, see `discovery::hold_scope`).
     pub fn set_hold_cgroup(&mut self, cgroup_id: u64, held: bool) {
         // A full map costs that pod the hold: its start-up may then race
         // the attach, as without the gate.

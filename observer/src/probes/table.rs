@@ -411,7 +411,7 @@ const fn run_queue(event: &'static str) -> Probe {
     }
 }
 
-/// A cgroup tracepoint of the hold scope (see `gate::hold_scope`).
+/// A cgroup tracepoint of the hold scope (see `discovery::hold_scope`).
 const fn hold_scope(
     event: &'static str,
     target: &'static str,

@@ -10,27 +10,31 @@ use crate::{
     error::CliError,
     event_loop::{self, Consumer, Flow, Schedule},
     events::Event,
+    metrics::recorder::Recorder,
     pipeline::{Options, Pipeline},
     probes::KernelSettings,
-    run::Exporter,
 };
 
 struct LocalTop {
-    exporter: Exporter,
+    recorder: Recorder,
     driver: Driver,
 }
 
 impl Consumer for LocalTop {
-    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
-        self.exporter.events(pipeline, events)
+    fn events(&mut self, _pipeline: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+        self.recorder.record(&mut events, None);
+        Ok(Flow::Continue)
     }
 
     fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError> {
         // Series first, so a reading due now sees this tick's refresh.
-        self.exporter.tick(pipeline)?;
-        let exporter = &self.exporter;
+        if self.recorder.due(0) {
+            let read = self.recorder.read_kernel(pipeline);
+            self.recorder.publish(pipeline, read, None, None);
+        }
+        let recorder = &self.recorder;
         self.driver.step(&mut || {
-            let text = exporter.scrape();
+            let text = recorder.scrape();
             parse_reading(&String::from_utf8_lossy(&text)).map_err(|e| format!("own exposition: {e}"))
         })
     }
@@ -62,11 +66,11 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
         hot_detail: config::HotDetail::Counts,
         runq_prefixes: Some(runq_prefixes),
     })?;
-    let exporter = Exporter::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);
+    let recorder = Recorder::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);
     // The screen takes the terminal only once the probes are attached, so
     // a refusal prints where the person can read it.
     let driver = Driver::new(args, "own probes".to_string())?;
-    let mut top = LocalTop { exporter, driver };
+    let mut top = LocalTop { recorder, driver };
     event_loop::run(&mut pipeline, ring, &mut top, Schedule { tick: TICK, deadline: None, wake: None })
         .await?;
     // The terminal is restored before the probes go.

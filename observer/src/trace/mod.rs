@@ -1,6 +1,5 @@
 //! `canaryscope trace`: attach, then print every failure as it happens until
 //! Ctrl-C, SIGTERM or `--duration`.
-pub mod render;
 
 use std::{
     io::{self, Write},
@@ -21,6 +20,7 @@ use crate::{
     pipeline::{Options, Pipeline},
     probes::gpu::HotPlacement,
     probes::KernelSettings,
+    render,
 };
 
 /// How often stalls are scanned and the ring buffer is drained anyway.

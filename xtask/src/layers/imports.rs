@@ -129,6 +129,44 @@ impl FileReader<'_> {
     }
 }
 
+impl FileReader<'_> {
+    /// Records `crate::a::b`, `super::a` and `self::a` paths in a token stream.
+    fn macro_tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        use proc_macro2::TokenTree;
+        let trees: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut i = 0;
+        while i < trees.len() {
+            match &trees[i] {
+                TokenTree::Group(group) => self.macro_tokens(group.stream()),
+                TokenTree::Ident(ident)
+                    if ["crate", "super", "self"].contains(&ident.to_string().as_str()) =>
+                {
+                    let line = ident.span().start().line;
+                    let mut segments = vec![ident.to_string()];
+                    // `::` is two `:` puncts; take ident after ident.
+                    while let (
+                        Some(TokenTree::Punct(a)),
+                        Some(TokenTree::Punct(b)),
+                        Some(TokenTree::Ident(next)),
+                    ) = (trees.get(i + 1), trees.get(i + 2), trees.get(i + 3))
+                    {
+                        if a.as_char() != ':' || b.as_char() != ':' {
+                            break;
+                        }
+                        segments.push(next.to_string());
+                        i += 3;
+                    }
+                    if segments.len() > 1 {
+                        self.record(segments, line, None);
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+}
+
 impl<'ast> Visit<'ast> for FileReader<'_> {
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
         self.use_tree(&[], &item.tree);
@@ -143,6 +181,13 @@ impl<'ast> Visit<'ast> for FileReader<'_> {
             syn::visit::visit_item_mod(self, item);
             self.module.pop();
         }
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        // A macro's arguments are tokens, not syntax: `eprintln!("{}",
+        // crate::x::y(e))` names a module all the same.
+        self.macro_tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
     }
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
@@ -191,7 +236,7 @@ impl Crate {
     /// Follows aliases and re-exports to the module that defines the name.
     fn resolve(&self, mut absolute: Vec<String>) -> ModulePath {
         for _ in 0..32 {
-            let known = (0..=absolute.len()).rev().find(|&n| self.modules.contains(&absolute[..n].to_vec()));
+            let known = (0..=absolute.len()).rev().find(|&n| self.modules.contains(&absolute[..n]));
             let Some(depth) = known else { return Vec::new() };
             let module = absolute[..depth].to_vec();
             let Some(next) = absolute.get(depth) else { return module };

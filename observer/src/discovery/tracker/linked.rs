@@ -12,10 +12,13 @@ use observer_common::{comm_str, gpu::Api, EventHeader};
 
 use super::{Announcement, LibraryTracker, MAX_REJECTED};
 use crate::discovery::ahead::Candidate;
-use crate::probes::{
-    gpu::{candidate_api, FileId, Flavor},
-    linked_runtime::{inspect_executable, LinkedRuntime},
-    Loaded,
+use crate::{
+    gpu_library::{
+        candidate_api,
+        linked_runtime::{inspect_executable, LinkedRuntime},
+        FileId, Flavor,
+    },
+    probes::Loaded,
 };
 
 impl LibraryTracker {

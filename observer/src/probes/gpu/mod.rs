@@ -2,7 +2,6 @@
 //! probes, on which functions and tiers, under which cookie index, and
 //! when they are retired. Finding and telling the files apart is in
 //! `library`; making and dropping the links is in `links`.
-mod library;
 mod links;
 
 use std::{
@@ -15,15 +14,15 @@ use std::{
 use aya::{programs::uprobe::UProbeScope, Ebpf};
 use log::{debug, info};
 
-pub(in crate::probes) use library::resolve_functions;
-pub use library::{
-    all_pids, candidate_api, host_libraries, inspect, process_libraries, FileId, Flavor, GpuLibrary,
-    LibraryError,
-};
 use links::{attach_functions, detach_links, AttachOutcome, Links};
 
 use super::{gpu_slots::Slots, uprobe_multi::MultiPrograms};
-use crate::{clock::BootClock, config::HotDetail};
+use crate::{
+    clock::BootClock,
+    config::HotDetail,
+    gpu_library::{FileId, Flavor, GpuLibrary},
+    procfs::{all_pids, file_mappings},
+};
 use observer_common::gpu::{Api, GpuFunction, Tier};
 
 pub const ENTER_PROGRAM: &str = "gpu_enter";
@@ -427,7 +426,7 @@ fn deleted_files_mapped() -> std::collections::HashSet<String> {
     for pid in all_pids() {
         let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else { continue };
         let maps = String::from_utf8_lossy(&maps);
-        for mapping in crate::probes::maps::file_mappings(&maps) {
+        for mapping in file_mappings(&maps) {
             if mapping.deleted() {
                 out.insert(mapping.file_path().to_string());
             }

@@ -1,4 +1,6 @@
-//! Parsing `/proc/PID/maps`, which comes from processes we do not control.
+//! Reading `/proc`: which processes there are, and their `maps`, which
+//! come from processes we do not control. A std-only leaf (the fuzz
+//! targets compile this file on its own).
 
 /// One mapping line: address range, permissions, offset, device, inode, path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,15 @@ impl Mapping<'_> {
     pub fn file_path(&self) -> &str {
         self.path.strip_suffix(Self::DELETED).unwrap_or(self.path)
     }
+}
+
+/// Every pid in /proc (used once at start; later processes are found
+/// through exec-mapping events, not by polling).
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
 }
 
 #[cfg(test)]

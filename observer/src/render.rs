@@ -1,5 +1,6 @@
-//! Human output of `canaryscope trace`: one aligned line per event, readable
-//! at a glance; the full record is one `--json` away.
+//! How an event reads for a person: `trace`'s aligned lines, readable at a
+//! glance (the full record is one `--json` away), and the daemon's log line
+//! for a newly probed library.
 use crate::events::{result_name, Detail, Event};
 
 pub const HEADER: &str =

@@ -9,7 +9,7 @@ use std::{fs, os::unix::fs::MetadataExt, path::Path};
 use object::Object;
 use observer_common::gpu::Api;
 
-use super::gpu::{resolve_functions, FileId, Flavor, GpuLibrary, LibraryError};
+use super::{resolve_functions, FileId, Flavor, GpuLibrary, LibraryError};
 
 /// An executable larger than this is not read (as for its run path).
 const MAX_EXE_BYTES: u64 = 512 << 20;

@@ -1,6 +1,10 @@
-//! Finding GPU runtime files (host paths, running processes and their
-//! container roots, `--lib`) and telling them apart: HIP from a CUDA
-//! driver library or runtime, ZLUDA from NVIDIA, by name and exports.
+//! What a GPU runtime file is: HIP, a CUDA driver library or the CUDA
+//! runtime, ZLUDA or NVIDIA, told apart by name and exports, and where in
+//! it each function to probe starts. A leaf: it reads ELF files and names
+//! nothing else in the crate; finding the files is discovery's, probing
+//! them is probes'.
+pub mod linked_runtime;
+
 use std::{
     collections::{BTreeMap, HashMap},
     fs,
@@ -149,31 +153,27 @@ fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
             return true;
         }
     }
-    dt_needed(file).iter().any(|n| n.starts_with(prefix))
+    dynamic_strings(file, &[object::elf::DT_NEEDED]).iter().any(|n| n.starts_with(prefix))
 }
 
-/// DT_NEEDED entries of an ELF64 little-endian shared object.
-fn dt_needed(file: &object::File<'_>) -> Vec<String> {
-    let (Some(dynamic), Some(dynstr)) = (file.section_by_name(".dynamic"), file.section_by_name(".dynstr"))
-    else {
+/// The string entries of an ELF file's dynamic section whose tag is one of
+/// `tags` (`DT_NEEDED`, `DT_RUNPATH`, ...), in order; none for a file of
+/// another format or without a dynamic section.
+pub fn dynamic_strings(file: &object::File<'_>, tags: &[u32]) -> Vec<String> {
+    use object::read::elf::Dyn;
+    let object::File::Elf64(elf) = file else { return Vec::new() };
+    let (endian, sections) = (elf.endian(), elf.elf_section_table());
+    let Ok(Some((entries, strings_index))) = sections.dynamic(endian, elf.data()) else {
         return Vec::new();
     };
-    let (Ok(dynamic), Ok(dynstr)) = (dynamic.data(), dynstr.data()) else {
+    let Ok(strings) = sections.strings(endian, elf.data(), strings_index) else {
         return Vec::new();
     };
-    const DT_NEEDED: u64 = 1;
-    dynamic
-        .chunks_exact(16)
-        .filter_map(|entry| {
-            let tag = u64::from_le_bytes(entry[..8].try_into().ok()?);
-            let val = u64::from_le_bytes(entry[8..].try_into().ok()?) as usize;
-            if tag != DT_NEEDED {
-                return None;
-            }
-            let rest = dynstr.get(val..)?;
-            let end = rest.iter().position(|b| *b == 0)?;
-            Some(String::from_utf8_lossy(&rest[..end]).into_owned())
-        })
+    entries
+        .iter()
+        .filter(|entry| entry.tag32(endian).is_some_and(|tag| tags.contains(&tag)))
+        .filter_map(|entry| entry.string(endian, strings).ok())
+        .map(|value| String::from_utf8_lossy(value).into_owned())
         .collect()
 }
 
@@ -183,7 +183,7 @@ fn dt_needed(file: &object::File<'_>) -> Vec<String> {
 /// the other is returned as its alias.
 /// `symbols`: a library's exports (its dynamic symbols), or an
 /// executable's own symbol table, where a statically linked runtime is.
-pub(in crate::probes) fn resolve_functions(
+pub fn resolve_functions(
     file: &object::File<'_>,
     symbols: object::read::SymbolIterator<'_, '_>,
     wanted: &'static [GpuFunction],
@@ -223,66 +223,6 @@ pub(in crate::probes) fn resolve_functions(
         }
     }
     (found, aliases)
-}
-
-/// Libraries in the host's standard directories.
-pub fn host_libraries() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for dir in crate::discovery::ahead::STANDARD_DIRS {
-        let Ok(entries) = fs::read_dir(dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            if candidate_api(&name.to_string_lossy()).is_some() {
-                out.push(entry.path());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// GPU libraries mapped by one process, as (path to open, path it sees).
-///
-/// The file is reached through /proc/PID/root, so a container's own copy is
-/// found with the path the container uses. When that path no longer leads
-/// to the mapped file (unlinked or replaced since it was mapped), the
-/// mapping itself is opened through /proc/PID/map_files, which needs
-/// CAP_SYS_ADMIN; without it such a library is skipped.
-pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
-    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
-        // The process exited between the event and this scan.
-        return Vec::new();
-    };
-    // Any file name may be mapped, UTF-8 or not; the libraries we look for
-    // have ASCII names, so a lossy view loses none of them.
-    let maps = String::from_utf8_lossy(&maps);
-    let mut out: Vec<(PathBuf, String)> = Vec::new();
-    for mapping in crate::probes::maps::file_mappings(&maps) {
-        let path = mapping.file_path();
-        let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
-            continue;
-        }
-        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let open_path = if !mapping.deleted() && via_root.exists() {
-            via_root
-        } else {
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
-        };
-        out.push((open_path, path.to_string()));
-    }
-    out
-}
-
-/// Every pid in /proc (used once at start; later processes are found
-/// through exec-mapping events, not by polling).
-pub fn all_pids() -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
 }
 
 #[cfg(test)]

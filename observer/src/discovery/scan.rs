@@ -1,0 +1,62 @@
+//! Scans for GPU runtime files already on the node: the host's standard
+//! directories (once, at start) and what a running process has mapped
+//! (processes that were there before the daemon, and each process an event
+//! names).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use super::ahead::STANDARD_DIRS;
+use crate::{gpu_library::candidate_api, procfs::file_mappings};
+
+/// Libraries in the host's standard directories.
+pub fn host_libraries() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in STANDARD_DIRS {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if candidate_api(&name.to_string_lossy()).is_some() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// GPU libraries mapped by one process, as (path to open, path it sees).
+///
+/// The file is reached through /proc/PID/root, so a container's own copy is
+/// found with the path the container uses. When that path no longer leads
+/// to the mapped file (unlinked or replaced since it was mapped), the
+/// mapping itself is opened through /proc/PID/map_files, which needs
+/// CAP_SYS_ADMIN; without it such a library is skipped.
+pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
+    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
+        // The process exited between the event and this scan.
+        return Vec::new();
+    };
+    // Any file name may be mapped, UTF-8 or not; the libraries we look for
+    // have ASCII names, so a lossy view loses none of them.
+    let maps = String::from_utf8_lossy(&maps);
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for mapping in file_mappings(&maps) {
+        let path = mapping.file_path();
+        let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
+            continue;
+        }
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let open_path = if !mapping.deleted() && via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
+        };
+        out.push((open_path, path.to_string()));
+    }
+    out
+}

@@ -1,0 +1,217 @@
+//! The daemon's series as a pipeline feeds them: events counted as they
+//! come, and once a second the kernel's aggregates, stalls, CPU numbers and
+//! labels. `run` publishes them to scrapes; `top` on its own probes reads
+//! the same text without a server.
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use log::info;
+use observer_common::{
+    gpu::{GpuStats, GpuStatsKey},
+    kfd::{KfdStats, KfdStatsKey},
+    sched::RunqHistogram,
+};
+
+use super::{
+    server::{Published, SharedMetrics},
+    Metrics,
+};
+use crate::{
+    attribution::{
+        kube::PodCache,
+        labels::{labels_for, Liveness},
+    },
+    events::{Detail, Event},
+    exit_cause::{self, SenderScope},
+    gate::patcher::Summary as GateSummary,
+    pipeline::{stalls::Stall, Pipeline},
+    render,
+};
+
+/// How often kernel aggregates, stalls, CPU limits and labels are read.
+/// Each read walks every tracked cgroup's map entries and `cpu.stat`, which
+/// at a thousand pods is most of an idle daemon's CPU; failures, crashes,
+/// exits and OOM kills do not wait for it (they are events).
+pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// The GPU, run-queue and KFD aggregates of one read of the kernel.
+pub type Aggregates = (Vec<(GpuStatsKey, GpuStats)>, Vec<(u64, RunqHistogram)>, Vec<(KfdStatsKey, KfdStats)>);
+
+/// What a refresh read of the kernel before anything was published.
+pub struct KernelRead {
+    pub stalls: Vec<Stall>,
+    /// `None` when the kernel updated no aggregate since the last read.
+    pub aggregates: Option<Aggregates>,
+}
+
+pub struct Recorder {
+    published: SharedMetrics,
+    series_grace: Duration,
+    last_refresh: Instant,
+    /// The pod cache's generation at the last refresh.
+    last_generation: u64,
+    /// The kernel aggregates' generation at the last read.
+    aggregates_generation: u64,
+}
+
+impl Recorder {
+    pub fn new(published: SharedMetrics, series_grace: Duration) -> Self {
+        Self {
+            published,
+            series_grace,
+            last_refresh: Instant::now() - REFRESH_EVERY,
+            last_generation: 0,
+            aggregates_generation: u64::MAX,
+        }
+    }
+
+    /// The daemon's series without Kubernetes or the readiness gate:
+    /// labels come from cgroup paths, as for `run --no-kubernetes`.
+    pub fn standalone(pipeline: &Pipeline, max_cgroups: usize) -> Self {
+        let mut metrics = Metrics::new(max_cgroups);
+        metrics.probes = pipeline.statuses();
+        Self::new(Arc::new(Mutex::new(Published::new(metrics))), Duration::from_secs(60))
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
+        self.published.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The exposition a scrape would get now.
+    pub fn scrape(&self) -> bytes::Bytes {
+        self.lock().scrape()
+    }
+
+    /// Whether a refresh is due: a second has passed, or the pod cache
+    /// moved (`generation`), so a pod added, changed or deleted relabels now.
+    pub fn due(&mut self, generation: u64) -> bool {
+        if self.last_refresh.elapsed() < REFRESH_EVERY && generation == self.last_generation {
+            return false;
+        }
+        self.last_generation = generation;
+        self.last_refresh = Instant::now();
+        true
+    }
+
+    /// Counts a batch of events.
+    pub fn record(&mut self, events: &mut [Event], pods: Option<&PodCache>) {
+        let mut published = self.lock();
+        for event in events {
+            // A host kill of a pod's container: a liveness restart fails a
+            // canary, a rollout deleting the pod must not.
+            if let (Detail::Exit { sender: Some(sender), kill_reason, .. }, Some(pods)) =
+                (&mut event.detail, pods)
+            {
+                if sender.scope == SenderScope::Host {
+                    *kill_reason = exit_cause::kill_reason(event.origin.cgroup.as_deref(), pods);
+                }
+            }
+            // A newly probed library is also logged with its reason.
+            if let Detail::LibraryProbed { .. } = &event.detail {
+                eprintln!("canaryscope: probing {}", render::detail(event));
+            }
+            published.metrics.record(event);
+        }
+    }
+
+    /// Stalls, and the kernel's aggregates if they moved. Read outside the
+    /// lock: a scrape rendering meanwhile is not held up by map reads.
+    pub fn read_kernel(&mut self, pipeline: &mut Pipeline) -> KernelRead {
+        let stalls = pipeline.stalls();
+        let kernel = pipeline.kernel();
+        // The latency aggregates are thousands of map entries at a thousand
+        // pods, two system calls each: read only when the kernel updated one.
+        let generation = kernel.aggregates_generation();
+        let aggregates = (generation != self.aggregates_generation)
+            .then(|| (kernel.gpu_stats(), kernel.runq_stats(), kernel.kfd_stats()));
+        self.aggregates_generation = generation;
+        KernelRead { stalls, aggregates }
+    }
+
+    /// Publishes a refresh: what `read` found, CPU numbers, node state and
+    /// labels; drops the series and kernel entries of gone cgroups.
+    pub fn publish(
+        &mut self,
+        pipeline: &mut Pipeline,
+        read: KernelRead,
+        pods: Option<&PodCache>,
+        gate: Option<GateSummary>,
+    ) {
+        let KernelRead { stalls, aggregates } = read;
+        let kernel = pipeline.kernel();
+        let mem_limits = kernel.mem_limit_refusals();
+        let in_kernel: HashSet<u64> = aggregates
+            .iter()
+            .flat_map(|(gpu, runq, kfd)| {
+                gpu.iter()
+                    .map(|(k, _)| k.cgroup_id)
+                    .chain(runq.iter().map(|(c, _)| *c))
+                    .chain(kfd.iter().map(|(k, _)| k.cgroup_id))
+            })
+            .chain(mem_limits.iter().map(|(k, _)| k.cgroup_id))
+            .collect();
+        pipeline.refresh_runq_scope();
+        // Only the samples are exported; findings are for people (`trace`).
+        pipeline.sample_cpu();
+        let cpu = pipeline.cpu_snapshots();
+        let driver_versions = pipeline.driver_versions();
+        let counters = pipeline.counters();
+        let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
+        let mut published = self.lock();
+        let metrics = &mut published.metrics;
+        metrics.set_stalled(stalls.into_iter().map(|s| (s.cgroup_id, s.api, s.function)));
+        metrics.set_gate(gate);
+        if let Some((gpu, runq, kfd)) = aggregates {
+            metrics.set_gpu(gpu);
+            metrics.set_runq(runq);
+            metrics.set_kfd(kfd);
+        }
+        metrics.set_mem_limits(mem_limits);
+        metrics.set_cpu(cpu);
+        metrics.set_driver_versions(driver_versions);
+        // Libraries found since the start (a pod's own copy) show up too.
+        metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);
+        let purged = relabel(metrics, pipeline, pods, self.series_grace, in_kernel);
+        drop(published);
+        if !purged.is_empty() {
+            info!("dropped series and kernel entries of {} gone cgroups", purged.len());
+            pipeline.purge_cgroups(&purged);
+            // Hand the freed memory of those series back to the system now;
+            // otherwise a burst of short-lived pods sets the RSS for good.
+            // SAFETY: malloc_trim has no preconditions.
+            unsafe { libc::malloc_trim(0) };
+        }
+    }
+}
+
+/// Labels every tracked cgroup anew; returns the cgroups whose series and
+/// kernel entries are to go.
+fn relabel(
+    metrics: &mut Metrics,
+    pipeline: &mut Pipeline,
+    pods: Option<&PodCache>,
+    series_grace: Duration,
+    in_kernel: HashSet<u64>,
+) -> Vec<u64> {
+    let resolver = pipeline.cgroups_mut();
+    let mut purged = metrics.refresh_labels(series_grace, |id| {
+        let path = resolver.path(id);
+        let (labels, liveness) = labels_for(path.as_deref(), pods);
+        // A removed cgroup is gone whatever the API says: a restarted
+        // container leaves its old cgroup behind in a pod that lives on.
+        let liveness =
+            if liveness == Liveness::Live && !resolver.exists(id) { Liveness::Gone } else { liveness };
+        (labels, liveness)
+    });
+    // Kernel entries of cgroups that never got series (over the cap) and
+    // are gone now: nobody else would ever remove them.
+    purged.extend(
+        in_kernel
+            .into_iter()
+            .filter(|id| !metrics.is_tracked(*id) && (resolver.path(*id).is_none() || !resolver.exists(*id))),
+    );
+    purged
+}
