@@ -2,7 +2,7 @@
 //! kernel sends when a process execs or maps a GPU runtime file, and the
 //! hold that keeps a process stopped until its probes exist.
 
-use crate::{task::LIBRARY_NAME_LEN, EventHeader};
+use crate::EventHeader;
 
 /// File-name prefixes of the GPU runtime libraries canaryscope probes: HIP,
 /// CUDA driver libraries (ZLUDA's or NVIDIA's) and NVIDIA's CUDA runtime,
@@ -168,6 +168,17 @@ pub struct PendingGpuMap {
     /// See [`GpuMapEvent::known`].
     pub known: u32,
     pub name: [u8; LIBRARY_NAME_LEN],
+}
+
+/// Longest file base name a record carries (a mapped library's, a
+/// crash's file).
+pub const LIBRARY_NAME_LEN: usize = 64;
+
+/// A process mapped a file executable: it may have loaded a GPU library.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LibraryMapEvent {
+    pub header: crate::EventHeader,
 }
 
 #[cfg(test)]

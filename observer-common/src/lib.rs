@@ -46,12 +46,15 @@ pub fn path_key<const LEN: usize>(path: &str) -> Option<[u8; LEN]> {
     Some(key)
 }
 
+pub mod crash;
 pub mod discovery;
+pub mod exit;
 pub mod gpu;
+pub mod kernel;
 pub mod kfd;
 pub mod memlimit;
+pub mod oom;
 pub mod sched;
-pub mod task;
 
 /// Ring buffer carrying rare events (failures, stalls, crashes, kills) to userspace.
 pub const EVENTS_MAP: &str = "EVENTS";
@@ -88,7 +91,7 @@ pub const USERSPACE_MAPS: &[&str] = &[
 pub const USERSPACE_GLOBALS: &[&str] = &[
     gpu::GLOBAL_EMIT_ALL,
     gpu::GLOBAL_SLOW_NS,
-    task::GLOBAL_OFFSETS,
+    kernel::GLOBAL_OFFSETS,
     kfd::GLOBAL_KFD_RDEV,
     discovery::GLOBAL_HOLD,
 ];
@@ -215,14 +218,14 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::gpu::GpuStatsKey {}
     unsafe impl aya::Pod for crate::gpu::DriverVersion {}
     unsafe impl aya::Pod for crate::LatencyHistogram {}
-    unsafe impl aya::Pod for crate::task::KernelOffsets {}
-    unsafe impl aya::Pod for crate::task::ExitEvent {}
-    unsafe impl aya::Pod for crate::task::OomVictimEvent {}
-    unsafe impl aya::Pod for crate::task::OomVictimInfo {}
-    unsafe impl aya::Pod for crate::task::CrashInfo {}
+    unsafe impl aya::Pod for crate::kernel::KernelOffsets {}
+    unsafe impl aya::Pod for crate::exit::ExitEvent {}
+    unsafe impl aya::Pod for crate::oom::OomVictimEvent {}
+    unsafe impl aya::Pod for crate::oom::OomVictimInfo {}
+    unsafe impl aya::Pod for crate::crash::CrashInfo {}
     unsafe impl aya::Pod for crate::memlimit::MemLimitKey {}
     unsafe impl aya::Pod for crate::memlimit::MemLimitEvent {}
-    unsafe impl aya::Pod for crate::task::SignalOrigin {}
+    unsafe impl aya::Pod for crate::exit::SignalOrigin {}
     unsafe impl aya::Pod for crate::kfd::KfdStatsKey {}
     unsafe impl aya::Pod for crate::kfd::KfdIoctlEvent {}
     unsafe impl aya::Pod for crate::kfd::HwEvent {}

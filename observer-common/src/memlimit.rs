@@ -104,7 +104,7 @@ pub struct MemLimitEvent {
 
 /// Rounds up to whole pages, as the kernel accounts mappings.
 pub const fn page_align(bytes: u64) -> u64 {
-    (bytes.saturating_add(crate::task::PAGE_SIZE - 1)) & !(crate::task::PAGE_SIZE - 1)
+    (bytes.saturating_add(crate::crash::PAGE_SIZE - 1)) & !(crate::crash::PAGE_SIZE - 1)
 }
 
 /// Which limit refused a call that failed, if one did: the address space
@@ -118,15 +118,15 @@ pub const fn refused_by(
     as_limit: u64,
     data_limit: u64,
 ) -> Option<(MemLimit, u64)> {
-    let page = crate::task::PAGE_SIZE;
+    let page = crate::crash::PAGE_SIZE;
     let growth = page_align(growth);
-    if as_limit != crate::task::RLIM_INFINITY
+    if as_limit != crate::exit::RLIM_INFINITY
         && total_vm_pages.saturating_mul(page).saturating_add(growth) > as_limit
     {
         return Some((MemLimit::As, as_limit));
     }
     if data
-        && data_limit != crate::task::RLIM_INFINITY
+        && data_limit != crate::exit::RLIM_INFINITY
         && data_vm_pages.saturating_mul(page).saturating_add(growth) > data_limit
     {
         return Some((MemLimit::Data, data_limit));
@@ -137,7 +137,7 @@ pub const fn refused_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::RLIM_INFINITY;
+    use crate::exit::RLIM_INFINITY;
 
     #[test]
     fn the_limit_that_would_be_exceeded_is_named() {

@@ -21,7 +21,7 @@ use observer_common::{
         ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, HOLD_CGROUP_DEPTH,
         MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
     },
-    task::{LibraryMapEvent, LIBRARY_NAME_LEN},
+    discovery::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
 };
 

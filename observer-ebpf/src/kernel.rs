@@ -1,8 +1,8 @@
 //! Reading kernel structs at offsets userspace found in BTF.
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use observer_common::task::KernelOffsets;
+use observer_common::kernel::KernelOffsets;
 
-#[unsafe(no_mangle)] // observer_common::task::GLOBAL_OFFSETS
+#[unsafe(no_mangle)] // observer_common::kernel::GLOBAL_OFFSETS
 pub static KERNEL_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
 
 /// One offset, read alone from the frozen read-only global: the verifier

@@ -6,14 +6,16 @@
 #![no_main]
 
 mod common;
+mod crash;
 mod discovery;
+mod exit;
 mod gpu;
 mod hold_scope;
 mod kernel;
 mod kfd;
 mod memlimit;
+mod oom;
 mod sched;
-mod task;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -12,12 +12,12 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::{
+    exit::{RLIMIT_SIZE, RLIM_INFINITY},
     memlimit::{
         refused_by, MemLimitEvent, MemLimitKey, MemPending, MemSyscall, ENOMEM, MAP_SHARED,
         MAX_MEM_LIMIT_KEYS, MAX_MEM_PENDING, MAX_MEM_RECORDED, PROT_WRITE, RECORD_EVERY_NS, RLIMIT_AS,
         RLIMIT_DATA,
     },
-    task::{RLIMIT_SIZE, RLIM_INFINITY},
     EventKind,
 };
 

@@ -6,7 +6,6 @@ use std::{sync::Arc, time::Duration};
 use tokio::{signal::unix::SignalKind, sync::Notify};
 
 use crate::{
-    error::CliError,
     events::Event,
     pipeline::{
         reader::{Ring, RingReader},
@@ -21,15 +20,27 @@ pub enum Flow {
     Stop,
 }
 
-/// What `trace` and `run` do with what the pipeline yields.
+/// Why the loop itself stopped with an error (a consumer's own errors are
+/// its own type).
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error("ring buffer: {0}")]
+    Ring(std::io::Error),
+    #[error("cannot handle SIGTERM: {0}")]
+    Signal(std::io::Error),
+}
+
+/// What `trace`, `run` and `top` do with what the pipeline yields.
 pub trait Consumer {
+    /// What the consumer fails with; the loop's own errors become one.
+    type Error: From<LoopError>;
     /// Events decoded from ring-buffer records.
-    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError>;
+    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, Self::Error>;
     /// Periodic work after each tick's drain and housekeeping.
-    fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, CliError>;
+    fn tick(&mut self, pipeline: &mut Pipeline) -> Result<Flow, Self::Error>;
     /// Work that cannot wait for the next tick, when [`Schedule::wake`] is
     /// notified.
-    fn wake(&mut self, _pipeline: &mut Pipeline) -> Result<Flow, CliError> {
+    fn wake(&mut self, _pipeline: &mut Pipeline) -> Result<Flow, Self::Error> {
         Ok(Flow::Continue)
     }
 }
@@ -45,15 +56,14 @@ pub struct Schedule {
 }
 
 /// Runs until a signal, the deadline or the consumer stops it.
-pub async fn run(
+pub async fn run<C: Consumer>(
     pipeline: &mut Pipeline,
     ring: Ring,
-    consumer: &mut impl Consumer,
+    consumer: &mut C,
     schedule: Schedule,
-) -> Result<(), CliError> {
-    let mut reader = RingReader::new(ring).map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
-        .map_err(|e| CliError::runtime(format!("cannot handle SIGTERM: {e}")))?;
+) -> Result<(), C::Error> {
+    let mut reader = RingReader::new(ring).map_err(LoopError::Ring)?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(LoopError::Signal)?;
     let mut tick = tokio::time::interval(schedule.tick);
     let deadline = schedule.deadline.map(|d| tokio::time::Instant::now() + d);
     loop {
@@ -78,7 +88,7 @@ pub async fn run(
                 Flow::Stop
             }
             batch = reader.next_batch() => {
-                let records = batch.map_err(|e| CliError::runtime(format!("ring buffer: {e}")))?;
+                let records = batch.map_err(LoopError::Ring)?;
                 let events = pipeline.handle(&records);
                 consumer.events(pipeline, events)?
             }

@@ -2,12 +2,14 @@
 //! and count. Field names here are the `trace --json` contract.
 use observer_common::{
     comm_str,
+    discovery::LibraryMapEvent,
     discovery::{ExecEvent, GpuMapEvent},
+    exit::ExitEvent,
     gpu::{Api, GpuCallEvent},
     kfd::{eviction_trigger_name, HwArg, HwKind, HW_HOOKS},
     kfd::{HwEvent, KfdIoctlEvent},
     memlimit::{MemLimit, MemLimitEvent, MemSyscall},
-    task::{ExitEvent, LibraryMapEvent, OomVictimEvent},
+    oom::OomVictimEvent,
     EventHeader, EventKind,
 };
 use serde_json::{json, Map, Value};

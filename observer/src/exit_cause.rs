@@ -3,14 +3,14 @@
 //! OOM-victim records, and the exit status. An exit 137 alone only says
 //! SIGKILL; this tells the OOM killer, a CPU limit, a liveness kill, a
 //! wrapper's own timeout and an operator's `kill -9` apart.
-use observer_common::task::{
+use observer_common::exit::{
     exit_signal, exit_status, ExitEvent, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM,
     EXIT_FLAG_ORIGIN, ORIGIN_FLAG_RLIMIT_CPU, SI_KERNEL, SI_NOINFO,
 };
 
 use crate::attribution::{cgroup_path::parse_pod_cgroup, kube::PodCache};
 
-use observer_common::task::signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGXCPU};
+use observer_common::exit::signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGXCPU};
 
 /// What ended a process. A metric label: the set is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -214,7 +214,7 @@ pub fn kill_reason(target_cgroup: Option<&str>, pods: &PodCache) -> Option<KillR
 
 #[cfg(test)]
 mod tests {
-    use observer_common::task::{CrashInfo, SI_KERNEL_FAULT_MIN};
+    use observer_common::{crash::CrashInfo, exit::SI_KERNEL_FAULT_MIN};
 
     use super::*;
 

@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-use crate::error::CliError;
+use crate::{error::CliError, event_loop::LoopError, pipeline::StartError};
 
 /// Node-level eBPF observer: GPU runtime failures, KFD driver errors, CPU
 /// throttling, OOM kills and crashes, attributed to cgroups and pods.
@@ -60,6 +60,26 @@ pub fn one_line_clap(rendered: &str) -> String {
     let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid command line");
     let first = first.strip_prefix("error: ").unwrap_or(first);
     format!("{first} (see canaryscope --help)")
+}
+
+// Exit codes are chosen here, at the edge, from the data path's typed errors.
+
+impl From<StartError> for CliError {
+    /// A library the user named is their mistake to fix (exit 2); the
+    /// kernel or the machine refusing is not (exit 1).
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Library(_) => Self::usage(e.to_string()),
+            _ => Self::runtime(e.to_string()),
+        }
+    }
+}
+
+impl From<LoopError> for CliError {
+    /// The ring buffer or signal handling failing is the machine's (exit 1).
+    fn from(e: LoopError) -> Self {
+        Self::runtime(e.to_string())
+    }
 }
 
 /// Runs one subcommand; `trace` when none is given.

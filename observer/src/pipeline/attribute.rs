@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use log::debug;
 use observer_common::{
     comm_str,
+    crash::{in_call_api, CrashInfo, IpMapping, PAGE_SIZE},
+    exit::{
+        core_dumped, exit_signal, exit_status, is_abnormal_exit, ExitEvent, SignalOrigin, EXIT_FLAG_CRASH,
+        EXIT_FLAG_OOM_VICTIM,
+    },
     gpu::Api,
     kfd::KfdSource,
     memlimit::{MemLimit, MemSyscall},
-    task::{
-        core_dumped, exit_signal, exit_status, in_call_api, is_abnormal_exit, CrashInfo, ExitEvent,
-        IpMapping, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, PAGE_SIZE,
-    },
     EventHeader,
 };
 

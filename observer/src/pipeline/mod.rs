@@ -22,7 +22,6 @@ use crate::{
         hot::{CanaryJudge, HotCounts, Policy},
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
-    error::CliError,
     events::{Detail, Event, Origin, Raw},
     probes::{self, gpu::GpuProbes, table, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
@@ -70,17 +69,6 @@ pub enum StartError {
     Library(#[from] ExplicitLibraryError),
     #[error("--hold: {0}")]
     Hold(#[from] HoldError),
-}
-
-impl From<StartError> for CliError {
-    /// A library the user named is their mistake to fix (exit 2); the
-    /// kernel or the machine refusing is not (exit 1).
-    fn from(e: StartError) -> Self {
-        match e {
-            StartError::Library(_) => CliError::usage(e.to_string()),
-            _ => CliError::runtime(e.to_string()),
-        }
-    }
 }
 
 /// Counters about the pipeline itself, for the exporter.

@@ -2,7 +2,7 @@
 //! cannot carry CO-RE relocations, so this is done once at load time and the
 //! result passed to the programs as a global.
 use btf_rs::{Btf, Type};
-use observer_common::task::KernelOffsets;
+use observer_common::kernel::KernelOffsets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {

@@ -21,7 +21,7 @@ use aya::EbpfLoader;
 use log::{info, warn};
 use observer_common::{
     gpu as gpu_common,
-    task::{KernelOffsets, GLOBAL_OFFSETS},
+    kernel::{KernelOffsets, GLOBAL_OFFSETS},
 };
 
 pub use loaded::{LoadError, Loaded};

@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
 };
 use log::{info, warn};
-use observer_common::{kfd::HW_HOOKS, task::KernelOffsets};
+use observer_common::{kernel::KernelOffsets, kfd::HW_HOOKS};
 
 use super::{Environment, ProbeStatus};
 use crate::config::Families;

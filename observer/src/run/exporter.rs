@@ -32,6 +32,8 @@ pub struct Exporter {
 }
 
 impl Consumer for Exporter {
+    type Error = CliError;
+
     fn events(&mut self, pipeline: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
         if let Some(gate) = &mut self.gate {
             gate.events(pipeline, &events);

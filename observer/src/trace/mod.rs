@@ -256,6 +256,8 @@ struct Printer<W: Write> {
 }
 
 impl<W: Write> Consumer for Printer<W> {
+    type Error = CliError;
+
     fn events(&mut self, _: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
         for event in events.iter().filter(|e| self.filter.matches(e)) {
             let line = if self.json { event.to_json().to_string() } else { render::line(event) };
