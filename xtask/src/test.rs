@@ -57,6 +57,9 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         }
     };
     if !args.no_lint {
+        // Seconds, and the cheapest way to learn a change broke the layers.
+        step("layers: observer/src imports run downward only");
+        crate::layers::check()?;
         step("rustfmt --check");
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
         run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;

@@ -165,3 +165,86 @@ pub fn check() -> Result<()> {
     }
     bail!("{} layering problems in observer/src (see docs/ARCHITECTURE.md)", problems.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crate written to a temporary folder: (path under src/, text).
+    fn crate_of(name: &str, files: &[(&str, &str)]) -> (std::path::PathBuf, Vec<Import>) {
+        let src = std::env::temp_dir().join(format!("layers-{name}-{}", std::process::id())).join("src");
+        let _ = std::fs::remove_dir_all(&src);
+        for (path, text) in files {
+            let file = src.join(path);
+            std::fs::create_dir_all(file.parent().expect("a folder")).expect("mkdir");
+            std::fs::write(&file, text).expect("write");
+        }
+        let imports = read_crate(&src.join("lib.rs")).expect("reads");
+        (src, imports)
+    }
+
+    fn roots(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_downward_import_passes() {
+        let (_, imports) = crate_of(
+            "down",
+            &[
+                ("lib.rs", "pub mod config;\npub mod probes;\n"),
+                ("config.rs", "pub struct Families;\n"),
+                ("probes/mod.rs", "use crate::config::Families;\npub fn f(_: Families) {}\n"),
+            ],
+        );
+        assert_eq!(problems(&imports, &roots(&["config", "probes"])), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_forbidden_arrow_is_named_with_its_file_even_through_a_re_export() {
+        let (_, imports) = crate_of(
+            "forbidden",
+            &[
+                ("lib.rs", "pub mod gate;\npub mod attribution;\n"),
+                ("gate/mod.rs", "mod consts;\npub use consts::CONDITION_TYPE;\n"),
+                ("gate/consts.rs", "pub const CONDITION_TYPE: &str = \"x\";\n"),
+                ("attribution/kube.rs", "pub fn f() -> &'static str {\n    crate::gate::CONDITION_TYPE\n}\n"),
+                ("attribution/mod.rs", "pub mod kube;\n"),
+            ],
+        );
+        let found = problems(&imports, &roots(&["gate", "attribution"]));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("attribution/kube.rs:2") && found[0].contains("crate::gate::CONDITION_TYPE"));
+        assert!(found[0].contains("the data path does not know its consumers"), "{}", found[0]);
+    }
+
+    #[test]
+    fn a_cycle_in_one_layer_and_a_path_in_a_macro_are_found() {
+        let (_, imports) = crate_of(
+            "cycle",
+            &[
+                ("lib.rs", "pub mod metrics;\npub mod gate;\n"),
+                ("metrics.rs", "pub fn m() { crate::gate::g() }\n"),
+                ("gate.rs", "pub fn g() { eprintln!(\"{}\", crate::metrics::NAME) }\n"),
+            ],
+        );
+        let found = problems(&imports, &roots(&["metrics", "gate"]));
+        assert!(found.iter().any(|p| p.starts_with("import cycle: gate -> metrics -> gate")), "{found:?}");
+    }
+
+    #[test]
+    fn an_upward_import_and_an_unplaced_module_are_refused() {
+        let (_, imports) = crate_of(
+            "up",
+            &[
+                ("lib.rs", "pub mod events;\npub mod pipeline;\npub mod extra;\n"),
+                ("events.rs", "use super::pipeline::Pipeline;\n"),
+                ("pipeline.rs", "pub struct Pipeline;\n"),
+                ("extra.rs", ""),
+            ],
+        );
+        let found = problems(&imports, &roots(&["events", "pipeline", "extra"]));
+        assert!(found.iter().any(|p| p.contains("`extra` is in no layer")), "{found:?}");
+        assert!(found.iter().any(|p| p.contains("events (layer events) import pipeline (layer pipeline)")), "{found:?}");
+    }
+}
