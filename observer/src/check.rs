@@ -15,6 +15,10 @@ use crate::{
     discovery::scan::host_libraries,
     error::CliError,
     gpu_library::{self, Flavor},
+    metrics::{
+        exposition::{self, Sample},
+        fetch::Target,
+    },
     pipeline::{Options, Pipeline},
     probes::{KernelSettings, ProbeStatus},
 };
@@ -125,31 +129,27 @@ fn kprobes_available() -> (bool, String) {
 }
 
 /// The readiness gate's series of an exposition.
-fn parse_readiness_gate(text: &str) -> ReadinessGate {
+fn parse_readiness_gate(samples: &[Sample]) -> ReadinessGate {
     use crate::metrics::catalog::{PREFIX, READINESS_GATE_ENABLED, READINESS_GATE_PODS};
-    let enabled_prefix = format!("{PREFIX}{} ", READINESS_GATE_ENABLED.name);
-    let pods_prefix = format!("{PREFIX}{}{{condition=\"", READINESS_GATE_PODS.name);
+    let enabled = format!("{PREFIX}{}", READINESS_GATE_ENABLED.name);
+    let pods = format!("{PREFIX}{}", READINESS_GATE_PODS.name);
     let mut gate = ReadinessGate {
         condition_type: crate::attribution::kube::CONDITION_TYPE,
         ..ReadinessGate::default()
     };
-    for line in text.lines() {
-        if let Some(value) = line.strip_prefix(&enabled_prefix) {
-            gate.enabled = value.trim().parse::<f64>().ok().map(|v| v == 1.0);
-        } else if let Some(rest) = line.strip_prefix(&pods_prefix) {
-            if let Some((condition, value)) = rest.split_once("\"} ") {
-                if let Ok(n) = value.trim().parse::<f64>() {
-                    gate.pods.insert(condition.to_string(), n as u64);
-                }
-            }
+    for sample in samples {
+        if sample.name == enabled {
+            gate.enabled = Some(sample.value == 1.0);
+        } else if sample.name == pods {
+            gate.pods.insert(sample.label("condition").to_string(), sample.value as u64);
         }
     }
     gate
 }
 
 /// Asks the daemon's exporter for `canaryscope_gpu_hot_probed_processes`.
-fn daemon_hot_calls(address: &str, exposition: Option<&str>) -> HotCalls {
-    let selected = exposition.map(parse_hot_counts);
+fn daemon_hot_calls(address: &str, samples: Option<&[Sample]>) -> HotCalls {
+    let selected = samples.map(parse_hot_counts);
     HotCalls {
         daemon: address.to_string(),
         reachable: selected.as_ref().is_some_and(|s| !s.is_empty()),
@@ -157,31 +157,24 @@ fn daemon_hot_calls(address: &str, exposition: Option<&str>) -> HotCalls {
     }
 }
 
-fn scrape(address: &str) -> Option<String> {
-    use std::{
-        io::{Read, Write},
-        net::{TcpStream, ToSocketAddrs},
-        time::Duration,
-    };
-    let addr = address.to_socket_addrs().ok()?.next()?;
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    Some(body)
+/// The samples of the daemon's `/metrics`; `None` when nothing answers
+/// there with an exposition.
+fn scrape(address: &str) -> Option<Vec<Sample>> {
+    let target = Target::parse(&format!("http://{address}/metrics")).ok()?;
+    exposition::parse(&target.get().ok()?).ok()
 }
 
 /// `reason -> processes` from an exposition.
-fn parse_hot_counts(text: &str) -> std::collections::BTreeMap<String, u64> {
-    let name = crate::metrics::catalog::GPU_HOT_PROBED_PROCESSES.name;
-    let prefix = format!("{}{name}{{reason=\"", crate::metrics::catalog::PREFIX);
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix(&prefix)?;
-            let (reason, value) = rest.split_once("\"} ")?;
-            Some((reason.to_string(), value.trim().parse::<f64>().ok()? as u64))
-        })
+fn parse_hot_counts(samples: &[Sample]) -> std::collections::BTreeMap<String, u64> {
+    let name = format!(
+        "{}{}",
+        crate::metrics::catalog::PREFIX,
+        crate::metrics::catalog::GPU_HOT_PROBED_PROCESSES.name
+    );
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .map(|s| (s.label("reason").to_string(), s.value as u64))
         .collect()
 }
 
@@ -278,9 +271,9 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
     // once, record each probe's outcome, and detach.
     let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
     let observable = probes.iter().any(|p| p.attached);
-    let exposition = scrape(daemon);
-    let hot_calls = daemon_hot_calls(daemon, exposition.as_deref());
-    let readiness_gate = exposition.as_deref().map(parse_readiness_gate).unwrap_or(ReadinessGate {
+    let samples = scrape(daemon);
+    let hot_calls = daemon_hot_calls(daemon, samples.as_deref());
+    let readiness_gate = samples.as_deref().map(parse_readiness_gate).unwrap_or(ReadinessGate {
         condition_type: crate::attribution::kube::CONDITION_TYPE,
         ..ReadinessGate::default()
     });
@@ -410,7 +403,7 @@ mod tests {
                     canaryscope_gpu_hot_probed_processes{reason=\"canary\"} 3\n\
                     canaryscope_gpu_hot_probed_processes{reason=\"gpu_trouble\"} 0\n\
                     canaryscope_probe_attached{probe=\"gpu\",target=\"x\"} 1\n";
-        let counts = parse_hot_counts(text);
+        let counts = parse_hot_counts(&exposition::parse(text).expect("an exposition"));
         assert_eq!(counts.get("canary"), Some(&3));
         assert_eq!(counts.get("gpu_trouble"), Some(&0));
         assert_eq!(counts.len(), 2);
@@ -423,12 +416,14 @@ mod tests {
                     canaryscope_readiness_gate_pods{condition=\"false\"} 1\n\
                     canaryscope_readiness_gate_pods{condition=\"none\"} 0\n\
                     canaryscope_readiness_gate_pending_patches 0\n";
-        let gate = parse_readiness_gate(text);
+        let gate = parse_readiness_gate(&exposition::parse(text).expect("an exposition"));
         assert_eq!(gate.enabled, Some(true));
         assert_eq!(gate.pod_count(), 3);
         assert_eq!(gate.pods.get("false"), Some(&1));
-        let off = parse_readiness_gate("canaryscope_readiness_gate_enabled 0\n");
+        let off = parse_readiness_gate(
+            &exposition::parse("canaryscope_readiness_gate_enabled 0\n").expect("an exposition"),
+        );
         assert_eq!((off.enabled, off.pod_count()), (Some(false), 0));
-        assert_eq!(parse_readiness_gate("").enabled, None);
+        assert_eq!(parse_readiness_gate(&[]).enabled, None);
     }
 }

@@ -3,7 +3,9 @@
 //! cap that protects Prometheus from a cardinality explosion.
 pub mod catalog;
 pub mod contract;
+pub mod exposition;
 pub mod families;
+pub mod fetch;
 pub mod recorder;
 pub mod server;
 

@@ -16,12 +16,12 @@ use super::Metrics;
 
 /// Readiness as the daemon loop last judged it.
 #[derive(Default)]
-pub struct Exposition {
+pub struct Readiness {
     /// `None` when ready, else why not.
     pub not_ready: Option<String>,
 }
 
-pub type Shared = Arc<RwLock<Exposition>>;
+pub type Shared = Arc<RwLock<Readiness>>;
 
 /// The series, and their text as of the last scrape that found them
 /// changed. Rendering happens on a scrape and only after a change: a node

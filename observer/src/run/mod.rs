@@ -24,7 +24,7 @@ use crate::{
     gate::{patcher::Patcher, Gate},
     metrics::{
         recorder::Recorder,
-        server::{self, Exposition, Published, Shared, SharedMetrics},
+        server::{self, Published, Readiness, Shared, SharedMetrics},
         Metrics,
     },
     pipeline::{Options, Pipeline},
@@ -152,7 +152,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     let published: SharedMetrics = Arc::new(Mutex::new(Published::new(metrics)));
     // Not ready until the loop has judged readiness once: a /readyz answered
     // before the first tick must not claim a synced pod cache.
-    let shared: Shared = Arc::new(RwLock::new(Exposition { not_ready: Some("starting".into()) }));
+    let shared: Shared = Arc::new(RwLock::new(Readiness { not_ready: Some("starting".into()) }));
     tokio::spawn(server::serve(listener, shared.clone(), published.clone()));
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 

@@ -3,8 +3,6 @@
 //! runs its own probes, as `trace` does; with `--from URL` it reads a
 //! running daemon's `/metrics` and loads nothing. Either way the rows come
 //! from the same text Prometheus scrapes.
-pub mod exposition;
-pub mod fetch;
 pub mod format;
 mod local;
 pub mod screen;
@@ -24,6 +22,7 @@ use crate::{
     config::{self, parse_duration},
     error::CliError,
     event_loop::Flow,
+    metrics::{exposition, fetch},
 };
 use screen::{Input, Screen};
 use table::{Reading, Row, SortKey};

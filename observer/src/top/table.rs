@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::exposition::Sample;
 use crate::metrics::catalog::{self, MetricDecl};
+use crate::metrics::exposition::Sample;
 
 /// One reading of the exposition and when it was taken.
 pub struct Reading {
@@ -292,7 +292,7 @@ pub fn rows(now: &Reading, before: Option<&Reading>) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::exposition::parse;
+    use crate::metrics::exposition::parse;
 
     fn reading(text: &str, at: std::time::Instant) -> Reading {
         Reading { samples: parse(text).expect("exposition"), at }

@@ -214,7 +214,9 @@ mod tests {
         );
         let found = problems(&imports, &roots(&["gate", "attribution"]));
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].contains("attribution/kube.rs:2") && found[0].contains("crate::gate::CONDITION_TYPE"));
+        assert!(
+            found[0].contains("attribution/kube.rs:2") && found[0].contains("crate::gate::CONDITION_TYPE")
+        );
         assert!(found[0].contains("the data path does not know its consumers"), "{}", found[0]);
     }
 
@@ -245,6 +247,9 @@ mod tests {
         );
         let found = problems(&imports, &roots(&["events", "pipeline", "extra"]));
         assert!(found.iter().any(|p| p.contains("`extra` is in no layer")), "{found:?}");
-        assert!(found.iter().any(|p| p.contains("events (layer events) import pipeline (layer pipeline)")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("events (layer events) import pipeline (layer pipeline)")),
+            "{found:?}"
+        );
     }
 }

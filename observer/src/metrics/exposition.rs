@@ -1,7 +1,7 @@
 //! Reads the Prometheus text exposition back into samples: `top --from`
-//! gets a daemon's `/metrics` this way, and `top` on its own probes reads
-//! the text its in-process exporter renders, so both views are computed
-//! from exactly what Prometheus would scrape.
+//! and `check` read a daemon's `/metrics` this way, and `top` on its own
+//! probes reads the text its in-process recorder renders, so every view is
+//! computed from exactly what Prometheus would scrape.
 use std::collections::BTreeMap;
 
 /// One sample line: `name{label="value",...} value`.

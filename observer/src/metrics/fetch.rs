@@ -1,4 +1,5 @@
-//! `top --from URL`: one GET of a running daemon's `/metrics`. Plain HTTP
+//! One GET of a running daemon's `/metrics` (`top --from URL`, `check
+//! --daemon`). Plain HTTP
 //! over a TCP stream is all the exporter speaks (see `metrics/server.rs`);
 //! HTTP/1.0 keeps any other server from chunking its answer.
 use std::{
