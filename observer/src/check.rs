@@ -20,7 +20,7 @@ use crate::{
         fetch::Target,
     },
     pipeline::{Options, Pipeline},
-    probes::{KernelSettings, ProbeStatus},
+    probes::ProbeStatus,
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -290,29 +290,11 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
 }
 
 fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
-    let options = Options {
-        settings: KernelSettings {
-            gpu_emit_all: false,
-            gpu_slow_ns: u64::MAX,
-            kfd_device: None,
-            hold: false,
-        },
-        explicit_libs: extra_libs.to_vec(),
-        stall_threshold_ns: u64::MAX,
-        families: Families::ALL,
-        hold: false,
-        hold_scoped: false,
-        kfd_syscall_fallback: false,
-        per_function_uprobes: false,
-        // What the daemon would do by default; nothing is troubled yet.
-        hot_policy: Policy::for_daemon(
-            crate::config::HotCalls::Selected,
-            crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default(),
-        ),
-        hot_detail: crate::config::HotDetail::Counts,
-        // The trial needs no seeded set: nothing runs long enough to count.
-        runq_prefixes: None,
-    };
+    // What the daemon would do by default (nothing is troubled yet), with
+    // no stall threshold; the trial needs no seeded run-queue set.
+    let hot_window = crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default();
+    let hot_policy = Policy::for_daemon(crate::config::HotCalls::Selected, hot_window);
+    let options = Options::new(Families::ALL, u64::MAX, hot_policy).libs(extra_libs.to_vec());
     match Pipeline::start(options) {
         // The same statuses the daemon exports, GPU library files included.
         Ok((pipeline, _ring)) => (pipeline.statuses(), None),

@@ -61,6 +61,58 @@ pub struct Options {
     pub runq_prefixes: Option<Vec<String>>,
 }
 
+impl Options {
+    /// What every command starts from: the `families` to attach, calls in
+    /// flight past `stall_threshold_ns` are stalls (and the kernel's "slow"
+    /// mark), hot calls go where `hot_policy` says and are counted. Nothing
+    /// is held, no library is named and nobody reads run-queue histograms
+    /// until a command says otherwise.
+    pub fn new(families: Families, stall_threshold_ns: u64, hot_policy: Policy) -> Self {
+        Self {
+            settings: KernelSettings {
+                gpu_emit_all: false,
+                gpu_slow_ns: stall_threshold_ns,
+                kfd_device: None,
+                hold: false,
+            },
+            explicit_libs: Vec::new(),
+            stall_threshold_ns,
+            families,
+            hold: false,
+            hold_scoped: false,
+            kfd_syscall_fallback: false,
+            per_function_uprobes: false,
+            hot_policy,
+            hot_detail: crate::config::HotDetail::Counts,
+            runq_prefixes: None,
+        }
+    }
+
+    /// Libraries the user named (`--lib`).
+    pub fn libs(mut self, libs: Vec<PathBuf>) -> Self {
+        self.explicit_libs = libs;
+        self
+    }
+
+    /// `--hold`: the kernel holds, and the pipeline resumes.
+    pub fn hold(mut self, hold: bool) -> Self {
+        self.hold = hold;
+        self.settings.hold = hold;
+        self
+    }
+
+    pub fn hot_detail(mut self, detail: crate::config::HotDetail) -> Self {
+        self.hot_detail = detail;
+        self
+    }
+
+    /// Run-queue histograms for kubepods and these cgroup prefixes.
+    pub fn runq_prefixes(mut self, prefixes: Vec<String>) -> Self {
+        self.runq_prefixes = Some(prefixes);
+        self
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]

@@ -28,7 +28,6 @@ use crate::{
         Metrics,
     },
     pipeline::{Options, Pipeline},
-    probes::KernelSettings,
 };
 use exporter::{Exporter, HeldPods};
 use gate_runner::{unix_now, GateRunner};
@@ -176,27 +175,18 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
 /// The pipeline with every probe the settings ask for.
 fn start_pipeline(settings: &Settings) -> Result<(Pipeline, crate::pipeline::reader::Ring), CliError> {
     let stall_ns = config::kernel_ns(settings.stall_threshold);
-    Ok(Pipeline::start(Options {
-        settings: KernelSettings {
-            gpu_emit_all: false,
-            gpu_slow_ns: stall_ns,
-            kfd_device: None,
-            hold: settings.hold,
-        },
-        explicit_libs: settings.libs.clone(),
-        stall_threshold_ns: stall_ns,
-        families: settings.probes,
-        hold: settings.hold,
+    let options = Options {
         // Canary and gated pods' processes are held whatever --hold says:
         // a canary ships the runtime file never seen before, and a gated
         // pod's start-up calls are the gate's evidence.
         hold_scoped: settings.kube.is_some(),
-        kfd_syscall_fallback: false,
-        per_function_uprobes: false,
-        hot_policy: Policy::for_daemon(settings.hot_calls, settings.hot_window),
-        hot_detail: settings.hot_detail,
-        runq_prefixes: Some(settings.cgroups.clone()),
-    })?)
+        ..Options::new(settings.probes, stall_ns, Policy::for_daemon(settings.hot_calls, settings.hot_window))
+            .libs(settings.libs.clone())
+            .hold(settings.hold)
+            .hot_detail(settings.hot_detail)
+            .runq_prefixes(settings.cgroups.clone())
+    };
+    Ok(Pipeline::start(options)?)
 }
 
 /// With Kubernetes: canary pods are held at a new runtime file and get

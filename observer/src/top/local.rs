@@ -12,7 +12,6 @@ use crate::{
     events::Event,
     metrics::recorder::Recorder,
     pipeline::{Options, Pipeline},
-    probes::KernelSettings,
 };
 
 struct LocalTop {
@@ -50,24 +49,10 @@ pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
     // Run-queue latency for the kubepods hierarchy, and for a cgroup
     // prefix the person filters on.
     let runq_prefixes = args.filter.starts_with('/').then(|| args.filter.clone()).into_iter().collect();
-    let (mut pipeline, ring) = Pipeline::start(Options {
-        settings: KernelSettings {
-            gpu_emit_all: false,
-            gpu_slow_ns: stall_ns,
-            kfd_device: None,
-            hold: false,
-        },
-        explicit_libs: args.libs.clone(),
-        stall_threshold_ns: stall_ns,
-        families: args.probes,
-        hold: false,
-        hold_scoped: false,
-        kfd_syscall_fallback: false,
-        per_function_uprobes: false,
-        hot_policy: Policy::for_daemon(hot_calls, hot_window),
-        hot_detail: config::HotDetail::Counts,
-        runq_prefixes: Some(runq_prefixes),
-    })?;
+    let options = Options::new(args.probes, stall_ns, Policy::for_daemon(hot_calls, hot_window))
+        .libs(args.libs.clone())
+        .runq_prefixes(runq_prefixes);
+    let (mut pipeline, ring) = Pipeline::start(options)?;
     let recorder = Recorder::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);
     // The screen takes the terminal only once the probes are attached, so
     // a refusal prints where the person can read it.

@@ -19,7 +19,6 @@ use crate::{
     events::Event,
     pipeline::{Options, Pipeline},
     probes::gpu::HotPlacement,
-    probes::KernelSettings,
     render,
 };
 
@@ -155,29 +154,17 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
 
 async fn trace(args: Args) -> Result<ExitCode, CliError> {
     let stall_ns = config::kernel_ns(args.stall_threshold);
-    let (mut pipeline, ring) = Pipeline::start(Options {
-        settings: KernelSettings {
-            gpu_emit_all: args.all,
-            gpu_slow_ns: stall_ns,
-            kfd_device: args.kfd_device.clone(),
-            hold: args.hold,
-        },
-        explicit_libs: args.libs.clone(),
-        stall_threshold_ns: stall_ns,
-        families: args.probes,
-        hold: args.hold,
-        hold_scoped: false,
-        kfd_syscall_fallback: args.kfd_syscall_fallback,
-        per_function_uprobes: args.per_function_uprobes,
-        hot_policy: Policy::for_trace(
-            args.hot_calls,
-            &args.pids,
-            args.comm.as_deref(),
-            args.cgroup.as_deref(),
-        ),
-        hot_detail: args.hot_detail,
-        runq_prefixes: None,
-    })?;
+    let hot_policy =
+        Policy::for_trace(args.hot_calls, &args.pids, args.comm.as_deref(), args.cgroup.as_deref());
+    let mut options = Options::new(args.probes, stall_ns, hot_policy)
+        .libs(args.libs.clone())
+        .hold(args.hold)
+        .hot_detail(args.hot_detail);
+    options.settings.gpu_emit_all = args.all;
+    options.settings.kfd_device = args.kfd_device.clone();
+    options.kfd_syscall_fallback = args.kfd_syscall_fallback;
+    options.per_function_uprobes = args.per_function_uprobes;
+    let (mut pipeline, ring) = Pipeline::start(options)?;
     greet(&pipeline, &args);
     let mut printer = Printer {
         out: io::BufWriter::new(io::stdout().lock()),
