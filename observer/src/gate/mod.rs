@@ -315,7 +315,7 @@ impl Gate {
             let message = format!(
                 "{} has not returned within the stall threshold ({})",
                 stall.function,
-                humantime(threshold)
+                short_duration(threshold)
             );
             self.note_trouble(
                 stall.cgroup_id,
@@ -444,14 +444,14 @@ impl Gate {
                 message: format!(
                     "GPU runtime calls seen, but no completed start-up (init, device count and a context or \
                      allocation) within {}",
-                    humantime(timeout)
+                    short_duration(timeout)
                 ),
             }
         } else {
             Desired {
                 ready: false,
                 reason: REASON_NO_ACTIVITY,
-                message: format!("no GPU runtime call seen within {}", humantime(timeout)),
+                message: format!("no GPU runtime call seen within {}", short_duration(timeout)),
             }
         })
     }
@@ -469,7 +469,7 @@ fn display_name(name: &str) -> &str {
 }
 
 /// `1m30s`, `10s`, `500ms`: durations as the flags take them.
-pub fn humantime(d: Duration) -> String {
+pub fn short_duration(d: Duration) -> String {
     let ms = d.as_millis();
     if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
@@ -698,9 +698,9 @@ mod tests {
 
     #[test]
     fn durations_read_as_flags_take_them() {
-        assert_eq!(humantime(Duration::from_secs(10)), "10s");
-        assert_eq!(humantime(Duration::from_secs(90)), "1m30s");
-        assert_eq!(humantime(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(humantime(Duration::from_secs(7200)), "2h");
+        assert_eq!(short_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(short_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(short_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(short_duration(Duration::from_secs(7200)), "2h");
     }
 }

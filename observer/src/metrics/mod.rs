@@ -39,7 +39,7 @@ type ExitKey = (String, &'static str, &'static str, &'static str);
 /// The value of a label that does not apply to a series.
 const NONE: &str = "none";
 
-struct Attribution {
+struct SeriesLabels {
     labels: WorkloadLabels,
     gone_since: Option<Instant>,
 }
@@ -75,7 +75,7 @@ pub struct Metrics {
     pub series_overflow: u64,
     /// Ring-buffer records received, by kind (shows that aggregation works).
     pub records: BTreeMap<&'static str, u64>,
-    attribution: HashMap<u64, Attribution>,
+    series_labels: HashMap<u64, SeriesLabels>,
     pub max_cgroups: usize,
     /// Whether a series changed since the last [`Metrics::take_changed`]:
     /// the exposition is rendered only then, so a scrape costs no rendering
@@ -94,16 +94,17 @@ impl Metrics {
 
     /// Admits a cgroup under the cardinality cap.
     fn admit(&mut self, cgroup: u64) -> bool {
-        if self.attribution.contains_key(&cgroup) {
+        if self.series_labels.contains_key(&cgroup) {
             return true;
         }
         // Both change what a scrape shows.
         self.changed = true;
-        if self.attribution.len() >= self.max_cgroups {
+        if self.series_labels.len() >= self.max_cgroups {
             self.series_overflow += 1;
             return false;
         }
-        self.attribution.insert(cgroup, Attribution { labels: WorkloadLabels::default(), gone_since: None });
+        self.series_labels
+            .insert(cgroup, SeriesLabels { labels: WorkloadLabels::default(), gone_since: None });
         true
     }
 
@@ -260,7 +261,7 @@ impl Metrics {
         let now = Instant::now();
         let mut purged = Vec::new();
         let mut relabelled = false;
-        for (cgroup, a) in self.attribution.iter_mut() {
+        for (cgroup, a) in self.series_labels.iter_mut() {
             let (labels, liveness) = resolve(*cgroup);
             match liveness {
                 Liveness::Live => {
@@ -283,7 +284,7 @@ impl Metrics {
         }
         self.changed |= relabelled || !purged.is_empty();
         for cgroup in &purged {
-            self.attribution.remove(cgroup);
+            self.series_labels.remove(cgroup);
             self.hardware_by_cgroup.retain(|k, _| k.0 != *cgroup);
             self.init_failures.retain(|k, _| k.0 != *cgroup);
             self.crashes.retain(|k, _| k.0 != *cgroup);
@@ -302,16 +303,16 @@ impl Metrics {
 
     /// Whether the cgroup has series (admitted under the cap).
     pub fn is_tracked(&self, cgroup: u64) -> bool {
-        self.attribution.contains_key(&cgroup)
+        self.series_labels.contains_key(&cgroup)
     }
 
     #[cfg(test)]
     pub fn tracked_cgroups(&self) -> usize {
-        self.attribution.len()
+        self.series_labels.len()
     }
 
     fn labels(&self, cgroup: u64) -> [&str; 6] {
-        match self.attribution.get(&cgroup) {
+        match self.series_labels.get(&cgroup) {
             Some(a) => a.labels.values(),
             None => ["", "", "", "", "", ""],
         }
@@ -464,7 +465,7 @@ impl Metrics {
             fams.get(&RING_EVENTS).value(&[kind], *n as f64);
         }
         fams.get(&SERIES_OVERFLOW).value(&[], self.series_overflow as f64);
-        fams.get(&TRACKED_CGROUPS).value(&[], self.attribution.len() as f64);
+        fams.get(&TRACKED_CGROUPS).value(&[], self.series_labels.len() as f64);
         fams.finish()
     }
 }

@@ -191,12 +191,12 @@ pub struct Probe {
     pub needs: &'static [Need],
     pub used: Use,
     /// What an attached probe's status says.
-    pub detail: Detail,
+    pub detail: StatusDetail,
 }
 
 /// The status text of an attached probe, fixed or told by the kernel.
 #[derive(Clone, Copy, Debug)]
-pub enum Detail {
+pub enum StatusDetail {
     Text(&'static str),
     /// One text where the kernel offers something, another where not.
     Depends {
@@ -207,7 +207,7 @@ pub enum Detail {
     Kernel(fn(&Environment) -> String),
 }
 
-impl Detail {
+impl StatusDetail {
     fn text(self, env: &Environment) -> String {
         match self {
             Self::Text(text) => text.to_string(),
@@ -247,7 +247,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("process_exit", Hook::Raw("sched_process_exit")),
         needs: &[Need::ExitCode],
         used: Use::Always,
-        detail: Detail::Text("abnormal exits from task->exit_code"),
+        detail: StatusDetail::Text("abnormal exits from task->exit_code"),
     },
     Probe {
         family: Family::Exits,
@@ -256,7 +256,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("signal_origin", Hook::Raw("signal_generate")),
         needs: &[],
         used: Use::Always,
-        detail: Detail::Text("who sent a possibly fatal signal, for an exit's cause"),
+        detail: StatusDetail::Text("who sent a possibly fatal signal, for an exit's cause"),
     },
     Probe {
         family: Family::Exits,
@@ -265,7 +265,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("signal_generate", Hook::Raw("signal_generate")),
         needs: &[Need::Helpers(CRASH_HELPERS)],
         used: Use::IfHelpers(CRASH_HELPERS),
-        detail: Detail::Depends {
+        detail: StatusDetail::Depends {
             offers: |o| o.have_vma != 0,
             yes: "faulting library resolved in the kernel (bpf_find_vma)",
             no: "no VMA offsets in BTF: crashes reported without the faulting library",
@@ -278,7 +278,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("signal_generate_stack", Hook::Raw("signal_generate")),
         needs: &[Need::TaskStack],
         used: Use::UnlessHelpers(CRASH_HELPERS),
-        detail: Detail::Text(
+        detail: StatusDetail::Text(
             "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, the \
              library from the process's code ranges seen by userspace",
         ),
@@ -290,7 +290,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("oom_mark_victim", Hook::Tracepoint("oom", "mark_victim")),
         needs: &[Need::Tracefs, Need::MarkVictimPid],
         used: Use::Always,
-        detail: Detail::Depends {
+        detail: StatusDetail::Depends {
             offers: |o| o.mark_victim_anon_rss != 0,
             yes: "oom:mark_victim with anon_rss",
             no: "oom:mark_victim (pid only)",
@@ -310,7 +310,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("mmap_exec", Hook::Tracepoint("syscalls", "sys_enter_mmap")),
         needs: &[Need::Tracefs],
         used: Use::Always,
-        detail: Detail::Depends {
+        detail: StatusDetail::Depends {
             offers: |o| o.have_vma != 0 && o.have_fd_lookup != 0,
             yes: "GPU runtime files told by name as they are mapped",
             no: "new GPU libraries found by scanning the maps of a process that maps code (no fd offsets in BTF)",
@@ -323,7 +323,7 @@ pub const PROBES: &[Probe] = &[
         programs: one(HOLDING_PROGRAM, Hook::Tracepoint("syscalls", "sys_exit_mmap")),
         needs: &[Need::Tracefs],
         used: Use::Always,
-        detail: Detail::Text("reports (and holds) once the mapping exists"),
+        detail: StatusDetail::Text("reports (and holds) once the mapping exists"),
     },
     Probe {
         family: Family::Gpu,
@@ -332,7 +332,7 @@ pub const PROBES: &[Probe] = &[
         programs: one("process_exec", Hook::Raw("sched_process_exec")),
         needs: &[],
         used: Use::Always,
-        detail: Detail::Text("what a new program's loader could find, probed before main"),
+        detail: StatusDetail::Text("what a new program's loader could find, probed before main"),
     },
     // Attached before the hold can matter: a pod cgroup made while they
     // load is found by the daemon's look at its paths instead.
@@ -348,7 +348,7 @@ pub const PROBES: &[Probe] = &[
         ),
         needs: &[],
         used: Use::IfKernelHas(KFD_IOCTL),
-        detail: Detail::Text("kprobe + kretprobe on kfd_ioctl"),
+        detail: StatusDetail::Text("kprobe + kretprobe on kfd_ioctl"),
     },
     Probe {
         family: Family::Kfd,
@@ -360,7 +360,7 @@ pub const PROBES: &[Probe] = &[
         ),
         needs: &[Need::Tracefs, Need::FdLookup],
         used: Use::UnlessKernelHas(KFD_IOCTL),
-        detail: Detail::Kernel(|env| {
+        detail: StatusDetail::Kernel(|env| {
             let why = if !env.kernel.kprobes {
                 "this kernel has no kprobes (CONFIG_KPROBES unset)"
             } else {
@@ -393,7 +393,7 @@ const fn memory_limit(
         ),
         needs: &[Need::Tracefs, Need::MemLimits],
         used: Use::Always,
-        detail: Detail::Text("calls refused by RLIMIT_AS or RLIMIT_DATA"),
+        detail: StatusDetail::Text("calls refused by RLIMIT_AS or RLIMIT_DATA"),
     }
 }
 
@@ -407,7 +407,7 @@ const fn run_queue(event: &'static str) -> Probe {
         programs: one(event, Hook::Btf(event)),
         needs: &[Need::TaskCgroup, Need::RunDelay],
         used: Use::Always,
-        detail: Detail::Text("run-queue latency per cgroup"),
+        detail: StatusDetail::Text("run-queue latency per cgroup"),
     }
 }
 
@@ -425,7 +425,7 @@ const fn hold_scope(
         programs: one(program, Hook::Raw(event)),
         needs: &[Need::CgroupTree],
         used: Use::Always,
-        detail: Detail::Text(what),
+        detail: StatusDetail::Text(what),
     }
 }
 
@@ -437,7 +437,7 @@ const fn run_queue_scope(event: &'static str, program: &'static str, what: &'sta
         programs: one(program, Hook::Raw(event)),
         needs: &[Need::CgroupTree],
         used: Use::Always,
-        detail: Detail::Text(what),
+        detail: StatusDetail::Text(what),
     }
 }
 
@@ -451,7 +451,7 @@ pub fn hardware_probes() -> impl Iterator<Item = Probe> {
         programs: one(hook.program, Hook::Kprobe(hook.function)),
         needs: &[],
         used: Use::IfKernelHas(hook.function),
-        detail: Detail::Text(hook.kind.as_str()),
+        detail: StatusDetail::Text(hook.kind.as_str()),
     })
 }
 

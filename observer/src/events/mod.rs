@@ -12,12 +12,13 @@ use observer_common::{
     oom::OomVictimEvent,
     EventHeader, EventKind,
 };
-use serde_json::{json, Map, Value};
 
 use crate::{
     exit_cause::{Cause, KillReason, Sender},
     names,
 };
+
+mod json;
 
 /// Where an event happened: process, thread and cgroup.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -320,103 +321,6 @@ impl Event {
             _ => true,
         }
     }
-
-    /// The `trace --json` object.
-    pub fn to_json(&self) -> Value {
-        let o = &self.origin;
-        let mut m = Map::new();
-        m.insert("kind".into(), json!(self.kind()));
-        m.insert("ts_ns".into(), json!(o.ts_ns));
-        m.insert("pid".into(), json!(o.pid));
-        m.insert("tid".into(), json!(o.tid));
-        m.insert("comm".into(), json!(o.comm));
-        m.insert("cgroup_id".into(), json!(o.cgroup_id));
-        m.insert("cgroup".into(), json!(o.cgroup));
-        match &self.detail {
-            Detail::GpuCall { api, library, function, result, duration_ns, driver_version } => {
-                m.insert("api".into(), json!(api.as_str()));
-                m.insert("library".into(), json!(library));
-                m.insert("function".into(), json!(function));
-                m.insert("result".into(), json!(result));
-                m.insert("result_name".into(), json!(result_name(*api, *result)));
-                m.insert("duration_ns".into(), json!(duration_ns));
-                m.insert("driver_version".into(), json!(driver_version));
-            }
-            Detail::GpuStall { api, library, function, elapsed_ns } => {
-                m.insert("api".into(), json!(api.as_str()));
-                m.insert("library".into(), json!(library));
-                m.insert("function".into(), json!(function));
-                m.insert("elapsed_ns".into(), json!(elapsed_ns));
-            }
-            Detail::Crash { signal, si_code, addr, ip, library, library_offset, in_call, crash_tid } => {
-                m.insert("signal".into(), json!(signal_label(*signal)));
-                m.insert("signal_number".into(), json!(signal));
-                m.insert("si_code".into(), json!(si_code));
-                m.insert("addr".into(), json!(format!("{addr:#x}")));
-                m.insert("ip".into(), json!(format!("{ip:#x}")));
-                m.insert("library".into(), json!(library));
-                m.insert("library_offset".into(), json!(library_offset.map(|o| format!("{o:#x}"))));
-                m.insert("in_call".into(), json!(in_call));
-                m.insert("crash_tid".into(), json!(crash_tid));
-            }
-            Detail::OomKill { scope, anon_rss_bytes, victims } => {
-                m.insert("scope".into(), json!(scope));
-                m.insert("anon_rss_bytes".into(), json!(anon_rss_bytes));
-                m.insert("victims".into(), json!(victims));
-            }
-            Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
-                m.insert("signal".into(), json!((*signal != 0).then(|| signal_label(*signal))));
-                m.insert("signal_number".into(), json!(signal));
-                m.insert("exit_code".into(), json!(exit_code));
-                m.insert("core_dumped".into(), json!(core_dumped));
-                m.insert("cause".into(), json!(cause.as_str()));
-                m.insert("sender_pid".into(), json!(sender.as_ref().map(|s| s.pid)));
-                m.insert("sender_comm".into(), json!(sender.as_ref().map(|s| s.comm.as_str())));
-                m.insert("sender_cgroup".into(), json!(sender.as_ref().and_then(|s| s.cgroup.as_deref())));
-                m.insert("sender_scope".into(), json!(sender.as_ref().map(|s| s.scope.as_str())));
-                m.insert("kill_reason".into(), json!(kill_reason.map(KillReason::as_str)));
-            }
-            Detail::MemoryLimitRefusal { limit, syscall, requested_bytes, limit_bytes } => {
-                m.insert("limit".into(), json!(limit.as_str()));
-                m.insert("syscall".into(), json!(syscall.as_str()));
-                m.insert("requested_bytes".into(), json!(requested_bytes));
-                m.insert("limit_bytes".into(), json!(limit_bytes));
-            }
-            Detail::KfdIoctl { nr, cmd, result, duration_ns, via } => {
-                m.insert("ioctl".into(), json!(kfd_ioctl_label(*nr)));
-                m.insert("nr".into(), json!(format!("{nr:#04x}")));
-                m.insert("cmd".into(), json!(format!("{cmd:#010x}")));
-                m.insert("result".into(), json!(result));
-                m.insert("errno".into(), json!(names::errno_name(-*result)));
-                m.insert("duration_ns".into(), json!(duration_ns));
-                m.insert("via".into(), json!(via));
-            }
-            Detail::GpuHardware { function, detail, attributed, .. } => {
-                m.insert("function".into(), json!(function));
-                m.insert("detail".into(), json!(detail));
-                m.insert("attributed".into(), json!(attributed));
-            }
-            Detail::CpuThrottle { throttled_ns, periods, total_periods } => {
-                m.insert("throttled_ns".into(), json!(throttled_ns));
-                m.insert("periods".into(), json!(periods));
-                m.insert("total_periods".into(), json!(total_periods));
-            }
-            Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
-                m.insert("runnable_threads".into(), json!(runnable_threads));
-                m.insert("quota_cores".into(), json!(quota_cores));
-            }
-            Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
-                m.insert("library".into(), json!(library));
-                m.insert("flavor".into(), json!(flavor));
-                m.insert("functions".into(), json!(functions));
-                m.insert("reason".into(), json!(reason));
-                m.insert("held_ns".into(), json!(held_ns));
-                m.insert("init_probes_after_ns".into(), json!(probes_after.map(|p| p.init_ns)));
-                m.insert("probes_after_ns".into(), json!(probes_after.map(|p| p.all_ns)));
-            }
-        }
-        Value::Object(m)
-    }
 }
 
 #[cfg(test)]
@@ -529,5 +433,137 @@ mod tests {
         assert_eq!(cuda.to_json()["result_name"], "CUDA_ERROR_NO_DEVICE");
         // A hot call counted at its return has no duration, not a zero one.
         assert!(cuda.to_json()["duration_ns"].is_null(), "{}", cuda.to_json());
+    }
+
+    /// One event of every kind, with the values that exercise each field's
+    /// encoding (hex, labels, absent values).
+    fn one_of_each_kind() -> Vec<Event> {
+        let origin = Origin {
+            ts_ns: 1_700_000_000_123_456_789,
+            pid: 42,
+            tid: 43,
+            comm: "python3".into(),
+            cgroup_id: 77,
+            cgroup: Some("/kubepods.slice/pod-a".into()),
+        };
+        let sender = Sender {
+            pid: 9,
+            comm: "kubelet".into(),
+            cgroup_id: 1,
+            cgroup: None,
+            scope: crate::exit_cause::SenderScope::Host,
+        };
+        let details = vec![
+            Detail::GpuCall {
+                api: Api::Cuda,
+                library: "libcuda.so.1".into(),
+                function: "cuInit".into(),
+                result: 100,
+                duration_ns: Some(1500),
+                driver_version: Some(12040),
+            },
+            Detail::GpuCall {
+                api: Api::Hip,
+                library: "libamdhip64.so.5".into(),
+                function: "hipLaunchKernel".into(),
+                result: 0,
+                duration_ns: None,
+                driver_version: None,
+            },
+            Detail::GpuStall {
+                api: Api::Cudart,
+                library: "libcudart.so.12".into(),
+                function: "cudaDeviceSynchronize".into(),
+                elapsed_ns: 12_000_000_000,
+            },
+            Detail::Crash {
+                signal: 11,
+                si_code: 1,
+                addr: 0xdead,
+                ip: 0x7f00_1234,
+                library: Some("libcuda.so.1".into()),
+                library_offset: Some(0x1234),
+                in_call: Some("cuMemcpyHtoD_v2".into()),
+                crash_tid: 44,
+            },
+            Detail::Crash {
+                signal: 6,
+                si_code: -6,
+                addr: 0,
+                ip: 0,
+                library: None,
+                library_offset: None,
+                in_call: None,
+                crash_tid: 42,
+            },
+            Detail::OomKill { scope: "cgroup", anon_rss_bytes: Some(1 << 30), victims: 2 },
+            Detail::Exit {
+                signal: 9,
+                exit_code: 137,
+                core_dumped: false,
+                cause: Cause::Sent,
+                sender: Some(sender),
+                kill_reason: Some(KillReason::ContainerRestart),
+            },
+            Detail::Exit {
+                signal: 0,
+                exit_code: 137,
+                core_dumped: false,
+                cause: Cause::Wrapped,
+                sender: None,
+                kill_reason: None,
+            },
+            Detail::MemoryLimitRefusal {
+                limit: MemLimit::As,
+                syscall: MemSyscall::Mmap,
+                requested_bytes: 1 << 20,
+                limit_bytes: 1 << 19,
+            },
+            Detail::KfdIoctl { nr: 0x18, cmd: 0xc018_4b18, result: -12, duration_ns: 900, via: "kprobe" },
+            Detail::GpuHardware {
+                kind: HwKind::MemoryFault,
+                function: "kfd_signal_vm_fault_event",
+                detail: "address 0x1000".into(),
+                attributed: true,
+            },
+            Detail::GpuHardware {
+                kind: HwKind::Reset,
+                function: "amdgpu_device_gpu_recover",
+                detail: String::new(),
+                attributed: false,
+            },
+            Detail::GpuHardware {
+                kind: HwKind::QueueEviction,
+                function: "kfd_smi_event_queue_eviction",
+                detail: "trigger svm".into(),
+                attributed: true,
+            },
+            Detail::CpuThrottle { throttled_ns: 5_000_000, periods: 3, total_periods: 10 },
+            Detail::CpuOversubscribed { runnable_threads: 32, quota_cores: 2.5 },
+            Detail::LibraryProbed {
+                library: "/usr/lib/libcuda.so.1".into(),
+                flavor: "nvidia_cuda",
+                functions: 40,
+                reason: "mapped by pid 42".into(),
+                held_ns: Some(3_000_000),
+                probes_after: Some(ProbesAfter { init_ns: 8_000_000, all_ns: 20_000_000 }),
+            },
+            Detail::LibraryProbed {
+                library: "/lib/libamdhip64.so.5".into(),
+                flavor: "hip",
+                functions: 32,
+                reason: "on the host".into(),
+                held_ns: None,
+                probes_after: None,
+            },
+        ];
+        details.into_iter().map(|detail| Event { origin: origin.clone(), detail }).collect()
+    }
+
+    #[test]
+    fn json_of_every_kind_is_the_trace_contract() {
+        let lines: Vec<String> = one_of_each_kind().iter().map(|e| e.to_json().to_string()).collect();
+        let expected = include_str!("../../tests/data/trace-json-contract.jsonl");
+        assert_eq!(lines.join("\n") + "\n", expected);
     }
 }
