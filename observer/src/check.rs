@@ -181,6 +181,32 @@ fn parse_hot_counts(samples: &[Sample]) -> std::collections::BTreeMap<String, u6
 pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    let facilities = facilities(root);
+    let gpu_libraries = gpu_libraries(extra_libs);
+    // The real answer to "what will attach" is to attach: load everything
+    // once, record each probe's outcome, and detach.
+    let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
+    let observable = probes.iter().any(|p| p.attached);
+    let samples = scrape(daemon);
+    let hot_calls = daemon_hot_calls(daemon, samples.as_deref());
+    let readiness_gate = samples.as_deref().map(parse_readiness_gate).unwrap_or(ReadinessGate {
+        condition_type: crate::attribution::kube::CONDITION_TYPE,
+        ..ReadinessGate::default()
+    });
+    Report {
+        kernel: kernel_release(),
+        facilities,
+        gpu_libraries,
+        probes,
+        load_error,
+        observable,
+        hot_calls,
+        readiness_gate,
+    }
+}
+
+/// What the kernel and the machine offer, each with what it means here.
+fn facilities(root: bool) -> Vec<Item> {
     let mut facilities = vec![
         item("root", root, if root { "running as root" } else { "not root: eBPF programs cannot be loaded" }),
         item(
@@ -232,7 +258,11 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
         kfd,
         if kfd { "/dev/kfd present" } else { "no /dev/kfd (amdgpu not loaded)" },
     ));
+    facilities
+}
 
+/// The GPU runtime files named and found on the host, each identified.
+fn gpu_libraries(extra_libs: &[PathBuf]) -> Vec<Library> {
     let mut paths: Vec<(PathBuf, String)> =
         extra_libs.iter().map(|p| (p.clone(), p.display().to_string())).collect();
     paths.extend(host_libraries().into_iter().map(|p| {
@@ -267,26 +297,7 @@ pub fn collect(extra_libs: &[PathBuf], daemon: &str) -> Report {
             }),
         }
     }
-    // The real answer to "what will attach" is to attach: load everything
-    // once, record each probe's outcome, and detach.
-    let (probes, load_error) = if root { trial_load(extra_libs) } else { (Vec::new(), None) };
-    let observable = probes.iter().any(|p| p.attached);
-    let samples = scrape(daemon);
-    let hot_calls = daemon_hot_calls(daemon, samples.as_deref());
-    let readiness_gate = samples.as_deref().map(parse_readiness_gate).unwrap_or(ReadinessGate {
-        condition_type: crate::attribution::kube::CONDITION_TYPE,
-        ..ReadinessGate::default()
-    });
-    Report {
-        kernel: kernel_release(),
-        facilities,
-        gpu_libraries,
-        probes,
-        load_error,
-        observable,
-        hot_calls,
-        readiness_gate,
-    }
+    gpu_libraries
 }
 
 fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {

@@ -1,7 +1,12 @@
 //! How an event reads for a person: `trace`'s aligned lines, readable at a
 //! glance (the full record is one `--json` away), and the daemon's log line
 //! for a newly probed library.
-use crate::events::{result_name, Detail, Event};
+use observer_common::gpu::Api;
+
+use crate::{
+    events::{result_name, Detail, Event},
+    exit_cause::{Cause, KillReason, Sender},
+};
 
 pub const HEADER: &str =
     "TIME (UTC)    PID      COMM             CGROUP                          EVENT       DETAIL";
@@ -40,16 +45,7 @@ pub fn duration(ns: u64) -> String {
 pub fn detail(event: &Event) -> String {
     match &event.detail {
         Detail::Crash { signal, addr, library, library_offset, in_call, .. } => {
-            let mut s = format!("{} at {addr:#x}", crate::events::signal_label(*signal));
-            match (library, library_offset) {
-                (Some(lib), Some(off)) => s.push_str(&format!(" in {lib}+{off:#x}")),
-                (Some(lib), None) => s.push_str(&format!(" in {lib}")),
-                _ => s.push_str(" (code not in a file mapping)"),
-            }
-            if let Some(call) = in_call {
-                s.push_str(&format!(" during {call}"));
-            }
-            s
+            crash(*signal, *addr, library.as_deref(), *library_offset, in_call.as_deref())
         }
         Detail::OomKill { scope, anon_rss_bytes, victims } => {
             let rss = anon_rss_bytes.map(|b| format!(", {} MiB anonymous", b >> 20)).unwrap_or_default();
@@ -91,33 +87,10 @@ pub fn detail(event: &Event) -> String {
             format!("{runnable_threads} runnable threads, quota {quota_cores:.1} cores")
         }
         Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
-            let how = if *signal != 0 {
-                let core = if *core_dumped { " (core dumped)" } else { "" };
-                format!("killed by {}{core}", crate::events::signal_label(*signal))
-            } else {
-                format!("exited with status {exit_code}")
-            };
-            let mut why = format!("cause {}", cause.as_str());
-            if let Some(s) = sender {
-                why.push_str(&format!(" by {}[{}] {}", s.comm, s.pid, s.scope.as_str()));
-            }
-            if let Some(r) = kill_reason {
-                why.push_str(&format!(", {}", r.as_str()));
-            }
-            format!("{how}: {why}")
+            exit(*signal, *exit_code, *core_dumped, cause, sender.as_ref(), *kill_reason)
         }
         Detail::GpuCall { api, library, function, result, duration_ns, driver_version } => {
-            let name = result_name(*api, *result).unwrap_or("unknown result");
-            let lib = library.rsplit('/').next().unwrap_or(library);
-            // What the driver told the process: beside a failure it tells
-            // "runtime newer than the driver" from a missing device.
-            let driver = driver_version
-                .map(|v| format!(" (driver reports CUDA {})", crate::names::cuda_version(v)))
-                .unwrap_or_default();
-            match duration_ns {
-                Some(ns) => format!("{function} -> {result} {name}{driver} in {} [{lib}]", duration(*ns)),
-                None => format!("{function} -> {result} {name}{driver} (counted, not timed) [{lib}]"),
-            }
+            gpu_call(*api, library, function, *result, *duration_ns, *driver_version)
         }
         Detail::GpuStall { library, function, elapsed_ns, .. } => {
             let lib = library.rsplit('/').next().unwrap_or(library);
@@ -132,6 +105,70 @@ pub fn detail(event: &Event) -> String {
                 .unwrap_or_default();
             format!("{library} ({flavor}, {functions} functions): {reason}{held}{after}")
         }
+    }
+}
+
+fn crash(
+    signal: i32,
+    addr: u64,
+    library: Option<&str>,
+    library_offset: Option<u64>,
+    in_call: Option<&str>,
+) -> String {
+    let mut s = format!("{} at {addr:#x}", crate::events::signal_label(signal));
+    match (library, library_offset) {
+        (Some(lib), Some(off)) => s.push_str(&format!(" in {lib}+{off:#x}")),
+        (Some(lib), None) => s.push_str(&format!(" in {lib}")),
+        _ => s.push_str(" (code not in a file mapping)"),
+    }
+    if let Some(call) = in_call {
+        s.push_str(&format!(" during {call}"));
+    }
+    s
+}
+
+fn exit(
+    signal: i32,
+    exit_code: i32,
+    core_dumped: bool,
+    cause: &Cause,
+    sender: Option<&Sender>,
+    kill_reason: Option<KillReason>,
+) -> String {
+    let how = if signal != 0 {
+        let core = if core_dumped { " (core dumped)" } else { "" };
+        format!("killed by {}{core}", crate::events::signal_label(signal))
+    } else {
+        format!("exited with status {exit_code}")
+    };
+    let mut why = format!("cause {}", cause.as_str());
+    if let Some(s) = sender {
+        why.push_str(&format!(" by {}[{}] {}", s.comm, s.pid, s.scope.as_str()));
+    }
+    if let Some(r) = kill_reason {
+        why.push_str(&format!(", {}", r.as_str()));
+    }
+    format!("{how}: {why}")
+}
+
+fn gpu_call(
+    api: Api,
+    library: &str,
+    function: &str,
+    result: i32,
+    duration_ns: Option<u64>,
+    driver_version: Option<i32>,
+) -> String {
+    let name = result_name(api, result).unwrap_or("unknown result");
+    let lib = library.rsplit('/').next().unwrap_or(library);
+    // What the driver told the process: beside a failure it tells
+    // "runtime newer than the driver" from a missing device.
+    let driver = driver_version
+        .map(|v| format!(" (driver reports CUDA {})", crate::names::cuda_version(v)))
+        .unwrap_or_default();
+    match duration_ns {
+        Some(ns) => format!("{function} -> {result} {name}{driver} in {} [{lib}]", duration(ns)),
+        None => format!("{function} -> {result} {name}{driver} (counted, not timed) [{lib}]"),
     }
 }
 

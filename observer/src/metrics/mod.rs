@@ -347,7 +347,15 @@ impl Metrics {
 
     fn families(&self) -> Vec<prometheus::proto::MetricFamily> {
         let mut fams = FamilySet::new();
+        self.gpu_call_families(&mut fams);
+        self.failure_families(&mut fams);
+        self.kfd_and_hardware_families(&mut fams);
+        self.memory_and_cpu_families(&mut fams);
+        self.node_families(&mut fams);
+        fams.finish()
+    }
 
+    fn gpu_call_families(&self, fams: &mut FamilySet) {
         // GPU calls: counters per result, durations per function (the kernel
         // keeps a histogram per result; they are merged here). Hot calls
         // counted at return only add to the counters and have no durations.
@@ -371,7 +379,10 @@ impl Metrics {
             let function = crate::events::function_name(api, *function);
             fams.get(&GPU_API_CALL_DURATION).latency(&self.vals(*cgroup, &[api.as_str(), &function]), merged);
         }
+    }
 
+    /// Init failures, stalls, crashes, OOM kills and abnormal exits.
+    fn failure_families(&self, fams: &mut FamilySet) {
         for ((cgroup, api, function, result), n) in &self.init_failures {
             fams.get(&GPU_INIT_FAILURES).value(&self.vals(*cgroup, &[api, function, result]), *n as f64);
         }
@@ -390,7 +401,9 @@ impl Metrics {
         for ((cgroup, (signal, cause, scope, reason)), n) in &self.exits {
             fams.get(&ABNORMAL_EXITS).value(&self.vals(*cgroup, &[signal, cause, scope, reason]), *n as f64);
         }
+    }
 
+    fn kfd_and_hardware_families(&self, fams: &mut FamilySet) {
         // KFD ioctls: as GPU calls, counters per result and durations per ioctl.
         let mut by_ioctl: BTreeMap<(u64, u32), LatencyHistogram> = BTreeMap::new();
         for (k, s) in &self.kfd {
@@ -417,7 +430,9 @@ impl Metrics {
             }
             fams.get(node).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
         }
+    }
 
+    fn memory_and_cpu_families(&self, fams: &mut FamilySet) {
         for (k, n) in &self.mem_limits {
             let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
             fams.get(&MEMORY_LIMIT_REFUSALS).value(&self.vals(k.cgroup_id, &[limit.as_str()]), *n as f64);
@@ -433,7 +448,11 @@ impl Metrics {
             fams.get(&CPU_RUNNABLE_THREADS).value(&v, f64::from(c.runnable));
             fams.get(&CPU_QUOTA_CORES).value(&v, c.quota_cores);
         }
+    }
 
+    /// The node's own state: probes, hot-call selection, the gate, the
+    /// pipeline's counters and the series budget.
+    fn node_families(&self, fams: &mut FamilySet) {
         for p in &self.probes {
             fams.get(&PROBE_ATTACHED).value(&[p.probe, &p.target], if p.attached { 1.0 } else { 0.0 });
         }
@@ -466,7 +485,6 @@ impl Metrics {
         }
         fams.get(&SERIES_OVERFLOW).value(&[], self.series_overflow as f64);
         fams.get(&TRACKED_CGROUPS).value(&[], self.series_labels.len() as f64);
-        fams.finish()
     }
 }
 

@@ -89,8 +89,16 @@ fn strip_modifiers(btf: &Btf, mut ty: Type) -> Option<Type> {
 /// Everything the task, crash and scheduler programs need; missing members
 /// leave their `have_*` flag at zero instead of failing the load.
 pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
-    let get = |s: &str, f: &str| member_offset(btf, s, f);
     let mut o = KernelOffsets::ZERO;
+    task_and_mapping_offsets(btf, &mut o);
+    file_and_limit_offsets(btf, &mut o);
+    cgroup_and_sched_offsets(btf, &mut o);
+    o
+}
+
+/// The task's ids, exit code and cgroup; a mapping's range and file.
+fn task_and_mapping_offsets(btf: &Btf, o: &mut KernelOffsets) {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
     let task = (get("task_struct", "pid"), get("task_struct", "tgid"), get("task_struct", "exit_code"));
     if let (Some(pid), Some(tgid), Some(exit_code)) = task {
         o.task_pid = pid;
@@ -130,6 +138,11 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
             (inode, dentry, ino, name);
         o.have_vma = 1;
     }
+}
+
+/// A task's open files (the `/dev/kfd` lookup), tty, rlimits and memory sizes.
+fn file_and_limit_offsets(btf: &Btf, o: &mut KernelOffsets) {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
     if let (Some(files), Some(fdt), Some(fd), Some(max), Some(rdev), Some(inode)) = (
         get("task_struct", "files"),
         get("files_struct", "fdt"),
@@ -157,6 +170,12 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     {
         (o.task_mm, o.mm_total_vm, o.mm_data_vm, o.have_mm) = (mm, total, data, 1);
     }
+}
+
+/// The cgroup tree (run-queue scope, pod hold) and the scheduler's own
+/// stamps of a task's wait.
+fn cgroup_and_sched_offsets(btf: &Btf, o: &mut KernelOffsets) {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
     if let (Some(root), Some(hierarchy_id), Some(self_), Some(parent)) = (
         get("cgroup", "root"),
         get("cgroup_root", "hierarchy_id"),
@@ -177,7 +196,6 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
         o.have_run_delay = 1;
     }
     o.task_stack = get("task_struct", "stack").unwrap_or(0);
-    o
 }
 
 #[cfg(test)]
