@@ -63,11 +63,25 @@ while [ $# -gt 0 ]; do
     name="$(basename "$1")"; name="${name%-*}"
     scope="all tests"
     [ ${#only[@]} -eq 0 ] || scope="${#only[@]} test(s)"
+    # Named tests run by their exact names, and the run must report as many
+    # passed (all of a suite: at least one): a renamed test or a filter
+    # that matches nothing fails the boot instead of passing it empty.
+    if [ ${#only[@]} -eq 0 ]; then
+        want="-ge 1"; expected="at least 1"; exact=""
+    else
+        want="-eq ${#only[@]}"; expected="${#only[@]}"; exact=" --exact"
+    fi
     {
         printf '  echo "==> [vm] %s: %s (round $round of %d)"; t0=$(date +%%s)\n' "$name" "$scope" "$repeat"
-        printf '  %s --ignored --test-threads=1' "$(sq "$t")"
+        printf '  { if %s --ignored --test-threads=1%s' "$(sq "$t")" "$exact"
         for o in ${only[@]+"${only[@]}"}; do printf ' %s' "$(sq "$o")"; done
-        printf '\n  echo "==> [vm] %s took $(( $(date +%%s) - t0 )) s"\n' "$name"
+        printf '; then echo 0 > %s/rc; else echo $? > %s/rc; fi; } 2>&1 | tee %s/out\n' \
+            "$(sq "$snap")" "$(sq "$snap")" "$(sq "$snap")"
+        printf '  [ "$(cat %s/rc)" = 0 ] || exit 1\n' "$(sq "$snap")"
+        printf '  passed=$(sed -n "s/^test result: ok\\. \\([0-9]*\\) passed.*/\\1/p" %s/out)\n' "$(sq "$snap")"
+        printf '  [ "${passed:-0}" %s ] || { echo "==> [vm] %s: ${passed:-0} tests passed, expected %s: a name matches no test"; exit 1; }\n' \
+            "$want" "$name" "$expected"
+        printf '  echo "==> [vm] %s took $(( $(date +%%s) - t0 )) s"\n' "$name"
     } >> "$guest"
     only=()
     shift

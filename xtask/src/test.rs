@@ -268,7 +268,28 @@ fn vm_boot_args() -> Result<Vec<Vec<String>>> {
     names.sort_unstable();
     names.dedup();
     let paths = test_binaries(&names)?;
-    VM_BOOTS.iter().map(|boot| arrange(boot.suites, &paths)).collect()
+    let args: Vec<Vec<String>> =
+        VM_BOOTS.iter().map(|boot| arrange(boot.suites, &paths)).collect::<Result<_>>()?;
+    // A named test that was renamed would run nothing in its boot (which
+    // fails there too): say so here, before minutes of booting.
+    for (boot, boot_args) in VM_BOOTS.iter().zip(&args) {
+        for (name, only) in boot.suites.iter().flat_map(|l| l.iter()).filter(|(_, only)| !only.is_empty()) {
+            let path = boot_args
+                .iter()
+                .find(|a| a.rsplit('/').next().is_some_and(|f| f.starts_with(&format!("{name}-"))));
+            let Some(path) = path else { continue };
+            let listed = Command::new(path).args(["--list", "--include-ignored"]).output()?;
+            let listed = String::from_utf8_lossy(&listed.stdout);
+            let tests: Vec<&str> = listed.lines().filter_map(|l| l.strip_suffix(": test")).collect();
+            if let Some(missing) = only.iter().find(|t| !tests.contains(t)) {
+                bail!(
+                    "VM boot on {}: {name} has no test named {missing} (VM_BOOTS in xtask/src/test.rs)",
+                    boot.kernel_name
+                );
+            }
+        }
+    }
+    Ok(args)
 }
 
 /// Each suite's binary among `paths`, after a `--only` per test it is
