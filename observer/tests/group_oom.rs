@@ -21,7 +21,10 @@ fn a_group_oom_is_one_kill_with_every_process_an_oom_kill_exit() {
     if !memory_on_v2() {
         // The VM (Debian 6.1, unified hierarchy) must run this test.
         assert!(!in_vm(), "the VM's memory controller must be on cgroup v2");
-        eprintln!("SKIPPED: the memory controller is not on cgroup v2 here, so there is no memory.oom.group; the VM runs this test");
+        skip(
+            "a_group_oom_is_one_kill_with_every_process_an_oom_kill_exit",
+            "the memory controller is not on cgroup v2 here, so there is no memory.oom.group; the VM runs it",
+        );
         return;
     }
     let hog = fixture("oom_hog");

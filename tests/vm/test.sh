@@ -94,4 +94,5 @@ echo 'done' >> "$guest"
 # limit is per round, so --repeat N is not cut short by its own length.
 "$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-$((1200 * repeat))}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
+    ${CANARYSCOPE_SKIPS:+"CANARYSCOPE_SKIPS=$CANARYSCOPE_SKIPS"} \
     sh "$guest"

@@ -79,6 +79,12 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     if let Some(filter) = &args.filter {
         integration.arg(filter);
     }
+    // Tests that cannot run on a kernel note it here (support::skip), host
+    // and guests alike (the guests share the checkout); the summary lists them.
+    let skips = root().join("target/ci/skips.txt");
+    std::fs::create_dir_all(root().join("target/ci"))?;
+    let _ = std::fs::remove_file(&skips);
+    std::env::set_var("CANARYSCOPE_SKIPS", &skips);
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
     // Every boot's test binaries, found before anything beside the boots
     // takes cargo's locks; and the host's column of the kernel matrix,
@@ -135,6 +141,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
         crate::matrix::write_readme()?;
     }
     side.finish()?;
+    report_skips(&skips);
     step(&format!("all tests passed in {:.0?}", started.elapsed()));
     Ok(())
 }
@@ -146,6 +153,22 @@ struct Boot {
     why: &'static str,
     /// Lists of suites, run one list after another.
     suites: &'static [&'static [Suite]],
+}
+
+/// Lists the tests that did not run on some kernel, with where and why, so
+/// that a pass is never a silent skip.
+fn report_skips(file: &std::path::Path) {
+    let noted = std::fs::read_to_string(file).unwrap_or_default();
+    if noted.trim().is_empty() {
+        eprintln!("    no test skipped itself on any kernel");
+        return;
+    }
+    step("tests that skipped themselves (each runs on another kernel of the matrix)");
+    for line in noted.lines() {
+        // "KERNEL TEST: WHY"
+        let (kernel, rest) = line.split_once(' ').unwrap_or(("?", line));
+        eprintln!("    on {kernel}: {rest}");
+    }
 }
 
 /// An integration-test binary, and the tests of it to run (all when empty).

@@ -33,6 +33,23 @@ pub fn in_vm() -> bool {
     std::env::var_os("CANARYSCOPE_IN_VM").is_some()
 }
 
+/// Says that `test` did not run here and why: on stderr, and as a line of
+/// the file `cargo xtask test` names in `CANARYSCOPE_SKIPS`, whose summary
+/// lists every skip with the kernel it happened on. A test that returns
+/// early must call this, so that a pass is never a silent skip.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("SKIPPED {test}: {why}");
+    let Some(file) = std::env::var_os("CANARYSCOPE_SKIPS").filter(|f| !f.is_empty()) else { return };
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let line = format!("{} {test}: {why}\n", kernel.trim());
+    let appended = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    appended.unwrap_or_else(|e| panic!("cannot note the skip in {}: {e}", file.to_string_lossy()));
+}
+
 /// How long a tracer or daemon may take to load and attach its probes.
 fn startup_timeout() -> Duration {
     Duration::from_secs(if in_vm() { 120 } else { 30 })
