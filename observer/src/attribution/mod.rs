@@ -9,6 +9,5 @@ pub mod kube;
 pub mod label_names;
 pub mod labels;
 pub mod rollouts;
-pub mod watch;
 
 pub use cgroups::CgroupResolver;
