@@ -303,9 +303,7 @@ fn gpu_libraries(extra_libs: &[PathBuf]) -> Vec<Library> {
 fn trial_load(extra_libs: &[PathBuf]) -> (Vec<ProbeStatus>, Option<String>) {
     // What the daemon would do by default (nothing is troubled yet), with
     // no stall threshold; the trial needs no seeded run-queue set.
-    let hot_window = crate::config::parse_duration(crate::config::DEFAULT_HOT_WINDOW).unwrap_or_default();
-    let hot_policy = Policy::for_daemon(crate::config::HotCalls::Selected, hot_window);
-    let options = Options::new(Families::ALL, u64::MAX, hot_policy).libs(extra_libs.to_vec());
+    let options = Options::new(Families::ALL, u64::MAX, Policy::daemon_default()).libs(extra_libs.to_vec());
     match Pipeline::start(options) {
         // The same statuses the daemon exports, GPU library files included.
         Ok((pipeline, _ring)) => (pipeline.statuses(), None),

@@ -80,6 +80,17 @@ impl Policy {
         }
     }
 
+    /// What `run` does without `--hot-calls` and `--hot-window` (its
+    /// defaults are valid by config's test): `top` on its own probes and
+    /// `check`'s trial load select as the daemon would.
+    pub fn daemon_default() -> Self {
+        use crate::config::{
+            default_duration, parse_hot_calls, HotCalls, DEFAULT_HOT_CALLS, DEFAULT_HOT_WINDOW,
+        };
+        let mode = parse_hot_calls(DEFAULT_HOT_CALLS).unwrap_or(HotCalls::Selected);
+        Self::for_daemon(mode, default_duration(DEFAULT_HOT_WINDOW))
+    }
+
     /// `run`: canary pods and troubled cgroups.
     pub fn for_daemon(mode: crate::config::HotCalls, window: Duration) -> Self {
         use crate::config::HotCalls;

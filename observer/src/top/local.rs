@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use super::{parse_reading, Args, Driver, TICK};
 use crate::{
-    config::{self, parse_duration, parse_hot_calls},
+    config,
     discovery::hot::Policy,
     error::CliError,
     event_loop::{self, Consumer, Flow, Schedule},
@@ -44,12 +44,10 @@ impl Consumer for LocalTop {
 pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
     let stall_ns = config::kernel_ns(args.stall_threshold);
     // As the daemon's defaults: hot calls in cgroups with recent trouble.
-    let hot_calls = parse_hot_calls(config::DEFAULT_HOT_CALLS).map_err(CliError::usage)?;
-    let hot_window = parse_duration(config::DEFAULT_HOT_WINDOW).map_err(CliError::usage)?;
     // Run-queue latency for the kubepods hierarchy, and for a cgroup
     // prefix the person filters on.
     let runq_prefixes = args.filter.starts_with('/').then(|| args.filter.clone()).into_iter().collect();
-    let options = Options::new(args.probes, stall_ns, Policy::for_daemon(hot_calls, hot_window))
+    let options = Options::new(args.probes, stall_ns, Policy::daemon_default())
         .libs(args.libs.clone())
         .runq_prefixes(runq_prefixes);
     let (mut pipeline, ring) = Pipeline::start(options)?;
