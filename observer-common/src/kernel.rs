@@ -80,6 +80,16 @@ pub struct KernelOffsets {
     /// `task->stack`: the kernel stack, whose top holds the user registers
     /// (the crash program of kernels without `bpf_task_pt_regs`).
     pub task_stack: u32,
+    /// The red-black tree of a process's mappings before Linux 6.1 (the
+    /// maple tree replaced it): `mm->mm_rb.rb_node`, each mapping's
+    /// `vm_rb`, and a node's children. The crash program of kernels
+    /// without `bpf_find_vma` (before 5.17) walks it to name the faulting
+    /// file while the faulting thread still runs.
+    pub mm_mm_rb: u32,
+    pub vma_vm_rb: u32,
+    pub rb_node_rb_left: u32,
+    pub rb_node_rb_right: u32,
+    pub have_vma_tree: u32,
 }
 
 impl KernelOffsets {
@@ -131,5 +141,10 @@ impl KernelOffsets {
         rq_clock: 0,
         have_run_delay: 0,
         task_stack: 0,
+        mm_mm_rb: 0,
+        vma_vm_rb: 0,
+        rb_node_rb_left: 0,
+        rb_node_rb_right: 0,
+        have_vma_tree: 0,
     };
 }

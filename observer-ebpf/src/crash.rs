@@ -19,6 +19,7 @@ use observer_common::{
         SI_KERNEL_FAULT_MIN,
     },
     gpu::{Api, InflightKey},
+    kernel::KernelOffsets,
 };
 
 use crate::{
@@ -58,9 +59,10 @@ pub fn signal_generate(ctx: RawTracePointContext) -> i32 {
 
 /// The crash program of kernels before 5.17: the user registers are read
 /// where the kernel keeps them, at the top of the thread's kernel stack,
-/// and no mapping is looked up (userspace resolves the address against the
-/// process's code ranges, as for any crash the kernel could not place). Only
-/// helpers of 5.8 and before.
+/// and the mapping is found by walking the process's tree of mappings
+/// (those kernels still have it), not by waiting for userspace to have
+/// read `/proc/PID/maps` before the process died. Only helpers of 5.8 and
+/// before.
 #[raw_tracepoint(tracepoint = "signal_generate")]
 pub fn signal_generate_stack(ctx: RawTracePointContext) -> i32 {
     try_crash::<false>(&ctx).unwrap_or(1)
@@ -129,10 +131,10 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
         }
     }
 
-    crash.ip_mapping = if FIND_VMA { IpMapping::Unknown } else { IpMapping::NotLookedUp } as u32;
+    crash.ip_mapping = IpMapping::Unknown as u32;
     crash.file_name = [0; LIBRARY_NAME_LEN];
-    if FIND_VMA && offsets().have_vma != 0 && crash.ip != 0 {
-        // The helper only accepts a stack pointer as the callback's context.
+    let o = offsets();
+    if o.have_vma != 0 && crash.ip != 0 {
         let mut found = VmaFound {
             mapping: IpMapping::Unknown as u32,
             start: 0,
@@ -140,22 +142,33 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
             ino: 0,
             name: [0; LIBRARY_NAME_LEN],
         };
-        // SAFETY: `vma_found` is a BPF callback with the signature the
-        // helper requires; `found` lives on this stack for the whole call.
-        unsafe {
-            bpf_find_vma(
-                bpf_get_current_task_btf(),
-                crash.ip,
-                vma_found as *mut c_void,
-                (&mut found as *mut VmaFound).cast::<c_void>(),
-                0,
-            )
-        };
+        if FIND_VMA {
+            // The helper only accepts a stack pointer as the callback's context.
+            // SAFETY: `vma_found` is a BPF callback with the signature the
+            // helper requires; `found` lives on this stack for the whole call.
+            unsafe {
+                bpf_find_vma(
+                    bpf_get_current_task_btf(),
+                    crash.ip,
+                    vma_found as *mut c_void,
+                    (&mut found as *mut VmaFound).cast::<c_void>(),
+                    0,
+                )
+            };
+        } else if o.have_vma_tree != 0 {
+            if let Some(vma) = walk_vma_tree(current as *const u8, crash.ip, &o) {
+                describe_vma(vma, &mut found, &o);
+            }
+        } else {
+            found.mapping = IpMapping::NotLookedUp as u32;
+        }
         crash.ip_mapping = found.mapping;
         crash.vma_start = found.start;
         crash.vma_pgoff = found.pgoff;
         crash.file_ino = found.ino;
         crash.file_name = found.name;
+    } else if !FIND_VMA {
+        crash.ip_mapping = IpMapping::NotLookedUp as u32;
     }
     let tgid = (pid_tgid >> 32) as u32;
     CRASHES.insert(&tgid, crash, 0).map_err(|e| e as i64)?;
@@ -173,23 +186,28 @@ struct VmaFound {
 }
 
 /// `bpf_find_vma` callback: records which file backs the faulting address.
+#[inline(never)]
+extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void) -> i64 {
+    // SAFETY: `data` is the VmaFound passed to bpf_find_vma above.
+    let found = unsafe { &mut *(data as *mut VmaFound) };
+    describe_vma(vma as *const u8, found, &offsets());
+    0
+}
+
+/// Fills `found` from the mapping at `vma`: its range start and file.
 ///
 /// match-proto: unsigned long vm_area_struct::vm_start, vm_pgoff; struct file
 /// *vm_area_struct::vm_file; struct inode *file::f_inode; struct path
 /// file::f_path (dentry first); unsigned long inode::i_ino; struct qstr
 /// dentry::d_name (name pointer).
-#[inline(never)]
-extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void) -> i64 {
-    let o = offsets();
-    let vma = vma as *const u8;
-    // SAFETY: `data` is the VmaFound passed to bpf_find_vma above.
-    let found = unsafe { &mut *(data as *mut VmaFound) };
+#[inline(always)]
+fn describe_vma(vma: *const u8, found: &mut VmaFound, o: &KernelOffsets) {
     found.start = read(vma, o.vma_vm_start).unwrap_or(0);
     found.pgoff = read(vma, o.vma_vm_pgoff).unwrap_or(0);
     let file: *const u8 = read(vma, o.vma_vm_file).unwrap_or(core::ptr::null());
     if file.is_null() {
         found.mapping = IpMapping::Anonymous as u32; // JIT code or a wild jump
-        return 0;
+        return;
     }
     let inode: *const u8 = read(file, o.file_f_inode).unwrap_or(core::ptr::null());
     found.ino = read(inode, o.inode_i_ino).unwrap_or(0);
@@ -200,5 +218,46 @@ extern "C" fn vma_found(_task: *mut c_void, vma: *mut c_void, data: *mut c_void)
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut found.name) };
     }
     found.mapping = IpMapping::File as u32;
-    0
+}
+
+/// Deep enough for any red-black tree of mappings: its height is at most
+/// twice log2 of the count, and `vm.max_map_count` defaults to 65,530.
+const VMA_TREE_DEPTH: u32 = 40;
+
+/// The mapping holding `ip` in the current process, found the way the
+/// kernel's own `find_vma` did before 6.1: down the tree of mappings to the
+/// lowest one ending above `ip`. The faulting thread is still running, so
+/// its address space is intact; nothing is locked, so a tree being changed
+/// by another thread at this instant can send the walk astray, and the
+/// result is checked before it is believed.
+///
+/// match-proto: struct mm_struct *task_struct::mm; struct rb_root
+/// mm_struct::mm_rb (rb_node first); struct rb_node vm_area_struct::vm_rb;
+/// struct rb_node *rb_node::rb_left, *rb_node::rb_right (5.10 .. 6.0).
+#[inline(always)]
+fn walk_vma_tree(task: *const u8, ip: u64, o: &KernelOffsets) -> Option<*const u8> {
+    let mm: *const u8 = read(task, o.task_mm).ok()?;
+    let mut node: *const u8 = read(mm, o.mm_mm_rb).ok()?;
+    let mut best: *const u8 = core::ptr::null();
+    for _ in 0..VMA_TREE_DEPTH {
+        if node.is_null() {
+            break;
+        }
+        let vma = node.wrapping_sub(o.vma_vm_rb as usize);
+        let end: u64 = read(vma, o.vma_vm_end).ok()?;
+        let next = if end > ip {
+            best = vma;
+            let start: u64 = read(vma, o.vma_vm_start).ok()?;
+            if start <= ip {
+                break;
+            }
+            o.rb_node_rb_left
+        } else {
+            o.rb_node_rb_right
+        };
+        node = read(node, next).ok()?;
+    }
+    let start: u64 = read(best, o.vma_vm_start).ok()?;
+    let end: u64 = read(best, o.vma_vm_end).ok()?;
+    (start <= ip && ip < end).then_some(best)
 }

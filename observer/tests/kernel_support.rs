@@ -9,7 +9,7 @@ mod support;
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
 use observer::probes::{
-    btf::{kernel_helpers, vmlinux},
+    btf::{kernel_helpers, member_offset, vmlinux},
     table::{KernelHelper, CRASH_HELPERS, GPU_CALL_HELPERS},
 };
 use serde_json::Value;
@@ -49,6 +49,14 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
                 assert_eq!(probe["attached"], true, "{probe}");
                 let fallback = probe["target"] == "signal_generate:stack";
                 assert_eq!(fallback, !crash_missing.is_empty(), "{probe}");
+                // Kernels before the maple tree (6.1) keep a process's
+                // mappings in a tree the fallback walks at the fault itself,
+                // so an init crash is placed without racing userspace.
+                if fallback {
+                    let has_tree = member_offset(&btf, "mm_struct", "mm_rb").is_some();
+                    let walks = probe["detail"].as_str().unwrap_or_default().contains("tree of mappings");
+                    assert_eq!(walks, has_tree, "{probe}");
+                }
             }
             // One line per GPU runtime file found on the node: probed on
             // every kernel, through a program pair per function where

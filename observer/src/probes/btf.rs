@@ -93,6 +93,7 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     task_and_mapping_offsets(btf, &mut o);
     file_and_limit_offsets(btf, &mut o);
     cgroup_and_sched_offsets(btf, &mut o);
+    mapping_tree_offsets(btf, &mut o);
     o
 }
 
@@ -196,6 +197,23 @@ fn cgroup_and_sched_offsets(btf: &Btf, o: &mut KernelOffsets) {
         o.have_run_delay = 1;
     }
     o.task_stack = get("task_struct", "stack").unwrap_or(0);
+}
+
+/// The tree of a process's mappings, before 6.1 only (the maple tree's
+/// kernels have `bpf_find_vma` instead). Needs the mm and mapping offsets.
+fn mapping_tree_offsets(btf: &Btf, o: &mut KernelOffsets) {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
+    if let (Some(mm_rb), Some(vm_rb), Some(left), Some(right), true, true) = (
+        get("mm_struct", "mm_rb"),
+        get("vm_area_struct", "vm_rb"),
+        get("rb_node", "rb_left"),
+        get("rb_node", "rb_right"),
+        o.have_mm != 0,
+        o.have_vma != 0,
+    ) {
+        (o.mm_mm_rb, o.vma_vm_rb, o.rb_node_rb_left, o.rb_node_rb_right) = (mm_rb, vm_rb, left, right);
+        o.have_vma_tree = 1;
+    }
 }
 
 #[cfg(test)]

@@ -278,10 +278,13 @@ pub const PROBES: &[Probe] = &[
         programs: one("signal_generate_stack", Hook::Raw("signal_generate")),
         needs: &[Need::TaskStack],
         used: Use::UnlessHelpers(CRASH_HELPERS),
-        detail: StatusDetail::Text(
-            "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, the \
-             library from the process's code ranges seen by userspace",
-        ),
+        detail: StatusDetail::Depends {
+            offers: |o| o.have_vma_tree != 0,
+            yes: "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, the \
+                  library from the process's tree of mappings",
+            no: "fallback before Linux 5.17 (no bpf_find_vma): registers from the thread's kernel stack, the \
+                 library from the process's code ranges seen by userspace",
+        },
     },
     Probe {
         family: Family::Exits,
