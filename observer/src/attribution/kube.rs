@@ -31,27 +31,26 @@ use std::{
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, PoisonError, RwLock, Weak,
+        Arc, PoisonError, RwLock,
     },
     time::Duration,
 };
 
-use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::{ContainerStatus, Pod},
     apimachinery::pkg::apis::meta::v1::OwnerReference,
 };
 use kube::{
     config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError},
-    runtime::{
-        utils::Backoff,
-        watcher::{self, DefaultBackoff, Event},
-    },
+    runtime::watcher,
     Api, Client, Config,
 };
 use tokio::sync::Notify;
 
-use super::cgroup_path::Qos;
+use super::{
+    cgroup_path::Qos,
+    watch::{self, Retry, Watched},
+};
 use crate::config::DEFAULT_TRACK_LABEL;
 
 /// Set by Argo Rollouts on the pods of each revision of a Rollout.
@@ -501,62 +500,71 @@ impl PodCache {
     }
 }
 
-/// Folds watcher events into the cache. The pods of a (re)list are
-/// collected and swapped in at its end, so readers never see a half-listed
-/// node, and pods missing from the new list are dropped.
-struct Applier {
+/// The pod cache as [`watch::run`] keeps it: pods filed under their cgroup's
+/// uid, with the track label read from the label this node was told.
+struct PodWatch {
     cache: PodCache,
     track_label: String,
-    relist: Option<HashMap<String, PodMeta>>,
 }
 
-impl Applier {
-    fn new(cache: PodCache, track_label: String) -> Self {
-        Applier { cache, track_label, relist: None }
-    }
-
+impl PodWatch {
     fn entry(&self, pod: &Pod) -> Option<(String, PodMeta)> {
         Some((cgroup_uid(pod)?, pod_meta(pod, &self.track_label)?))
     }
+}
 
-    /// Applies one event; true when it completes a list or applies a
-    /// change, which shows that the API server answers. `Init` is emitted
-    /// before any request and a list is only known to succeed at its end.
-    fn apply(&mut self, event: Event<Pod>) -> bool {
-        match event {
-            Event::Init => {
-                self.relist = Some(HashMap::new());
-                false
-            }
-            Event::InitApply(pod) => {
-                let entry = self.entry(&pod);
-                if let (Some(relist), Some((key, meta))) = (self.relist.as_mut(), entry) {
-                    relist.insert(key, meta);
-                }
-                false
-            }
-            Event::InitDone => {
-                // Without a preceding Init there is nothing to swap in; that
-                // cannot happen with kube-rs' watcher, but an empty swap
-                // would wipe the cache.
-                if let Some(relist) = self.relist.take() {
-                    self.cache.replace_all(relist);
-                }
-                true
-            }
-            Event::Apply(pod) => {
-                if let Some((key, meta)) = self.entry(&pod) {
-                    self.cache.upsert(key, meta);
-                }
-                true
-            }
-            Event::Delete(pod) => {
-                if let Some(key) = cgroup_uid(&pod) {
-                    self.cache.remove(&key);
-                }
-                true
-            }
+impl Watched for PodWatch {
+    type Object = Pod;
+    type Relist = HashMap<String, PodMeta>;
+    const CHANGES_SHOW_HEALTH: bool = true;
+
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.cache.shared) > 1
+    }
+
+    fn collect(&self, relist: &mut Self::Relist, pod: &Pod) {
+        if let Some((key, meta)) = self.entry(pod) {
+            relist.insert(key, meta);
         }
+    }
+
+    fn replace_all(&self, relist: Self::Relist) {
+        self.cache.replace_all(relist);
+    }
+
+    fn apply(&self, pod: &Pod) {
+        if let Some((key, meta)) = self.entry(pod) {
+            self.cache.upsert(key, meta);
+        }
+    }
+
+    fn delete(&self, pod: &Pod) {
+        if let Some(key) = cgroup_uid(pod) {
+            self.cache.remove(&key);
+        }
+    }
+
+    fn answered(&self) {
+        if !self.cache.set_healthy(true) {
+            log::info!("Kubernetes API: pods listed, {} cached", self.cache.len());
+        }
+    }
+
+    fn failed(&self, error: Option<&watcher::Error>, retry: &mut Retry) -> Duration {
+        self.cache.set_healthy(false);
+        let error = error.map_or_else(|| "watch stream ended".to_owned(), |e| error_chain(e));
+        let (delay, first) = retry.transient();
+        if first {
+            let labels = if self.cache.is_synced() {
+                "pod labels stay as they were"
+            } else {
+                "events carry no pod labels"
+            };
+            log::warn!("Kubernetes API: {error}; {labels} until it answers, retrying");
+        } else {
+            log::debug!("Kubernetes API: {error}; retrying in {delay:?}");
+        }
+        delay
     }
 }
 
@@ -592,7 +600,11 @@ pub async fn start(options: KubeOptions) -> Result<PodCache, KubeError> {
 
     let cache = PodCache::default();
     let weak = Arc::downgrade(&cache.shared);
-    tokio::spawn(run_watcher(api, watch_config, weak, options.track_label));
+    let track_label = options.track_label;
+    tokio::spawn(watch::run(api, watch_config, move || {
+        let cache = PodCache { shared: weak.upgrade()? };
+        Some(PodWatch { cache, track_label: track_label.clone() })
+    }));
     Ok(cache)
 }
 
@@ -621,61 +633,6 @@ pub(crate) async fn load_config(options: &KubeOptions) -> Result<Config, KubeErr
     }
 }
 
-/// Runs until every [`PodCache`] handle is gone.
-///
-/// kube-rs' watcher resumes a dropped watch from the last resource version
-/// without emitting anything when that works, so after an error there would
-/// be no event to say the server is back, and `api_healthy` could stay false
-/// on a quiet node. Each error therefore ends the watcher, and after the
-/// backoff a new one starts with a list: its completion is the proof of
-/// health, and it also drops pods deleted during the outage. The backoff is
-/// reset only by real progress, not by the `Init` marker that a new watcher
-/// emits before it has talked to the server, so a server that keeps failing
-/// is retried ever more slowly, up to every 30 s.
-async fn run_watcher(api: Api<Pod>, config: watcher::Config, shared: Weak<Shared>, track_label: String) {
-    let mut backoff = DefaultBackoff::default();
-    // One warning per outage, including one that starts before the first
-    // list; the retries that follow are logged at debug level only.
-    let mut warned = false;
-    loop {
-        let Some(cache) = shared.upgrade().map(|shared| PodCache { shared }) else { return };
-        let mut applier = Applier::new(cache, track_label.clone());
-        let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
-        let error = loop {
-            match stream.next().await {
-                Some(Ok(event)) => {
-                    if Arc::strong_count(&applier.cache.shared) <= 1 {
-                        // Only this task holds the cache: nobody reads it.
-                        return;
-                    }
-                    if applier.apply(event) {
-                        backoff.reset();
-                        if !applier.cache.set_healthy(true) {
-                            warned = false;
-                            log::info!("Kubernetes API: pods listed, {} cached", applier.cache.len());
-                        }
-                    }
-                }
-                Some(Err(err)) => break error_chain(&err),
-                // The watcher stream never ends; if it did, start over.
-                None => break "watch stream ended".to_owned(),
-            }
-        };
-        applier.cache.set_healthy(false);
-        let synced = applier.cache.is_synced();
-        drop(applier);
-        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-        if warned {
-            log::debug!("Kubernetes API: {error}; retrying in {delay:?}");
-        } else {
-            warned = true;
-            let labels = if synced { "pod labels stay as they were" } else { "events carry no pod labels" };
-            log::warn!("Kubernetes API: {error}; {labels} until it answers, retrying");
-        }
-        tokio::time::sleep(delay).await;
-    }
-}
-
 /// The error with its causes: kube's own messages often stop at "client
 /// error (Connect)", and the cause (refused, DNS, TLS) is what the operator
 /// needs.
@@ -696,6 +653,7 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::watcher::Event;
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).expect("valid Pod JSON")
@@ -981,7 +939,8 @@ mod tests {
     #[test]
     fn relist_replaces_the_cache_and_deletes_remove() {
         let cache = PodCache::default();
-        let mut applier = Applier::new(cache.clone(), "track".into());
+        let mut applier =
+            watch::Relister::new(PodWatch { cache: cache.clone(), track_label: "track".into() });
         assert!(!cache.is_synced());
 
         applier.apply(Event::Init);

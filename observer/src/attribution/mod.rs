@@ -9,5 +9,6 @@ pub mod kube;
 pub mod label_names;
 pub mod labels;
 pub mod rollouts;
+pub mod watch;
 
 pub use cgroups::CgroupResolver;

@@ -26,22 +26,21 @@
 //! revisions last listed are kept meanwhile.
 use std::{
     collections::HashMap,
-    sync::{Arc, PoisonError, RwLock, Weak},
+    sync::{Arc, PoisonError, RwLock},
     time::Duration,
 };
 
-use futures::StreamExt;
 use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind},
     core::Status,
-    runtime::{
-        utils::Backoff,
-        watcher::{self, DefaultBackoff, Event},
-    },
+    runtime::watcher,
     Api, Client,
 };
 
-use super::kube::{error_chain, load_config, KubeError, KubeOptions, PodMeta};
+use super::{
+    kube::{error_chain, load_config, KubeError, KubeOptions, PodMeta},
+    watch::{self, Retry, Watched},
+};
 
 /// [`canary_reason`] when the pod's track label says `canary`.
 pub const REASON_TRACK_LABEL: &str = "canary track label";
@@ -226,48 +225,87 @@ fn parse_rollout(obj: &DynamicObject) -> Option<RolloutStable> {
     })
 }
 
-/// Folds watcher events into the cache. As for pods, a (re)list is
-/// collected and swapped in at its end, so readers never see a half-listed
-/// cluster, and Rollouts missing from the new list are dropped.
-struct Applier {
+/// The Rollout cache as [`watch::run`] keeps it; a Rollout that is
+/// unavailable (403, 404) is asked for again every `recheck`.
+struct RolloutWatch {
     cache: RolloutCache,
-    relist: Option<StableMap>,
+    recheck: Duration,
 }
 
-impl Applier {
-    /// Applies one event; true when it completes a list, which is when the
-    /// cache is known to be whole.
-    fn apply(&mut self, event: Event<DynamicObject>) -> bool {
-        match event {
-            Event::Init => {
-                self.relist = Some(StableMap::new());
-                false
-            }
-            Event::InitApply(obj) => {
-                if let (Some(relist), Some(entry)) = (self.relist.as_mut(), parse_rollout(&obj)) {
-                    relist.entry(entry.namespace).or_default().insert(entry.name, entry.stable_rs);
+impl Watched for RolloutWatch {
+    type Object = DynamicObject;
+    type Relist = StableMap;
+    /// Only a completed list says the cache is whole.
+    const CHANGES_SHOW_HEALTH: bool = false;
+
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.cache.shared) > 1
+    }
+
+    fn collect(&self, relist: &mut StableMap, obj: &DynamicObject) {
+        if let Some(entry) = parse_rollout(obj) {
+            relist.entry(entry.namespace).or_default().insert(entry.name, entry.stable_rs);
+        }
+    }
+
+    fn replace_all(&self, relist: StableMap) {
+        self.cache.replace_all(relist);
+    }
+
+    fn apply(&self, obj: &DynamicObject) {
+        if let Some(entry) = parse_rollout(obj) {
+            self.cache.upsert(entry);
+        }
+    }
+
+    fn delete(&self, obj: &DynamicObject) {
+        if let Some(entry) = parse_rollout(obj) {
+            self.cache.remove(&entry.namespace, &entry.name);
+        }
+    }
+
+    fn answered(&self) {
+        if self.cache.set_access(RolloutAccess::Watching) != RolloutAccess::Watching {
+            log::info!(
+                "Argo Rollouts: watching {PLURAL}.{GROUP}, {} listed; their pods are canary unless of the \
+                 stable revision",
+                self.cache.len()
+            );
+        }
+    }
+
+    fn failed(&self, error: Option<&watcher::Error>, retry: &mut Retry) -> Duration {
+        let failure = error.map_or_else(|| Failure::Transient("watch stream ended".to_owned()), classify);
+        let cache = &self.cache;
+        match failure {
+            Failure::Unavailable { reason, expected } => {
+                // Stable revisions that can no longer be followed would go
+                // stale as rollouts move on, and mark the wrong pods.
+                cache.replace_all(StableMap::new());
+                let previous = cache.set_access(RolloutAccess::Unavailable(reason.clone()));
+                let every = self.recheck.as_secs();
+                if previous == RolloutAccess::Unavailable(reason.clone()) {
+                    log::debug!("Argo Rollouts: still {reason}");
+                } else if expected {
+                    log::info!("Argo Rollouts: {reason}; asking again every {every}s");
+                } else {
+                    log::warn!("Argo Rollouts: {reason}; asking again every {every}s");
                 }
-                false
+                retry.settled();
+                self.recheck
             }
-            Event::InitDone => {
-                // Without a preceding Init there is nothing to swap in, and
-                // an empty swap would wipe the cache.
-                if let Some(relist) = self.relist.take() {
-                    self.cache.replace_all(relist);
+            Failure::Transient(error) => {
+                let (delay, first) = retry.transient();
+                if first {
+                    let kept = match cache.access() {
+                        RolloutAccess::Watching => "stable revisions stay as they were",
+                        _ => "canary pods are told by the track label",
+                    };
+                    log::warn!("Argo Rollouts: {error}; {kept} until it answers, retrying");
+                } else {
+                    log::debug!("Argo Rollouts: {error}; retrying in {delay:?}");
                 }
-                true
-            }
-            Event::Apply(obj) => {
-                if let Some(entry) = parse_rollout(&obj) {
-                    self.cache.upsert(entry);
-                }
-                false
-            }
-            Event::Delete(obj) => {
-                if let Some(entry) = parse_rollout(&obj) {
-                    self.cache.remove(&entry.namespace, &entry.name);
-                }
-                false
+                delay
             }
         }
     }
@@ -349,92 +387,19 @@ pub async fn start_with_client(client: Client) -> RolloutCache {
 fn spawn(client: Client, recheck: Duration) -> RolloutCache {
     let cache = RolloutCache::new(RolloutAccess::Pending);
     let weak = Arc::downgrade(&cache.shared);
-    tokio::spawn(run_watcher(rollouts_api(client), weak, recheck));
-    cache
-}
-
-/// Runs until every [`RolloutCache`] handle is gone. Each error ends the
-/// watcher and a new one starts with a list after the wait (as for pods:
-/// the completed list is what shows that the server answers again).
-async fn run_watcher(api: Api<DynamicObject>, shared: Weak<Shared>, recheck: Duration) {
     // Lists at resourceVersion 0, from the API server's watch cache, as the
     // pod watcher does and for the same reason: a daemon on every node.
     let config = watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() };
-    let mut backoff = DefaultBackoff::default();
-    // One warning per outage; retries are logged at debug level.
-    let mut warned = false;
-    loop {
-        let Some(cache) = shared.upgrade().map(|shared| RolloutCache { shared }) else { return };
-        let mut applier = Applier { cache, relist: None };
-        let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
-        let failure = loop {
-            match stream.next().await {
-                Some(Ok(event)) => {
-                    if Arc::strong_count(&applier.cache.shared) <= 1 {
-                        // Only this task holds the cache: nobody reads it.
-                        return;
-                    }
-                    if applier.apply(event) {
-                        backoff.reset();
-                        warned = false;
-                        if applier.cache.set_access(RolloutAccess::Watching) != RolloutAccess::Watching {
-                            log::info!(
-                                "Argo Rollouts: watching {PLURAL}.{GROUP}, {} listed; their pods are canary \
-                                 unless of the stable revision",
-                                applier.cache.len()
-                            );
-                        }
-                    }
-                }
-                Some(Err(err)) => break classify(&err),
-                // The watcher stream never ends; if it did, start over.
-                None => break Failure::Transient("watch stream ended".to_owned()),
-            }
-        };
-        drop(stream);
-        let cache = applier.cache;
-        let delay = match failure {
-            Failure::Unavailable { reason, expected } => {
-                // Stable revisions that can no longer be followed would go
-                // stale as rollouts move on, and mark the wrong pods.
-                cache.replace_all(StableMap::new());
-                let previous = cache.set_access(RolloutAccess::Unavailable(reason.clone()));
-                if previous == RolloutAccess::Unavailable(reason.clone()) {
-                    log::debug!("Argo Rollouts: still {reason}");
-                } else if expected {
-                    log::info!("Argo Rollouts: {reason}; asking again every {}s", recheck.as_secs());
-                } else {
-                    log::warn!("Argo Rollouts: {reason}; asking again every {}s", recheck.as_secs());
-                }
-                backoff.reset();
-                warned = false;
-                recheck
-            }
-            Failure::Transient(error) => {
-                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-                if warned {
-                    log::debug!("Argo Rollouts: {error}; retrying in {delay:?}");
-                } else {
-                    warned = true;
-                    let kept = match cache.access() {
-                        RolloutAccess::Watching => "stable revisions stay as they were",
-                        _ => "canary pods are told by the track label",
-                    };
-                    log::warn!("Argo Rollouts: {error}; {kept} until it answers, retrying");
-                }
-                delay
-            }
-        };
-        // No handle is held while waiting, so dropping the last one ends
-        // this task at the next wake-up.
-        drop(cache);
-        tokio::time::sleep(delay).await;
-    }
+    tokio::spawn(watch::run(rollouts_api(client), config, move || {
+        Some(RolloutWatch { cache: RolloutCache { shared: weak.upgrade()? }, recheck })
+    }));
+    cache
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::watcher::Event;
 
     fn rollout(json: serde_json::Value) -> DynamicObject {
         serde_json::from_value(json).expect("valid Rollout JSON")
@@ -570,7 +535,8 @@ mod tests {
     #[test]
     fn relist_replaces_and_changes_apply() {
         let cache = RolloutCache::new(RolloutAccess::Pending);
-        let mut applier = Applier { cache: cache.clone(), relist: None };
+        let mut applier =
+            watch::Relister::new(RolloutWatch { cache: cache.clone(), recheck: RECHECK_UNAVAILABLE });
         assert!(!applier.apply(Event::Init));
         assert!(!applier.apply(Event::InitApply(checkout_rollout(Some("6b8f7c9d4")))));
         // Nothing is visible until the list is complete.
