@@ -57,11 +57,12 @@ K8S_VERSIONS = ["1.28", "1.37"]
 # ---------------------------------------------------------------------------------
 # The metric contract, generated from the exporter's catalog
 # (observer/src/metrics/catalog.rs; a unit test keeps the file equal to it).
-# name (without prefix) -> (type, extra labels, carries workload labels)
+# name (without prefix) -> (type, extra labels, owner labels: a pod's workload
+# labels, a revision's (no pod or container), or none for the node's own)
 CONTRACT_FILE = os.path.join(DEPLOY, "metric-contract.json")
 with open(CONTRACT_FILE) as _f:
     _CONTRACT = json.load(_f)
-CONTRACT = {name: (f["type"], f["labels"], f["workload"]) for name, f in _CONTRACT["families"].items()}
+CONTRACT = {name: (f["type"], f["labels"], f["owner_labels"]) for name, f in _CONTRACT["families"].items()}
 PREFIX = _CONTRACT["prefix"]
 WORKLOAD_LABELS = _CONTRACT["workload_labels"]
 # Added by the scrape (job, instance) and by the ServiceMonitor relabelling (node).
@@ -117,10 +118,8 @@ def rel(path):
 def metric_series():
     """Every exported series name -> allowed label names."""
     out = {}
-    for base, (typ, extra, workload) in CONTRACT.items():
-        labels = set(extra) | set(TARGET_LABELS)
-        if workload:
-            labels |= set(WORKLOAD_LABELS)
+    for base, (typ, extra, owner) in CONTRACT.items():
+        labels = set(extra) | set(TARGET_LABELS) | set(owner)
         name = PREFIX + base
         if typ == "histogram":
             out[name + "_bucket"] = labels | {"le"}
@@ -456,10 +455,9 @@ def cmd_contract(ns):
                 for suffix in ("_bucket", "_sum", "_count"):
                     if base.endswith(suffix) and base[:-len(suffix)] in CONTRACT:
                         base = base[:-len(suffix)]
-                if CONTRACT[base][2]:
-                    missing = set(WORKLOAD_LABELS) - set(labels)
-                    if missing:
-                        err("%s (%s): %s lacks workload labels %s" % (rel(path), t.get("name"), name, sorted(missing)))
+                missing = set(CONTRACT[base][2]) - set(labels)
+                if missing:
+                    err("%s (%s): %s lacks owner labels %s" % (rel(path), t.get("name"), name, sorted(missing)))
     if not ERRORS:
         ok("rules, annotations, Argo/Flagger queries and test series use only contract metrics and labels")
     finish("contract")

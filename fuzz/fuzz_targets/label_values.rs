@@ -8,7 +8,7 @@
 #![no_main]
 
 use canaryscope_fuzz::{
-    catalog::{Kind, MetricDecl, Scope},
+    catalog::{Kind, MetricDecl, Scope, View},
     families::Family,
     label_names::LABEL_NAMES as NAMES,
 };
@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
 
-    let mut family = Family::new(&DECL);
+    let mut family = Family::new(&DECL, View::Scrape);
     for (i, row) in rows.iter().enumerate() {
         family.value(row, i as f64);
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use support::*;
 
-/// Mean run-queue latency of one cgroup's histogram, from /metrics.
+/// Mean run-queue latency of one container's histogram, from the per-pod
+/// view (Prometheus gets one histogram per revision).
 fn mean_runq(metrics: &str, container: &str) -> Option<(f64, f64)> {
     let pick = |suffix: &str| {
         metrics
@@ -55,11 +56,11 @@ fn threads_beyond_a_small_quota_are_throttled_oversubscribed_and_wait() {
     let out = free.command(&busy).args([threads.as_str(), "5"]).output().expect("busy");
     assert!(out.status.success());
     // The histograms come with the daemon's next read of the kernel maps.
-    daemon.wait_metric("the free cgroup's run-queue histogram", Duration::from_secs(5), |l| {
+    daemon.wait_pod_metric("the free cgroup's run-queue histogram", Duration::from_secs(5), |l| {
         l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{")
             && l.contains(&free.short_container_id())
     });
-    let metrics = daemon.metrics();
+    let metrics = daemon.pod_metrics();
     let (limited_mean, limited_n) =
         mean_runq(&metrics, &limited.short_container_id()).expect("limited histogram");
     let (free_mean, free_n) = mean_runq(&metrics, &free.short_container_id()).expect("free histogram");

@@ -56,19 +56,21 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
         .expect("stable");
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=0 "), "a healthy runtime: {out:?}");
+    // Successful calls are counted per revision on the node, not per pod.
     let stable_calls =
-        daemon.wait_metric("the stable pod's successful calls", Duration::from_secs(10), |l| {
+        daemon.wait_metric("the stable revision's successful calls", Duration::from_secs(10), |l| {
             l.starts_with("canaryscope_gpu_api_calls_total{")
-                && l.contains("pod=\"infer-stablehash-fghij\"")
+                && l.contains("revision=\"stablehash\"")
                 && l.contains("function=\"cuDriverGetVersion\"")
                 && l.contains("result=\"CUDA_SUCCESS\"")
                 // Series are refreshed twice a second: wait for the one taken
                 // after the process ended.
                 && metric_value(l) >= 1000.0
         });
-    for label in ["revision=\"stablehash\"", "track=\"stable\"", "workload=\"infer\""] {
+    for label in ["namespace=\"inference\"", "track=\"stable\"", "workload=\"infer\""] {
         assert!(stable_calls.contains(label), "{label} missing in {stable_calls}");
     }
+    assert!(!stable_calls.contains("pod=") && !stable_calls.contains("container="), "{stable_calls}");
     assert_eq!(metric_value(&stable_calls), 1000.0, "{stable_calls}");
 
     let line = daemon.wait_metric("canary init failure", Duration::from_secs(10), |l| {
@@ -94,8 +96,7 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
             ["gpu_init_failures", "native_crashes", "oom_kills", "abnormal_exits"]
                 .iter()
                 .any(|f| l.starts_with(&format!("canaryscope_{f}")))
-                || (l.starts_with("canaryscope_gpu_api_calls_total{")
-                    && !l.contains("result=\"CUDA_SUCCESS\""))
+                || l.starts_with("canaryscope_gpu_api_call_failures_total{")
         })
         .collect();
     assert!(

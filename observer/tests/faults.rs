@@ -197,7 +197,7 @@ fn a_full_ring_buffer_is_counted_as_lost_and_aggregates_stay_exact() {
     assert!(out.status.success(), "{out:?}");
     let short = pod.short_container_id();
     let line = daemon.wait_metric("exact count after the overflow", WAIT, |l| {
-        l.starts_with("canaryscope_gpu_api_calls_total{")
+        l.starts_with("canaryscope_gpu_api_call_failures_total{")
             && l.contains(&format!("container=\"{short}\""))
             && l.contains("function=\"hipGetDeviceCount\"")
             && metric_value(l) >= calls as f64

@@ -203,7 +203,8 @@ fn successful_calls_are_aggregated_in_the_kernel_exactly() {
     let out = pod.command(&app).args(["--version-loop", "100000"]).output().expect("run");
     assert!(out.status.success(), "{out:?}");
     let short = pod.short_container_id();
-    let line = daemon.wait_metric("100000 successful calls", Duration::from_secs(10), |l| {
+    // Per container: the per-pod view (Prometheus counts successes per revision).
+    let line = daemon.wait_pod_metric("100000 successful calls", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("container=\"{short}\""))
             && l.contains("function=\"cuDriverGetVersion\"")

@@ -69,13 +69,13 @@ fn an_unselected_process_takes_no_trap_and_its_failing_init_still_counts() {
     assert_ne!(field(&init, "cuInit"), "0", "{init}");
     // The scrape that shows the cold call failing also shows everything
     // this cgroup did before it: the launches, had any been trapped.
-    daemon.wait_metric("the unselected process's cuInit failure", WAIT, |l| {
+    daemon.wait_pod_metric("the unselected process's cuInit failure", WAIT, |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("pod=\"{uid}\""))
             && l.contains("function=\"cuInit\"")
             && !l.contains("result=\"0\"")
     });
-    let metrics = daemon.metrics();
+    let metrics = daemon.pod_metrics();
     let launches = pod_lines(&metrics, &uid, "cuLaunchKernel");
     assert!(launches.is_empty(), "launches of an unselected process were counted: {launches:?}");
     assert!(pod_lines(&metrics, &uid, "hipModuleLaunchKernel").is_empty());
@@ -150,7 +150,7 @@ fn gpu_trouble_selects_the_cgroup_within_a_second_and_the_quiet_window_lets_go()
     assert_ne!(field(&launched, "cuLaunchKernel"), "0", "{launched}");
     assert!(second.finish().success());
     let quiet_from = Instant::now();
-    daemon.wait_metric("the later process's launch failure", WAIT, |l| {
+    daemon.wait_pod_metric("the later process's launch failure", WAIT, |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("pod=\"{uid}\""))
             && l.contains("function=\"cuLaunchKernel\"")
@@ -190,10 +190,10 @@ fn launches_seen(extra: &[&str]) -> (f64, f64) {
     assert!(worker.finish().success());
     let pod_label = format!("pod=\"{uid}\"");
     let launch_series = |l: &str| l.contains(&pod_label) && l.contains("function=\"cuLaunchKernel\"");
-    daemon.wait_metric("every launch counted", WAIT, |l| {
+    daemon.wait_pod_metric("every launch counted", WAIT, |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{") && launch_series(l) && metric_value(l) >= 1000.0
     });
-    let text = daemon.metrics();
+    let text = daemon.pod_metrics();
     let sum = |prefix: &str| -> f64 {
         text.lines().filter(|l| l.starts_with(prefix) && launch_series(l)).map(metric_value).sum()
     };

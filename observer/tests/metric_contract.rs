@@ -95,12 +95,26 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
 
     let short = pod.short_container_id();
     let container = format!("container=\"{short}\"");
+    // Without Kubernetes a pod's revision is unknown, and its own cgroup
+    // stands for it in the series kept per revision.
+    let pod_cgroup = pod.rel.rsplit_once('/').map(|(dir, _)| dir).expect("a container below its pod");
+    let revision = format!("workload=\"{pod_cgroup}\"");
     for (family, labels) in [
         (
             "canaryscope_gpu_api_calls_total",
             vec!["result=\"CUDA_SUCCESS\"", "function=\"cuDriverGetVersion\""],
         ),
         ("canaryscope_gpu_api_call_duration_seconds_bucket", vec!["function=\"cuDriverGetVersion\""]),
+        ("canaryscope_cpu_runqueue_latency_seconds_bucket", vec![]),
+    ] {
+        let mut want = labels.clone();
+        want.push(&revision);
+        assert!(has(&metrics, family, &want), "no {family} with {want:?} for the pod's revision:\n{metrics}");
+        let per_pod = metrics.lines().find(|l| l.starts_with(family) && l.contains("pod="));
+        assert!(per_pod.is_none(), "{family} is kept per revision, not per pod: {per_pod:?}");
+    }
+    for (family, labels) in [
+        ("canaryscope_gpu_api_call_failures_total", vec!["function=\"hipInit\""]),
         ("canaryscope_gpu_init_failures_total", vec!["function=\"hipInit\""]),
         ("canaryscope_gpu_api_stalled_calls", vec!["function=\"cuStreamSynchronize\""]),
         ("canaryscope_native_crashes_total", vec!["signal=\"SIGSEGV\"", "library=\"libcuda.so"]),
@@ -111,7 +125,6 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
         ),
         ("canaryscope_oom_kills_total", vec!["scope=\"memcg\""]),
         ("canaryscope_memory_limit_refusals_total", vec!["limit=\"as\""]),
-        ("canaryscope_cpu_runqueue_latency_seconds_bucket", vec![]),
         ("canaryscope_cpu_periods_total", vec![]),
         ("canaryscope_cpu_quota_cores", vec![]),
     ] {

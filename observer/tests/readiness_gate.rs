@@ -521,7 +521,7 @@ fn canaries_scheduled_while_the_daemon_runs_are_seen_from_their_first_call_at_ev
             let deadline = Instant::now() + WAIT;
             let mut unseen: Vec<&Canary> = canaries.iter().collect();
             while !unseen.is_empty() && Instant::now() < deadline {
-                let text = daemon.metrics();
+                let text = daemon.pod_metrics();
                 unseen.retain(|c| !cuinit_seen(&text, &c.name));
                 if !unseen.is_empty() {
                     std::thread::sleep(Duration::from_millis(200));
@@ -614,7 +614,7 @@ fn a_daemon_restart_under_running_gated_pods_moves_no_condition_and_leaves_nothi
         text.lines().any(|l| l == "canaryscope_readiness_gate_pods{condition=\"true\"} 2")
     });
     let old_cuinit =
-        pod_function_value(&old.metrics(), "canaryscope_gpu_api_calls_total", &canary.name, "cuInit")
+        pod_function_value(&old.pod_metrics(), "canaryscope_gpu_api_calls_total", &canary.name, "cuInit")
             .expect("the canary's start-up counted by the old daemon");
 
     // A process of the canary held by the old daemon as it stops: with the
@@ -670,13 +670,14 @@ fn a_daemon_restart_under_running_gated_pods_moves_no_condition_and_leaves_nothi
         assert_eq!(gate_condition(&now).as_ref(), Some(condition), "{}'s condition moved", pod.name);
         assert_eq!(patches_of(api_port, &pod.name).len(), *patches, "{} was patched again", pod.name);
     }
-    let text = new.metrics();
+    let text = new.pod_metrics();
     let new_cuinit = pod_function_value(&text, "canaryscope_gpu_api_calls_total", &canary.name, "cuInit");
     assert!(
         new_cuinit.unwrap_or(0.0) < old_cuinit,
         "the new daemon's count starts from zero: {new_cuinit:?} after {old_cuinit}"
     );
-    let series: Vec<&str> = text
+    let scrape = new.metrics();
+    let series: Vec<&str> = scrape
         .lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))

@@ -113,7 +113,7 @@ fn a_flood_of_failing_calls_keeps_counts_exact_and_metrics_up() {
     let short = pod.short_container_id();
     // hip_loop's own hipGetDeviceCount calls, plus none other in that cgroup.
     let line = daemon.wait_metric("exact failing-call count", Duration::from_secs(10), |l| {
-        l.starts_with("canaryscope_gpu_api_calls_total{")
+        l.starts_with("canaryscope_gpu_api_call_failures_total{")
             && l.contains(&format!("container=\"{short}\""))
             && l.contains("function=\"hipGetDeviceCount\"")
             && metric_value(l) >= calls as f64
@@ -281,7 +281,9 @@ fn the_exporter_shows_no_command_line_environment_or_process_name() {
     let short = pod.short_container_id();
     // The workload's failures are there...
     daemon.wait_metric("the workload's failures", Duration::from_secs(10), |l| {
-        l.starts_with("canaryscope_gpu_api_calls_total{") && l.contains(&short) && metric_value(l) >= 5.0
+        l.starts_with("canaryscope_gpu_api_call_failures_total{")
+            && l.contains(&short)
+            && metric_value(l) >= 5.0
     });
     // ...and nothing of what the process carried.
     let text = daemon.metrics();

@@ -77,7 +77,7 @@ fn only_tasks_of_reported_cgroups_pay_for_run_queue_accounting() {
     assert!(keys.contains(&pod.id()), "the pod cgroup has a histogram: {keys:?}");
     assert!(!keys.contains(&system.id()), "the system cgroup has none: {keys:?}");
     let container = format!("container=\"{}\"", pod.short_container_id());
-    let count = daemon.wait_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
+    let count = daemon.wait_pod_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
         l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{") && l.contains(&container)
     });
     assert!(metric_value(&count) > 0.0, "{count}");
@@ -149,7 +149,7 @@ fn scrapes_are_the_same_bytes_while_nothing_changes() {
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
     kernel_run_delay_ns(spin_on_cpu0(pod.command(&busy), 2, 1));
     let container = format!("container=\"{}\"", pod.short_container_id());
-    daemon.wait_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
+    daemon.wait_pod_metric("the pod's run-queue histogram", Duration::from_secs(5), |l| {
         l.starts_with("canaryscope_cpu_runqueue_latency_seconds_count{") && l.contains(&container)
     });
     // The finished process's last numbers arrive with a later refresh;

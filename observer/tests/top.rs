@@ -192,7 +192,7 @@ fn once_json_from_a_daemon_matches_its_metrics_and_needs_no_root() {
     let pod_label = format!("pod=\"{uid}\"");
     // The kernel's counts of the process, after it ended (read each second).
     daemon.wait_metric("the pod's failed calls", Duration::from_secs(10), |l| {
-        l.starts_with("canaryscope_gpu_api_calls_total{")
+        l.starts_with("canaryscope_gpu_api_call_failures_total{")
             && l.contains(&pod_label)
             && l.contains("function=\"hipGetDeviceCount\"")
     });
@@ -204,7 +204,8 @@ fn once_json_from_a_daemon_matches_its_metrics_and_needs_no_root() {
         .args(["top", "--from", &url, "--once", "--json", "--filter", &uid])
         .output()
         .expect("setpriv (util-linux)");
-    let metrics = daemon.metrics();
+    // What top reads: the same exporter's per-pod view.
+    let metrics = daemon.pod_metrics();
     assert!(out.status.success(), "top --once --json as nobody: {out:?}");
     let snapshot: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = snapshot["rows"].as_array().expect("rows");

@@ -61,7 +61,30 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> (WorkloadLab
         Some(p) if p.is_synced() && p.api_healthy() => Liveness::Gone,
         _ => Liveness::Live,
     };
-    (WorkloadLabels { pod: pod_uid, container: short_id(&container_id), ..Default::default() }, liveness)
+    // Its revision is unknown (no Kubernetes, or the pod is not in the cache
+    // yet): the pod's own cgroup stands for it, so series kept per revision
+    // keep this pod apart rather than pooling every unknown pod under
+    // empty labels.
+    let workload = pod_cgroup(path, &pod_uid).to_string();
+    (
+        WorkloadLabels { pod: pod_uid, container: short_id(&container_id), workload, ..Default::default() },
+        liveness,
+    )
+}
+
+/// The pod-level cgroup of a path inside a pod: up to the component that
+/// names the pod's uid (dashes in the cgroupfs form, underscores in the
+/// systemd one).
+fn pod_cgroup<'a>(path: &'a str, pod_uid: &str) -> &'a str {
+    let systemd = pod_uid.replace('-', "_");
+    let mut end = 0;
+    for component in path.split_inclusive('/') {
+        end += component.len();
+        if component.contains(pod_uid) || component.contains(&systemd) {
+            return path[..end].trim_end_matches('/');
+        }
+    }
+    path
 }
 
 /// The 12-character form people know from `crictl ps`.
@@ -79,6 +102,11 @@ mod tests {
         let (l, live) = labels_for(Some(path), None);
         assert_eq!(l.pod, "1c0a2b3e-4f5d-6789-abcd-ef0123456789");
         assert_eq!(l.container, "0123456789ab");
+        assert_eq!(
+            l.workload,
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1c0a2b3e_4f5d_6789_abcd_ef0123456789.slice",
+            "the pod's own cgroup stands for its unknown revision"
+        );
         assert_eq!(live, Liveness::Live);
         let (l, _) = labels_for(Some("/system.slice/solver.service"), None);
         assert_eq!(l.workload, "/system.slice/solver.service");

@@ -4,9 +4,9 @@
 //! documented lists (README, deploy/tools/deploycheck.py) have one place to
 //! be checked against.
 use Kind::{Counter, Gauge, Histogram};
-use Scope::{Node, Workload};
+use Scope::{Node, Revision, Workload};
 
-use crate::attribution::label_names::LABEL_NAMES;
+use crate::attribution::label_names::{LABEL_NAMES, REVISION_LABEL_NAMES};
 
 /// What Prometheus is told the family is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,8 +21,21 @@ pub enum Kind {
 pub enum Scope {
     /// A workload (cgroup): `LABEL_NAMES` come first, then the extras.
     Workload,
+    /// A revision of a workload on this node: `REVISION_LABEL_NAMES` first.
+    /// Its pods share the series, and pods that are gone keep adding to it
+    /// while the revision has pods here. The per-pod view (`top`'s source)
+    /// renders such a family per pod, with `LABEL_NAMES`.
+    Revision,
     /// The node (or the daemon itself): only the extras.
     Node,
+}
+
+/// Which exposition is rendered: what Prometheus scrapes, within the
+/// series budget, or every family per pod, for `top` and people.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    Scrape,
+    PerPod,
 }
 
 /// One family, as exported.
@@ -40,13 +53,23 @@ pub struct MetricDecl {
 pub const PREFIX: &str = "canaryscope_";
 
 impl MetricDecl {
-    /// Label names in exposition order.
+    /// Label names in exposition order, as Prometheus scrapes them.
     pub fn label_names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        let workload: &'static [&'static str] = match self.scope {
-            Scope::Workload => &LABEL_NAMES,
-            Scope::Node => &[],
-        };
-        workload.iter().chain(self.extra).copied()
+        self.label_names_in(View::Scrape)
+    }
+
+    /// Label names in exposition order in `view`.
+    pub fn label_names_in(&self, view: View) -> impl Iterator<Item = &'static str> + '_ {
+        self.owner_label_names(view).iter().chain(self.extra).copied()
+    }
+
+    /// The labels naming who a series belongs to, before the extras.
+    pub fn owner_label_names(&self, view: View) -> &'static [&'static str] {
+        match (self.scope, view) {
+            (Scope::Workload, _) | (Scope::Revision, View::PerPod) => &LABEL_NAMES,
+            (Scope::Revision, View::Scrape) => &REVISION_LABEL_NAMES,
+            (Scope::Node, _) => &[],
+        }
     }
 }
 
@@ -62,17 +85,24 @@ const fn decl(
 
 pub const GPU_API_CALLS: MetricDecl = decl(
     "gpu_api_calls_total",
-    "GPU runtime API calls by result.",
+    "GPU runtime API calls by result, per revision on this node (a failure's pod and container are in gpu_api_call_failures_total).",
     Counter,
-    Workload,
+    Revision,
     &["api", "function", "result"],
 );
 pub const GPU_API_CALL_DURATION: MetricDecl = decl(
     "gpu_api_call_duration_seconds",
-    "Duration of GPU runtime API calls, measured in the kernel; hot calls (launches, async copies) only where they are timed (--hot-detail timed).",
+    "Duration of GPU runtime API calls per revision on this node, measured in the kernel; hot calls (launches, async copies) only where they are timed (--hot-detail timed).",
     Histogram,
-    Workload,
+    Revision,
     &["api", "function"],
+);
+pub const GPU_API_CALL_FAILURES: MetricDecl = decl(
+    "gpu_api_call_failures_total",
+    "GPU runtime API calls that returned an error, per pod and container, by result.",
+    Counter,
+    Workload,
+    &["api", "function", "result"],
 );
 pub const GPU_INIT_FAILURES: MetricDecl = decl(
     "gpu_init_failures_total",
@@ -118,10 +148,27 @@ pub const MEMORY_LIMIT_REFUSALS: MetricDecl = decl(
     Workload,
     &["limit"],
 );
-pub const KFD_IOCTLS: MetricDecl =
-    decl("kfd_ioctls_total", "AMD KFD driver ioctls by result.", Counter, Workload, &["ioctl", "result"]);
-pub const KFD_IOCTL_DURATION: MetricDecl =
-    decl("kfd_ioctl_duration_seconds", "Duration of AMD KFD driver ioctls.", Histogram, Workload, &["ioctl"]);
+pub const KFD_IOCTLS: MetricDecl = decl(
+    "kfd_ioctls_total",
+    "AMD KFD driver ioctls by result, per revision on this node.",
+    Counter,
+    Revision,
+    &["ioctl", "result"],
+);
+pub const KFD_IOCTL_FAILURES: MetricDecl = decl(
+    "kfd_ioctl_failures_total",
+    "AMD KFD driver ioctls that failed, per pod and container, by errno.",
+    Counter,
+    Workload,
+    &["ioctl", "result"],
+);
+pub const KFD_IOCTL_DURATION: MetricDecl = decl(
+    "kfd_ioctl_duration_seconds",
+    "Duration of AMD KFD driver ioctls per revision on this node.",
+    Histogram,
+    Revision,
+    &["ioctl"],
+);
 // Hardware events are reported from a driver worker: they count under the
 // workload whose process the driver names (by pasid or pid), and at node
 // level when it names none (a whole-device reset).
@@ -162,8 +209,13 @@ pub const NODE_GPU_QUEUE_EVICTIONS: MetricDecl = decl(
     Node,
     &[],
 );
-pub const CPU_RUNQUEUE_LATENCY: MetricDecl =
-    decl("cpu_runqueue_latency_seconds", "Time runnable threads waited for a CPU.", Histogram, Workload, &[]);
+pub const CPU_RUNQUEUE_LATENCY: MetricDecl = decl(
+    "cpu_runqueue_latency_seconds",
+    "Time runnable threads waited for a CPU, per revision on this node.",
+    Histogram,
+    Revision,
+    &[],
+);
 pub const CPU_PERIODS: MetricDecl =
     decl("cpu_periods_total", "CFS bandwidth periods elapsed.", Counter, Workload, &[]);
 pub const CPU_THROTTLED_PERIODS: MetricDecl = decl(
@@ -256,6 +308,7 @@ pub const TRACKED_CGROUPS: MetricDecl =
 pub const CATALOG: &[&MetricDecl] = &[
     &GPU_API_CALLS,
     &GPU_API_CALL_DURATION,
+    &GPU_API_CALL_FAILURES,
     &GPU_INIT_FAILURES,
     &GPU_DRIVER_VERSION,
     &GPU_API_STALLED_CALLS,
@@ -264,6 +317,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &ABNORMAL_EXITS,
     &MEMORY_LIMIT_REFUSALS,
     &KFD_IOCTLS,
+    &KFD_IOCTL_FAILURES,
     &KFD_IOCTL_DURATION,
     &GPU_MEMORY_FAULTS,
     &GPU_RESETS,

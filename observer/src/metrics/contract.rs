@@ -8,14 +8,15 @@ use serde_json::{json, Map, Value};
 use observer_common::gpu::Api;
 
 use super::catalog::{
-    Kind, Scope, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_STALLED_CALLS, PREFIX,
+    Kind, View, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_CALL_FAILURES, GPU_API_STALLED_CALLS,
+    PREFIX,
 };
-use crate::attribution::label_names::LABEL_NAMES;
+use crate::attribution::label_names::{LABEL_NAMES, REVISION_LABEL_NAMES};
 
 /// Families with a series per GPU function, whose hot-tier series exist only
 /// for selected processes.
-const PER_FUNCTION_FAMILIES: [&str; 3] =
-    [GPU_API_CALLS.name, GPU_API_CALL_DURATION.name, GPU_API_STALLED_CALLS.name];
+const PER_FUNCTION_FAMILIES: [&str; 4] =
+    [GPU_API_CALLS.name, GPU_API_CALL_DURATION.name, GPU_API_CALL_FAILURES.name, GPU_API_STALLED_CALLS.name];
 
 /// The contract as pretty JSON, one family per key, in catalog order.
 pub fn contract_json() -> String {
@@ -28,7 +29,7 @@ pub fn contract_json() -> String {
         };
         families.insert(
             decl.name.to_string(),
-            json!({ "type": kind, "labels": decl.extra, "workload": decl.scope == Scope::Workload }),
+            json!({ "type": kind, "labels": decl.extra, "owner_labels": decl.owner_label_names(View::Scrape) }),
         );
     }
     // Which GPU functions every process has probed (cold) and which only
@@ -45,6 +46,7 @@ pub fn contract_json() -> String {
                  CANARYSCOPE_WRITE_CONTRACT=1 cargo test -p observer --lib metric_contract",
         "prefix": PREFIX,
         "workload_labels": LABEL_NAMES,
+        "revision_labels": REVISION_LABEL_NAMES,
         "families": Value::Object(families),
         "per_function_families": PER_FUNCTION_FAMILIES,
         "gpu_function_tiers": tiers,

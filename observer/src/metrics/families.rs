@@ -5,7 +5,7 @@
 use observer_common::LatencyHistogram;
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 
-use super::catalog::{Kind, MetricDecl, CATALOG, PREFIX};
+use super::catalog::{Kind, MetricDecl, View, CATALOG, PREFIX};
 
 /// The kernel's log2 buckets exported as Prometheus buckets, a fixed set
 /// (a set that changed between scrapes would break `rate()` and
@@ -19,11 +19,12 @@ pub const EXPORTED_BUCKETS: [usize; 19] =
 
 pub struct Family {
     decl: &'static MetricDecl,
+    view: View,
     inner: MetricFamily,
 }
 
 impl Family {
-    pub fn new(decl: &'static MetricDecl) -> Self {
+    pub fn new(decl: &'static MetricDecl, view: View) -> Self {
         let mut inner = MetricFamily::default();
         inner.set_name(format!("{PREFIX}{}", decl.name));
         inner.set_help(decl.help.to_string());
@@ -32,17 +33,17 @@ impl Family {
             Kind::Gauge => MetricType::GAUGE,
             Kind::Histogram => MetricType::HISTOGRAM,
         });
-        Self { decl, inner }
+        Self { decl, view, inner }
     }
 
     /// One series; `values` follow the declaration's label names.
     fn metric(&self, values: &[&str]) -> Metric {
         // A mismatch is a bug at the call site; the catalog tests render
         // every family and compare its label names with the declaration.
-        debug_assert_eq!(values.len(), self.decl.label_names().count(), "{}", self.decl.name);
+        debug_assert_eq!(values.len(), self.decl.label_names_in(self.view).count(), "{}", self.decl.name);
         let pairs = self
             .decl
-            .label_names()
+            .label_names_in(self.view)
             .zip(values)
             .map(|(n, v)| {
                 let mut p = LabelPair::default();
@@ -115,18 +116,13 @@ impl Family {
 
 /// One `Family` per declaration, emitted in catalog order.
 pub struct FamilySet {
+    view: View,
     fams: Vec<Family>,
 }
 
-impl Default for FamilySet {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl FamilySet {
-    pub fn new() -> Self {
-        Self { fams: CATALOG.iter().map(|d| Family::new(d)).collect() }
+    pub fn new(view: View) -> Self {
+        Self { view, fams: CATALOG.iter().map(|d| Family::new(d, view)).collect() }
     }
 
     pub fn get(&mut self, decl: &'static MetricDecl) -> &mut Family {
@@ -137,7 +133,7 @@ impl FamilySet {
         let i = match self.fams.iter().position(|f| f.decl.name == decl.name) {
             Some(i) => i,
             None => {
-                self.fams.push(Family::new(decl));
+                self.fams.push(Family::new(decl, self.view));
                 self.fams.len() - 1
             }
         };
@@ -166,7 +162,7 @@ mod tests {
 
     #[test]
     fn kernel_latency_buckets_become_a_cumulative_histogram() {
-        let mut f = Family::new(&X);
+        let mut f = Family::new(&X, View::Scrape);
         let mut h = LatencyHistogram { count: 3, total_ns: 3_000_000_000, ..Default::default() };
         h.buckets[..3].copy_from_slice(&[1, 0, 2]);
         f.latency(&["p"], &h);

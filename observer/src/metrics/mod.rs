@@ -7,10 +7,11 @@ pub mod exposition;
 pub mod families;
 pub mod fetch;
 pub mod recorder;
+pub mod revision;
 pub mod server;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -24,6 +25,7 @@ use observer_common::{
     LatencyHistogram,
 };
 use prometheus::{Encoder, TextEncoder};
+use revision::{owner_values, revision_key, Retired, RevisionKey};
 
 use crate::{
     attribution::labels::{Liveness, WorkloadLabels},
@@ -76,6 +78,8 @@ pub struct Metrics {
     /// Ring-buffer records received, by kind (shows that aggregation works).
     pub records: BTreeMap<&'static str, u64>,
     series_labels: HashMap<u64, SeriesLabels>,
+    /// What purged pods left to their revisions' shared series.
+    retired: Retired,
     pub max_cgroups: usize,
     /// Whether a series changed since the last [`Metrics::take_changed`]:
     /// the exposition is rendered only then, so a scrape costs no rendering
@@ -284,6 +288,7 @@ impl Metrics {
         }
         self.changed |= relabelled || !purged.is_empty();
         for cgroup in &purged {
+            self.retire(*cgroup);
             self.series_labels.remove(cgroup);
             self.hardware_by_cgroup.retain(|k, _| k.0 != *cgroup);
             self.init_failures.retain(|k, _| k.0 != *cgroup);
@@ -298,7 +303,21 @@ impl Metrics {
             self.mem_limits.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.cpu.retain(|(c, _)| c != cgroup);
         }
+        if !purged.is_empty() {
+            let live: HashSet<RevisionKey> =
+                self.series_labels.values().map(|a| revision_key(&a.labels)).collect();
+            self.retired.keep_only(&live);
+        }
         purged
+    }
+
+    /// Hands a cgroup's kernel totals to its revision before they go.
+    fn retire(&mut self, cgroup: u64) {
+        let Some(a) = self.series_labels.get(&cgroup) else { return };
+        let key = revision_key(&a.labels);
+        self.retired.fold_gpu(&key, self.gpu.iter().filter(|(k, _)| k.cgroup_id == cgroup));
+        self.retired.fold_kfd(&key, self.kfd.iter().filter(|(k, _)| k.cgroup_id == cgroup));
+        self.retired.fold_runq(&key, self.runq.iter().find(|(c, _)| *c == cgroup).map(|(_, h)| h));
     }
 
     /// Whether the cgroup has series (admitted under the cap).
@@ -321,10 +340,10 @@ impl Metrics {
     /// The text exposition of every series. `size_hint`: the last one's
     /// length, so the buffer is allocated once, not doubled up to twice
     /// the text's size.
-    pub fn render(&self, size_hint: usize) -> Vec<u8> {
+    pub fn render(&self, view: View, size_hint: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(size_hint + size_hint / 16);
         let encoder = TextEncoder::new();
-        for family in self.families() {
+        for family in self.families(view) {
             if encoder.encode(std::slice::from_ref(&family), &mut out).is_err() {
                 return Vec::new();
             }
@@ -332,9 +351,14 @@ impl Metrics {
         out
     }
 
-    /// The exposition as text (tests and tools).
+    /// The scraped exposition as text (tests and tools).
     pub fn render_text(&self) -> String {
-        String::from_utf8(self.render(0)).unwrap_or_default()
+        self.render_text_in(View::Scrape)
+    }
+
+    /// The exposition of `view` as text.
+    pub fn render_text_in(&self, view: View) -> String {
+        String::from_utf8(self.render(view, 0)).unwrap_or_default()
     }
 
     /// The workload's label values followed by `extra`, in the order of a
@@ -345,39 +369,65 @@ impl Metrics {
         v
     }
 
-    fn families(&self) -> Vec<prometheus::proto::MetricFamily> {
-        let mut fams = FamilySet::new();
-        self.gpu_call_families(&mut fams);
+    /// The owner label values of a revision-scoped series of `cgroup`.
+    fn owner(&self, cgroup: u64, view: View) -> Vec<&str> {
+        owner_values(self.labels(cgroup), view)
+    }
+
+    fn families(&self, view: View) -> Vec<prometheus::proto::MetricFamily> {
+        let mut fams = FamilySet::new(view);
+        self.gpu_call_families(&mut fams, view);
         self.failure_families(&mut fams);
-        self.kfd_and_hardware_families(&mut fams);
-        self.memory_and_cpu_families(&mut fams);
+        self.kfd_and_hardware_families(&mut fams, view);
+        self.memory_and_cpu_families(&mut fams, view);
         self.node_families(&mut fams);
         fams.finish()
     }
 
-    fn gpu_call_families(&self, fams: &mut FamilySet) {
+    fn gpu_call_families(&self, fams: &mut FamilySet, view: View) {
         // GPU calls: counters per result, durations per function (the kernel
         // keeps a histogram per result; they are merged here). Hot calls
         // counted at return only add to the counters and have no durations.
-        let mut calls: BTreeMap<(u64, u32, u32, i32), u64> = BTreeMap::new();
-        let mut by_function: BTreeMap<(u64, u32, u32), LatencyHistogram> = BTreeMap::new();
-        for (k, s) in &self.gpu {
-            *calls.entry((k.cgroup_id, k.api, k.function, k.result)).or_default() += s.count;
+        // Both are per revision when scraped, with purged pods' totals, and
+        // failures also per pod.
+        let mut calls: BTreeMap<(Vec<&str>, u32, u32, i32), u64> = BTreeMap::new();
+        let mut by_function: BTreeMap<(Vec<&str>, u32, u32), LatencyHistogram> = BTreeMap::new();
+        let live = self.gpu.iter().map(|(k, s)| (self.owner(k.cgroup_id, view), k, s));
+        let retired =
+            self.retired.gpu.iter().map(|((r, k), s)| (r.iter().map(String::as_str).collect(), k, s));
+        let retired = retired.filter(|_| view == View::Scrape);
+        for (owner, k, s) in live.chain(retired) {
+            *calls.entry((owner.clone(), k.api, k.function, k.result)).or_default() += s.count;
             if k.untimed == 0 {
-                by_function.entry((k.cgroup_id, k.api, k.function)).or_default().add(s);
+                by_function.entry((owner, k.api, k.function)).or_default().add(s);
             }
         }
-        for ((cgroup, api, function, result), count) in &calls {
-            let Some(api) = Api::from_u32(*api) else { continue };
-            let function = crate::events::function_name(api, *function);
-            let result = result_name(api, *result).map(str::to_string).unwrap_or_else(|| result.to_string());
-            let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
+        let mut failures: BTreeMap<(u64, u32, u32, i32), u64> = BTreeMap::new();
+        for (k, s) in self.gpu.iter().filter(|(k, _)| k.result != 0) {
+            *failures.entry((k.cgroup_id, k.api, k.function, k.result)).or_default() += s.count;
+        }
+        let named = |api: u32, function: u32, result: i32| {
+            let api = Api::from_u32(api)?;
+            let function = crate::events::function_name(api, function);
+            let result = result_name(api, result).map(str::to_string).unwrap_or_else(|| result.to_string());
+            Some((api, function, result))
+        };
+        for ((owner, api, function, result), count) in &calls {
+            let Some((api, function, result)) = named(*api, *function, *result) else { continue };
+            let mut v = owner.clone();
+            v.extend([api.as_str(), &function, &result]);
             fams.get(&GPU_API_CALLS).value(&v, *count as f64);
         }
-        for ((cgroup, api, function), merged) in &by_function {
-            let Some(api) = Api::from_u32(*api) else { continue };
-            let function = crate::events::function_name(api, *function);
-            fams.get(&GPU_API_CALL_DURATION).latency(&self.vals(*cgroup, &[api.as_str(), &function]), merged);
+        for ((cgroup, api, function, result), count) in &failures {
+            let Some((api, function, result)) = named(*api, *function, *result) else { continue };
+            let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
+            fams.get(&GPU_API_CALL_FAILURES).value(&v, *count as f64);
+        }
+        for ((owner, api, function), merged) in &by_function {
+            let Some((api, function, _)) = named(*api, *function, 0) else { continue };
+            let mut v = owner.clone();
+            v.extend([api.as_str(), &function]);
+            fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
         }
     }
 
@@ -403,21 +453,38 @@ impl Metrics {
         }
     }
 
-    fn kfd_and_hardware_families(&self, fams: &mut FamilySet) {
-        // KFD ioctls: as GPU calls, counters per result and durations per ioctl.
-        let mut by_ioctl: BTreeMap<(u64, u32), LatencyHistogram> = BTreeMap::new();
-        for (k, s) in &self.kfd {
-            let ioctl = crate::events::kfd_ioctl_label(k.nr);
-            let result = match k.result {
-                0 => "0".to_string(),
-                r => crate::names::errno_name(-r).map(str::to_string).unwrap_or_else(|| r.to_string()),
-            };
-            fams.get(&KFD_IOCTLS).value(&self.vals(k.cgroup_id, &[&ioctl, &result]), s.count as f64);
-            by_ioctl.entry((k.cgroup_id, k.nr)).or_default().add(s);
+    fn kfd_and_hardware_families(&self, fams: &mut FamilySet, view: View) {
+        // KFD ioctls: as GPU calls, counters per result and durations per
+        // ioctl per revision, failures also per pod.
+        let mut ioctls: BTreeMap<(Vec<&str>, u32, i32), u64> = BTreeMap::new();
+        let mut by_ioctl: BTreeMap<(Vec<&str>, u32), LatencyHistogram> = BTreeMap::new();
+        let live = self.kfd.iter().map(|(k, s)| (self.owner(k.cgroup_id, view), k, s));
+        let retired =
+            self.retired.kfd.iter().map(|((r, k), s)| (r.iter().map(String::as_str).collect(), k, s));
+        let retired = retired.filter(|_| view == View::Scrape);
+        for (owner, k, s) in live.chain(retired) {
+            *ioctls.entry((owner.clone(), k.nr, k.result)).or_default() += s.count;
+            by_ioctl.entry((owner, k.nr)).or_default().add(s);
         }
-        for ((cgroup, nr), merged) in &by_ioctl {
+        let errno = |r: i32| match r {
+            0 => "0".to_string(),
+            r => crate::names::errno_name(-r).map(str::to_string).unwrap_or_else(|| r.to_string()),
+        };
+        for ((owner, nr, result), count) in &ioctls {
+            let (ioctl, result) = (crate::events::kfd_ioctl_label(*nr), errno(*result));
+            let mut v = owner.clone();
+            v.extend([ioctl.as_str(), &result]);
+            fams.get(&KFD_IOCTLS).value(&v, *count as f64);
+        }
+        for (k, s) in self.kfd.iter().filter(|(k, _)| k.result != 0) {
+            let (ioctl, result) = (crate::events::kfd_ioctl_label(k.nr), errno(k.result));
+            fams.get(&KFD_IOCTL_FAILURES).value(&self.vals(k.cgroup_id, &[&ioctl, &result]), s.count as f64);
+        }
+        for ((owner, nr), merged) in &by_ioctl {
             let ioctl = crate::events::kfd_ioctl_label(*nr);
-            fams.get(&KFD_IOCTL_DURATION).latency(&self.vals(*cgroup, &[&ioctl]), merged);
+            let mut v = owner.clone();
+            v.push(&ioctl);
+            fams.get(&KFD_IOCTL_DURATION).latency(&v, merged);
         }
 
         for (kind, workload, node) in [
@@ -432,13 +499,20 @@ impl Metrics {
         }
     }
 
-    fn memory_and_cpu_families(&self, fams: &mut FamilySet) {
+    fn memory_and_cpu_families(&self, fams: &mut FamilySet, view: View) {
         for (k, n) in &self.mem_limits {
             let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
             fams.get(&MEMORY_LIMIT_REFUSALS).value(&self.vals(k.cgroup_id, &[limit.as_str()]), *n as f64);
         }
+        let mut runq: BTreeMap<Vec<&str>, LatencyHistogram> = BTreeMap::new();
         for (cgroup, h) in &self.runq {
-            fams.get(&CPU_RUNQUEUE_LATENCY).latency(&self.vals(*cgroup, &[]), h);
+            runq.entry(self.owner(*cgroup, view)).or_default().add(h);
+        }
+        for (key, h) in self.retired.runq.iter().filter(|_| view == View::Scrape) {
+            runq.entry(key.iter().map(String::as_str).collect()).or_default().add(h);
+        }
+        for (owner, h) in &runq {
+            fams.get(&CPU_RUNQUEUE_LATENCY).latency(owner, h);
         }
         for (cgroup, c) in &self.cpu {
             let v = self.vals(*cgroup, &[]);
@@ -725,7 +799,13 @@ mod tests {
 
     #[test]
     fn every_family_renders_as_declared() {
-        let families = rich().families();
+        for view in [View::Scrape, View::PerPod] {
+            families_render_as_declared(view);
+        }
+    }
+
+    fn families_render_as_declared(view: View) {
+        let families = rich().families(view);
         let rendered: Vec<&str> = families.iter().map(|f| f.name()).collect();
         let declared: Vec<String> = CATALOG.iter().map(|d| format!("{PREFIX}{}", d.name)).collect();
         assert_eq!(rendered, declared, "the fixture populates every family, in catalog order");
@@ -737,7 +817,7 @@ mod tests {
                 Kind::Histogram => prometheus::proto::MetricType::HISTOGRAM,
             };
             assert_eq!(f.get_field_type(), kind, "{}", d.name);
-            let names: Vec<&str> = d.label_names().collect();
+            let names: Vec<&str> = d.label_names_in(view).collect();
             for m in f.get_metric() {
                 let got: Vec<&str> = m.get_label().iter().map(|l| l.name()).collect();
                 assert_eq!(got, names, "{}: a sample's labels differ from the declaration", d.name);

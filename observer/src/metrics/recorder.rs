@@ -85,6 +85,11 @@ impl Recorder {
         self.lock().scrape()
     }
 
+    /// Every family per pod now, as `/metrics/pods` serves it.
+    pub fn per_pod(&self) -> bytes::Bytes {
+        self.lock().per_pod()
+    }
+
     /// Whether a refresh is due: a second has passed, or the pod cache
     /// moved (`generation`), so a pod added, changed or deleted relabels now.
     pub fn due(&mut self, generation: u64) -> bool {

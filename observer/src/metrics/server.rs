@@ -1,4 +1,5 @@
-//! The exporter's HTTP endpoint: `/metrics`, `/healthz`, `/readyz`. A small
+//! The exporter's HTTP endpoint: `/metrics`, `/metrics/pods`, `/healthz`,
+//! `/readyz`. A small
 //! HTTP/1.1 responder is enough for Prometheus and kubelet probes and keeps
 //! the daemon free of a web framework; every response closes the connection.
 use std::{
@@ -12,7 +13,7 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-use super::Metrics;
+use super::{catalog::View, Metrics};
 
 /// Readiness as the daemon loop last judged it.
 #[derive(Default)]
@@ -50,13 +51,22 @@ impl Published {
             // reference), so two texts are not alive at once.
             let size_hint = self.text.len();
             self.text = bytes::Bytes::new();
-            self.text = self.metrics.render(size_hint).into();
+            self.text = self.metrics.render(View::Scrape, size_hint).into();
         }
         self.text.clone()
+    }
+
+    /// Every family per pod, for `top --from` and people: rendered on each
+    /// request and not kept, since Prometheus does not scrape it.
+    pub fn per_pod(&self) -> bytes::Bytes {
+        self.metrics.render(View::PerPod, self.text.len()).into()
     }
 }
 
 pub type SharedMetrics = Arc<Mutex<Published>>;
+
+/// Where the per-pod view is served (`top --from` reads it).
+pub const PER_POD_PATH: &str = "/metrics/pods";
 
 pub async fn serve(listener: TcpListener, shared: Shared, metrics: SharedMetrics) {
     loop {
@@ -108,12 +118,17 @@ async fn read_path(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
 
 async fn respond(mut stream: TcpStream, shared: &Shared, metrics: &SharedMetrics) -> std::io::Result<()> {
     let Some(path) = read_path(&mut stream).await? else { return Ok(()) };
-    if path == "/metrics" {
+    if path == "/metrics" || path == PER_POD_PATH {
         // A render of a thousand pods takes tens of milliseconds: off the
         // runtime's worker, under the lock the daemon loop counts under.
         let metrics = metrics.clone();
         let body = tokio::task::spawn_blocking(move || {
-            metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).scrape()
+            let mut published = metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if path == PER_POD_PATH {
+                published.per_pod()
+            } else {
+                published.scrape()
+            }
         })
         .await
         .map_err(std::io::Error::other)?;
@@ -131,7 +146,7 @@ async fn respond(mut stream: TcpStream, shared: &Shared, metrics: &SharedMetrics
             _ => (
                 "404 Not Found",
                 "text/plain",
-                bytes::Bytes::from_static(b"try /metrics, /healthz or /readyz\n"),
+                bytes::Bytes::from_static(b"try /metrics, /metrics/pods, /healthz or /readyz\n"),
             ),
         }
     };

@@ -35,7 +35,7 @@ impl Consumer for LocalTop {
         }
         let recorder = &self.recorder;
         self.driver.step(&mut || {
-            let text = recorder.scrape();
+            let text = recorder.per_pod();
             parse_reading(&String::from_utf8_lossy(&text)).map_err(|e| format!("own exposition: {e}"))
         })
     }

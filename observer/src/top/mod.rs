@@ -22,7 +22,7 @@ use crate::{
     config::{self, parse_duration},
     error::CliError,
     event_loop::Flow,
-    metrics::{exposition, fetch},
+    metrics::{exposition, fetch, server::PER_POD_PATH},
 };
 use screen::{Input, Screen};
 use table::{Reading, Row, SortKey};
@@ -34,8 +34,8 @@ const TICK: Duration = Duration::from_millis(100);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Read a running daemon's metrics (e.g. http://127.0.0.1:9464/metrics)
-    /// instead of loading probes; needs no root.
+    /// Read a running daemon's metrics (e.g. http://127.0.0.1:9464; its
+    /// per-pod view, /metrics/pods) instead of loading probes; needs no root.
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
     /// Print one snapshot (rates over one second) and exit.
@@ -69,7 +69,12 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         .map_err(|e| CliError::runtime(format!("cannot start the event loop: {e}")))?;
     match args.from.clone() {
         Some(url) => {
-            let target = fetch::Target::parse(&url).map_err(|e| CliError::usage(e.to_string()))?;
+            let mut target = fetch::Target::parse(&url).map_err(|e| CliError::usage(e.to_string()))?;
+            // Prometheus's view has no per-pod calls or latencies (the
+            // series budget); the same exporter serves them beside it.
+            if target.path == "/metrics" {
+                target.path = PER_POD_PATH.to_string();
+            }
             // The first reading decides whether the URL is any good,
             // before the screen takes the terminal.
             let first = read(&target).map_err(CliError::usage)?;

@@ -585,20 +585,36 @@ impl Daemon {
         http_get(self.port, path)
     }
 
+    /// What Prometheus scrapes: successful calls and latencies per
+    /// revision, failures per pod.
     pub fn metrics(&self) -> String {
         self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
+    /// The per-pod view `top --from` reads: every family per pod.
+    pub fn pod_metrics(&self) -> String {
+        self.get("/metrics/pods").map(|(_, b)| b).unwrap_or_default()
+    }
+
     /// Waits until some /metrics line satisfies `pred`; returns that line.
     pub fn wait_metric(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        self.wait_line("/metrics", what, timeout, pred)
+    }
+
+    /// Waits until some /metrics/pods line satisfies `pred`; returns that line.
+    pub fn wait_pod_metric(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        self.wait_line("/metrics/pods", what, timeout, pred)
+    }
+
+    fn wait_line(&self, path: &str, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            let text = self.metrics();
+            let text = self.get(path).map(|(_, b)| b).unwrap_or_default();
             if let Some(line) = text.lines().find(|l| !l.starts_with('#') && pred(l)) {
                 return line.to_string();
             }
             if Instant::now() >= deadline {
-                panic!("no metric for {what} within {timeout:?}; /metrics:\n{text}");
+                panic!("no metric for {what} within {timeout:?}; {path}:\n{text}");
             }
             thread::sleep(Duration::from_millis(100));
         }

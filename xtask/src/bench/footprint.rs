@@ -120,10 +120,141 @@ pub(super) fn idle_and_load(
     footprint_load(env, plan, d, idle.maps, out)
 }
 
-fn footprint_load(
+/// What the pods of a load run: GPU start-ups, or CPU work in a limit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PodKind {
+    Gpu,
+    Cpu,
+}
+
+impl PodKind {
+    fn name(self) -> &'static str {
+        match self {
+            PodKind::Gpu => "gpu",
+            PodKind::Cpu => "cpu",
+        }
+    }
+
+    /// Part of the pods' uids, which tells the loads' pods apart.
+    fn uid_code(self) -> u32 {
+        match self {
+            PodKind::Gpu => 0xa,
+            PodKind::Cpu => 0xc,
+        }
+    }
+
+    /// The series budget of one pod (README: the series budget).
+    fn budget(self) -> f64 {
+        match self {
+            PodKind::Gpu => 40.0,
+            PodKind::Cpu => 10.0,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            // Failures from the real runtime, successes from the stand-ins:
+            // no test machine has a GPU the real runtimes would succeed on.
+            PodKind::Gpu => {
+                "each pod runs hip_probe (the real HIP runtime: hipInit and hipGetDeviceCount fail) and \
+                 cuda_app_standin --startup (the ZLUDA-shaped library over the HIP stand-in: 14 driver \
+                 calls and the HIP calls beneath them succeed, cuModuleLoadData fails)"
+            }
+            PodKind::Cpu => {
+                "each pod runs busy_threads 2 1 (two spinning threads for a second) in a 0.5-core cpu.max"
+            }
+        }
+    }
+}
+
+/// Pod-shaped cgroups under `base`, as the kubelet lays them out with the
+/// systemd driver: `kubepods.slice/kubepods-burstable.slice/
+/// kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`.
+fn pod_dirs(base: &std::path::Path, kind: PodKind, n: usize) -> Result<Vec<PathBuf>> {
+    let qos = base.join("kubepods.slice").join("kubepods-burstable.slice");
+    fs::create_dir_all(&qos).with_context(|| format!("cannot create {}", qos.display()))?;
+    if kind == PodKind::Cpu {
+        // cpu.max of a pod needs the controller enabled on the way down.
+        let mut dir = base.parent().map(PathBuf::from).unwrap_or_default();
+        for part in [BENCH_CGROUP, "kubepods.slice", "kubepods-burstable.slice"] {
+            let _ = fs::write(dir.join("cgroup.subtree_control"), "+cpu");
+            dir.push(part);
+        }
+        let _ = fs::write(dir.join("cgroup.subtree_control"), "+cpu");
+    }
+    let mut dirs = Vec::with_capacity(n);
+    for i in 0..n {
+        let code = kind.uid_code();
+        let pod = qos.join(format!("kubepods-burstable-pod{i:08x}_{code:04x}_4000_8000_{i:012x}.slice"));
+        let container = pod.join(format!("cri-containerd-{:064x}.scope", i + 1));
+        fs::create_dir_all(&container).with_context(|| format!("cannot create {}", container.display()))?;
+        if kind == PodKind::Cpu {
+            let _ = fs::write(pod.join("cgroup.subtree_control"), "+cpu");
+            fs::write(container.join("cpu.max"), "50000 100000")
+                .with_context(|| format!("cannot limit {}", container.display()))?;
+        }
+        dirs.push(container);
+    }
+    Ok(dirs)
+}
+
+/// The processes one pod of `kind` runs, each waiting `sleep_ms` before its
+/// first call so that it is in the pod's cgroup by then.
+fn pod_commands(env: &Env, kind: PodKind, sleep_ms: u64) -> Vec<Command> {
+    let sleep = sleep_ms.to_string();
+    match kind {
+        PodKind::Gpu => {
+            let mut hip = Command::new(env.fixture("hip_probe"));
+            hip.args(["--sleep-before", &sleep]);
+            let mut standin = Command::new(env.fixture("cuda_app_standin"));
+            standin.args(["--sleep-before", &sleep, "--startup"]);
+            vec![hip, standin]
+        }
+        PodKind::Cpu => {
+            let mut busy = Command::new(env.fixture("busy_threads"));
+            busy.args(["2", "1"]);
+            vec![busy]
+        }
+    }
+}
+
+/// Series per pod on a scrape: those carrying its `pod` label, and those of
+/// its revision (without Kubernetes a pod's own cgroup stands for its
+/// revision). Returns (max own, mean own, mean revision, pods).
+fn series_per_pod(text: &str, kind: PodKind) -> (f64, f64, f64, usize) {
+    // Only this load's pods: an earlier load's may still be kept.
+    let code = kind.uid_code();
+    let (in_uid, in_path) = (format!("-{code:04x}-4000-8000-"), format!("_{code:04x}_4000_8000_"));
+    let mut own: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut shared: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let pod = l.split("pod=\"").nth(1).and_then(|r| r.split('"').next()).filter(|p| p.contains(&in_uid));
+        if let Some(pod) = pod {
+            *own.entry(pod).or_default() += 1;
+        } else if let Some(w) = l.split("workload=\"").nth(1).and_then(|r| r.split('"').next()) {
+            if w.contains(&in_path) {
+                *shared.entry(w).or_default() += 1;
+            }
+        }
+    }
+    let pods = own.len().max(1);
+    let max = own.values().copied().max().unwrap_or(0) as f64;
+    let mean = own.values().sum::<usize>() as f64 / pods as f64;
+    (max, mean, shared.values().sum::<usize>() as f64 / pods as f64, own.len())
+}
+
+fn footprint_load(env: &Env, plan: &Plan, d: &Daemon, idle: (usize, u64), rows: &mut Vec<Row>) -> Result<()> {
+    for kind in [PodKind::Gpu, PodKind::Cpu] {
+        pods_load(env, plan, d, kind, idle, rows)?;
+    }
+    Ok(())
+}
+
+fn pods_load(
     env: &Env,
     plan: &Plan,
     d: &Daemon,
+    kind: PodKind,
     (idle_maps, idle_memlock): (usize, u64),
     rows: &mut Vec<Row>,
 ) -> Result<()> {
@@ -131,18 +262,14 @@ fn footprint_load(
     let cg2 = cgroup2_root().ok_or_else(|| anyhow!("no cgroup2 mount for the footprint cgroups"))?;
     let base = cg2.join(BENCH_CGROUP);
     step(&format!(
-        "footprint: {} cgroups under {}, hip_probe --sleep-before {} in waves of {} (one process per cgroup)",
+        "footprint: {} {} pods under {}, in waves of {}",
         plan.cgroups,
+        kind.name(),
         base.display(),
-        plan.sleep_before_ms,
         plan.wave
     ));
     let tree = CgroupTree { dir: base.clone() };
-    fs::create_dir_all(&base).with_context(|| format!("cannot create {}", base.display()))?;
-    let dirs: Vec<PathBuf> = (0..plan.cgroups).map(|i| base.join(format!("cg-{i}"))).collect();
-    for dir in &dirs {
-        fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
+    let dirs = pod_dirs(&base, kind, plan.cgroups)?;
 
     // VmHWM is the lifetime peak, start-up included (BTF parsing, program
     // loading); writing 5 to clear_refs resets it to the current RSS.
@@ -161,12 +288,12 @@ fn footprint_load(
     for (w, chunk) in dirs.chunks(plan.wave).enumerate() {
         let mut procs = Vec::new();
         for dir in chunk {
-            let mut cmd = Command::new(env.fixture("hip_probe"));
-            cmd.args(["--sleep-before", &plan.sleep_before_ms.to_string()]);
-            let p = Proc::spawn_silent("hip_probe-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
-            fs::write(dir.join("cgroup.procs"), p.pid().to_string())
-                .with_context(|| format!("cannot move pid {} into {}", p.pid(), dir.display()))?;
-            procs.push(p);
+            for mut cmd in pod_commands(env, kind, plan.sleep_before_ms) {
+                let p = Proc::spawn_silent("pod-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
+                fs::write(dir.join("cgroup.procs"), p.pid().to_string())
+                    .with_context(|| format!("cannot move pid {} into {}", p.pid(), dir.display()))?;
+                procs.push(p);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -207,16 +334,32 @@ fn footprint_load(
     drop(tree);
 
     let load_desc = format!(
-        "{} cgroups under {}, each given one hip_probe (real HIP runtime: hipInit/hipGetDeviceCount fail) in \
-         waves of {} concurrent processes; load phase {:.1} s",
+        "{} pod-shaped cgroups under {}: {}; waves of {} pods; load phase {:.1} s",
         plan.cgroups,
         base.display(),
+        kind.describe(),
         plan.wave,
         load_secs
     );
-    let mut r = Row::new("footprint_load_rss_peak", "MiB");
+    let name = |what: &str| format!("footprint_{}_pods_{what}", kind.name());
+    let (own_max, own_mean, shared_mean, pods) = series_per_pod(&text, kind);
+    let mut r = Row::new(&name("series_per_pod"), "series");
+    r.canaryscope = Some(own_max);
+    r.target = Some(Target::new(
+        &format!("at most {} series with a {} pod's own labels", kind.budget(), kind.name()),
+        kind.budget(),
+        Some(own_max),
+        " series",
+    ));
+    r.notes.push(format!(
+        "most series carrying one pod's `pod` label over {pods} pods (mean {own_mean:.1}); its revision's \
+         series (successful calls, latency histograms), which pods of one revision share, add {shared_mean:.1} \
+         a pod here, where without Kubernetes each pod is its own revision"
+    ));
+    rows.push(r);
+    let mut r = Row::new(&name("load_rss_peak"), "MiB");
     r.canaryscope = Some(if hwm_reset { peak_rss.max(hwm.unwrap_or(0.0)) } else { peak_rss });
-    r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, r.canaryscope, " MiB"));
+    r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, r.canaryscope, " MiB"));
     r.notes.push(format!(
         "peak of VmRSS sampled every 100 ms{} (load, scraped every second, and the idle window after it); \
          {load_desc}",
@@ -227,19 +370,19 @@ fn footprint_load(
         opt(startup_hwm)
     ));
     if plan.quick {
-        r.notes.push(format!("--quick: only {} cgroups, the target is for 1,000", plan.cgroups));
+        r.notes.push(format!("--quick: only {} pods, the target is for 1,000", plan.cgroups));
     }
     if failures > 0 {
-        r.notes.push(format!("{failures} hip_probe processes did not exit cleanly"));
+        r.notes.push(format!("{failures} pod processes did not exit cleanly"));
     }
     rows.push(r);
-    let mut r = Row::new("footprint_load_cpu", "% of one core");
+    let mut r = Row::new(&name("load_cpu"), "% of one core");
     r.canaryscope = load_cpu;
     r.notes.push("daemon utime+stime over the whole load phase".into());
     rows.push(r);
-    let mut r = Row::new("footprint_after_rss", "MiB");
+    let mut r = Row::new(&name("after_rss"), "MiB");
     r.canaryscope = after_rss;
-    r.target = Some(Target::new("RSS < 50 MiB at 1,000 cgroups", 50.0, after_rss, " MiB"));
+    r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, after_rss, " MiB"));
     r.notes.push(format!(
         "after the load, with the cgroups' series still kept (series grace): {series} sample lines on \
          /metrics \
@@ -248,14 +391,14 @@ fn footprint_load(
     ));
     r.notes.push(format!("most sample lines by metric name: {families} (whole text in {})", saved.display()));
     rows.push(r);
-    let mut r = Row::new("footprint_after_cpu", "% of one core");
+    let mut r = Row::new(&name("after_cpu"), "% of one core");
     r.canaryscope = after_cpu;
-    r.target = Some(Target::new("idle CPU < 1% of a core at 1,000 cgroups", 1.0, after_cpu, "%"));
+    r.target = Some(Target::new("idle CPU < 1% of a core at 1,000 pods", 1.0, after_cpu, "%"));
     r.notes.push(format!("idle window of {:.0?} after the load", plan.window));
     rows.push(r);
-    let mut r = Row::new("footprint_scrape_ms", "ms");
+    let mut r = Row::new(&name("scrape_ms"), "ms");
     r.canaryscope = median(&scrape_ms);
-    r.target = Some(Target::new("one scrape < 100 ms at 1,000 cgroups", 100.0, r.canaryscope, " ms"));
+    r.target = Some(Target::new("one scrape < 100 ms at 1,000 pods", 100.0, r.canaryscope, " ms"));
     r.notes.push(format!(
         "median of {} GET /metrics on loopback after the load, slowest {} ms; the text is {} KiB ({series} \
          sample lines)",
@@ -264,11 +407,11 @@ fn footprint_load(
         text.len() / 1024
     ));
     rows.push(r);
-    let mut r = Row::new("footprint_scrape_size", "KiB");
+    let mut r = Row::new(&name("scrape_size"), "KiB");
     r.canaryscope = Some(text.len() as f64 / 1024.0);
     r.notes.push(format!("{series} sample lines; most by metric name: {families}"));
     rows.push(r);
-    let mut r = Row::new("footprint_bpf_map_memory", "MiB");
+    let mut r = Row::new(&name("bpf_map_memory"), "MiB");
     r.baseline = Some(idle_memlock as f64 / MIB);
     r.canaryscope = Some(after_memlock as f64 / MIB);
     r.ratio("after_vs_idle", div(r.canaryscope, r.baseline));

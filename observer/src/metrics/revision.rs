@@ -1,0 +1,104 @@
+//! Series a revision's pods share on a node: successful-call counts and
+//! latency histograms, which would otherwise cost every pod hundreds of
+//! series while the decision they feed compares revisions, not pods.
+//!
+//! The kernel counts per cgroup, and a pod's entries go when its cgroup is
+//! purged. A revision's series must not go down meanwhile (`rate()` would
+//! read that as a reset), so a purged pod's last totals are kept here and
+//! added to its revision's series for as long as the revision has a pod on
+//! the node.
+use std::collections::{BTreeMap, HashSet};
+
+use observer_common::{gpu::GpuStatsKey, kfd::KfdStatsKey, LatencyHistogram};
+
+use super::catalog::View;
+use crate::attribution::labels::WorkloadLabels;
+
+/// A revision on this node: namespace, workload, revision, track.
+pub type RevisionKey = [String; 4];
+
+/// The revision a cgroup's labels put it in.
+pub fn revision_key(labels: &WorkloadLabels) -> RevisionKey {
+    let [namespace, _pod, _container, workload, revision, track] = labels.values();
+    [namespace, workload, revision, track].map(str::to_string)
+}
+
+/// The owner labels' values of a revision-scoped series in `view`, from a
+/// cgroup's six workload label values.
+pub fn owner_values(values: [&str; 6], view: View) -> Vec<&str> {
+    match view {
+        View::PerPod => values.to_vec(),
+        View::Scrape => vec![values[0], values[3], values[4], values[5]],
+    }
+}
+
+/// The last totals of purged pods, by their revision. The kernel keys keep
+/// their shape with the cgroup id zeroed.
+#[derive(Default)]
+pub struct Retired {
+    pub gpu: BTreeMap<(RevisionKey, GpuStatsKey), LatencyHistogram>,
+    pub kfd: BTreeMap<(RevisionKey, KfdStatsKey), LatencyHistogram>,
+    pub runq: BTreeMap<RevisionKey, LatencyHistogram>,
+}
+
+impl Retired {
+    /// Adds a purged cgroup's GPU call totals to its revision.
+    pub fn fold_gpu<'a>(
+        &mut self,
+        key: &RevisionKey,
+        stats: impl Iterator<Item = &'a (GpuStatsKey, LatencyHistogram)>,
+    ) {
+        for (k, s) in stats {
+            let k = GpuStatsKey { cgroup_id: 0, ..*k };
+            self.gpu.entry((key.clone(), k)).or_default().add(s);
+        }
+    }
+
+    /// Adds a purged cgroup's KFD ioctl totals to its revision.
+    pub fn fold_kfd<'a>(
+        &mut self,
+        key: &RevisionKey,
+        stats: impl Iterator<Item = &'a (KfdStatsKey, LatencyHistogram)>,
+    ) {
+        for (k, s) in stats {
+            let k = KfdStatsKey { cgroup_id: 0, ..*k };
+            self.kfd.entry((key.clone(), k)).or_default().add(s);
+        }
+    }
+
+    /// Adds a purged cgroup's run-queue histogram to its revision.
+    pub fn fold_runq(&mut self, key: &RevisionKey, h: Option<&LatencyHistogram>) {
+        if let Some(h) = h {
+            self.runq.entry(key.clone()).or_default().add(h);
+        }
+    }
+
+    /// Forgets revisions with no cgroup left on the node: their series end
+    /// with their last pod, as a pod's own series do.
+    pub fn keep_only(&mut self, live: &HashSet<RevisionKey>) {
+        self.gpu.retain(|(k, _), _| live.contains(k));
+        self.kfd.retain(|(k, _), _| live.contains(k));
+        self.runq.retain(|k, _| live.contains(k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_purged_pods_totals_stay_with_its_revision_until_the_revision_leaves() {
+        let key: RevisionKey = ["ns", "w", "abc", "canary"].map(str::to_string);
+        let gpu_key = GpuStatsKey { cgroup_id: 7, api: 1, function: 2, result: 0, untimed: 0 };
+        let stats = LatencyHistogram { count: 3, total_ns: 30, ..Default::default() };
+        let mut retired = Retired::default();
+        retired.fold_gpu(&key, [(gpu_key, stats)].iter());
+        retired.fold_gpu(&key, [(GpuStatsKey { cgroup_id: 8, ..gpu_key }, stats)].iter());
+        let kept: Vec<_> = retired.gpu.iter().map(|((k, g), s)| (k.clone(), g.cgroup_id, s.count)).collect();
+        assert_eq!(kept, vec![(key.clone(), 0, 6)], "two pods of one revision add up under no cgroup");
+        retired.keep_only(&HashSet::from([key.clone()]));
+        assert_eq!(retired.gpu.len(), 1, "kept while the revision has a pod");
+        retired.keep_only(&HashSet::new());
+        assert!(retired.gpu.is_empty(), "gone with the revision's last pod");
+    }
+}
