@@ -65,7 +65,7 @@ def rows():
                    LEGEND + " {{function}}")),
             panel("GPU call latency p99 (cold tier)", "s",
                   "p99 of GPU runtime call durations measured in the kernel.",
-                  (f"histogram_quantile(0.99, sum by (le, {BY}) (rate(canaryscope_gpu_api_call_duration_seconds_bucket{{{SEL}, {COLD}}}[{RANGE}])))",
+                  (f'histogram_quantile(0.99, sum by (le, {BY}) (rate(canaryscope_gpu_api_call_duration_seconds_bucket{{{SEL}, tier="cold"}}[{RANGE}])))',
                    LEGEND)),
             panel("Stalled GPU calls", "short",
                   "GPU calls in flight longer than the stall threshold, now.",

@@ -202,7 +202,7 @@ def cmd_selftest(_):
     cases = [
         ('rate(canaryscope_gpu_api_calls_total{track="stable",result!="0"}[5m])', 1),
         ('rate(canaryscope_gpu_api_calls_total{function="cuLaunchKernel"}[5m])', 1),
-        ('rate(canaryscope_gpu_api_call_duration_seconds_bucket{function=~"hipLaunchKernel|hipInit"}[5m])', 1),
+        ('rate(canaryscope_gpu_api_call_failures_total{function=~"hipLaunchKernel|hipInit"}[5m])', 1),
         ('rate(canaryscope_gpu_api_calls_total{function=~"cu.*"}[5m])', 1),
         ('rate(canaryscope_gpu_api_calls_total{function=~"cuInit|cuStreamSynchronize"}[5m])', 0),
         ('rate(canaryscope_gpu_api_calls_total{track="canary"}[5m])', 0),

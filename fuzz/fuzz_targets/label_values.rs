@@ -24,6 +24,7 @@ static DECL: MetricDecl = MetricDecl {
     kind: Kind::Counter,
     scope: Scope::Workload,
     extra: &[],
+    per_pod_extra: None,
 };
 const MAX_SAMPLES: usize = 8;
 

@@ -104,7 +104,7 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
             "canaryscope_gpu_api_calls_total",
             vec!["result=\"CUDA_SUCCESS\"", "function=\"cuDriverGetVersion\""],
         ),
-        ("canaryscope_gpu_api_call_duration_seconds_bucket", vec!["function=\"cuDriverGetVersion\""]),
+        ("canaryscope_gpu_api_call_duration_seconds_bucket", vec!["api=\"cuda\"", "tier=\"cold\""]),
         ("canaryscope_cpu_runqueue_latency_seconds_bucket", vec![]),
     ] {
         let mut want = labels.clone();

@@ -187,5 +187,8 @@ fn scrapes_are_the_same_bytes_while_nothing_changes() {
         scrapes += 1;
     }
     assert!(scrapes > 1);
-    assert!(last.contains(&container));
+    // The pod's histogram is in the scrape, kept for its revision (its own
+    // cgroup, without Kubernetes).
+    let revision = format!("workload=\"{}\"", pod.rel.rsplit_once('/').map(|(dir, _)| dir).expect("pod dir"));
+    assert!(last.contains(&revision), "{revision} missing:\n{last}");
 }

@@ -48,6 +48,9 @@ pub struct MetricDecl {
     pub scope: Scope,
     /// Labels after the workload ones (if any), in exposition order.
     pub extra: &'static [&'static str],
+    /// For a revision's family, the extras of its per-pod rendering where
+    /// they differ: a finer split than the budget allows Prometheus.
+    pub per_pod_extra: Option<&'static [&'static str]>,
 }
 
 pub const PREFIX: &str = "canaryscope_";
@@ -60,7 +63,15 @@ impl MetricDecl {
 
     /// Label names in exposition order in `view`.
     pub fn label_names_in(&self, view: View) -> impl Iterator<Item = &'static str> + '_ {
-        self.owner_label_names(view).iter().chain(self.extra).copied()
+        self.owner_label_names(view).iter().chain(self.extra_in(view)).copied()
+    }
+
+    /// The labels after the owner's in `view`.
+    pub fn extra_in(&self, view: View) -> &'static [&'static str] {
+        match (view, self.per_pod_extra) {
+            (View::PerPod, Some(extra)) => extra,
+            _ => self.extra,
+        }
     }
 
     /// The labels naming who a series belongs to, before the extras.
@@ -80,7 +91,7 @@ const fn decl(
     scope: Scope,
     extra: &'static [&'static str],
 ) -> MetricDecl {
-    MetricDecl { name, help, kind, scope, extra }
+    MetricDecl { name, help, kind, scope, extra, per_pod_extra: None }
 }
 
 pub const GPU_API_CALLS: MetricDecl = decl(
@@ -90,13 +101,19 @@ pub const GPU_API_CALLS: MetricDecl = decl(
     Revision,
     &["api", "function", "result"],
 );
-pub const GPU_API_CALL_DURATION: MetricDecl = decl(
-    "gpu_api_call_duration_seconds",
-    "Duration of GPU runtime API calls per revision on this node, measured in the kernel; hot calls (launches, async copies) only where they are timed (--hot-detail timed).",
-    Histogram,
-    Revision,
-    &["api", "function"],
-);
+/// Per tier, not per function: a start-up calls twenty or more cold
+/// functions, and a histogram each would cost a revision hundreds of series
+/// (the per-pod view keeps the function).
+pub const GPU_API_CALL_DURATION: MetricDecl = MetricDecl {
+    per_pod_extra: Some(&["api", "function"]),
+    ..decl(
+        "gpu_api_call_duration_seconds",
+        "Duration of GPU runtime API calls per revision on this node and tier (cold: init, allocation, synchronous copies and synchronisation; hot: launches, async copies), measured in the kernel; hot calls only where they are timed (--hot-detail timed).",
+        Histogram,
+        Revision,
+        &["api", "tier"],
+    )
+};
 pub const GPU_API_CALL_FAILURES: MetricDecl = decl(
     "gpu_api_call_failures_total",
     "GPU runtime API calls that returned an error, per pod and container, by result.",

@@ -8,15 +8,14 @@ use serde_json::{json, Map, Value};
 use observer_common::gpu::Api;
 
 use super::catalog::{
-    Kind, View, CATALOG, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_CALL_FAILURES, GPU_API_STALLED_CALLS,
-    PREFIX,
+    Kind, View, CATALOG, GPU_API_CALLS, GPU_API_CALL_FAILURES, GPU_API_STALLED_CALLS, PREFIX,
 };
 use crate::attribution::label_names::{LABEL_NAMES, REVISION_LABEL_NAMES};
 
 /// Families with a series per GPU function, whose hot-tier series exist only
 /// for selected processes.
-const PER_FUNCTION_FAMILIES: [&str; 4] =
-    [GPU_API_CALLS.name, GPU_API_CALL_DURATION.name, GPU_API_CALL_FAILURES.name, GPU_API_STALLED_CALLS.name];
+const PER_FUNCTION_FAMILIES: [&str; 3] =
+    [GPU_API_CALLS.name, GPU_API_CALL_FAILURES.name, GPU_API_STALLED_CALLS.name];
 
 /// The contract as pretty JSON, one family per key, in catalog order.
 pub fn contract_json() -> String {

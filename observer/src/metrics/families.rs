@@ -158,6 +158,7 @@ mod tests {
         kind: Kind::Histogram,
         scope: Scope::Node,
         extra: &["pod"],
+        per_pod_extra: None,
     };
 
     #[test]

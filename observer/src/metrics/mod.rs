@@ -391,15 +391,21 @@ impl Metrics {
         // Both are per revision when scraped, with purged pods' totals, and
         // failures also per pod.
         let mut calls: BTreeMap<(Vec<&str>, u32, u32, i32), u64> = BTreeMap::new();
-        let mut by_function: BTreeMap<(Vec<&str>, u32, u32), LatencyHistogram> = BTreeMap::new();
+        // Durations per tier when scraped, per function in the per-pod view.
+        let mut durations: BTreeMap<(Vec<&str>, u32, &'static str), LatencyHistogram> = BTreeMap::new();
         let live = self.gpu.iter().map(|(k, s)| (self.owner(k.cgroup_id, view), k, s));
         let retired =
             self.retired.gpu.iter().map(|((r, k), s)| (r.iter().map(String::as_str).collect(), k, s));
         let retired = retired.filter(|_| view == View::Scrape);
         for (owner, k, s) in live.chain(retired) {
             *calls.entry((owner.clone(), k.api, k.function, k.result)).or_default() += s.count;
-            if k.untimed == 0 {
-                by_function.entry((owner, k.api, k.function)).or_default().add(s);
+            if let (0, Some(api)) = (k.untimed, Api::from_u32(k.api)) {
+                let function = api.functions().get(k.function as usize);
+                let split = match view {
+                    View::Scrape => function.map_or("unknown", |f| f.tier.as_str()),
+                    View::PerPod => function.map_or("unknown", |f| f.name),
+                };
+                durations.entry((owner, k.api, split)).or_default().add(s);
             }
         }
         let mut failures: BTreeMap<(u64, u32, u32, i32), u64> = BTreeMap::new();
@@ -423,10 +429,10 @@ impl Metrics {
             let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
             fams.get(&GPU_API_CALL_FAILURES).value(&v, *count as f64);
         }
-        for ((owner, api, function), merged) in &by_function {
-            let Some((api, function, _)) = named(*api, *function, 0) else { continue };
+        for ((owner, api, split), merged) in &durations {
+            let Some(api) = Api::from_u32(*api) else { continue };
             let mut v = owner.clone();
-            v.extend([api.as_str(), &function]);
+            v.extend([api.as_str(), split]);
             fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
         }
     }
@@ -881,10 +887,19 @@ mod tests {
         assert_eq!(text.lines().filter(|l| l.starts_with(calls)).count(), 2, "{text}");
         assert_eq!(sample(calls, &counted_only), Some(5.0), "{text}");
         let durations = "canaryscope_gpu_api_call_duration_seconds_count{";
-        assert_eq!(sample(durations, &timed_function), Some(3.0), "timed calls only: {text}");
+        // Scraped, durations are per tier: the timed calls alone.
+        assert_eq!(sample(durations, "tier=\"cold\""), Some(3.0), "timed calls only: {text}");
+        let per_pod = m.render_text_in(View::PerPod);
+        let sample = |prefix: &str, function: &str| {
+            per_pod
+                .lines()
+                .find(|l| l.starts_with(prefix) && l.contains(function))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        assert_eq!(sample(durations, &timed_function), Some(3.0), "timed calls only: {per_pod}");
         // A function only counted has no duration series: an empty one would
         // read as a function that was never called.
-        assert_eq!(sample(durations, &counted_only), None, "{text}");
+        assert_eq!(sample(durations, &counted_only), None, "{per_pod}");
     }
 
     #[test]
