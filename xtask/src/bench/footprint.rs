@@ -167,15 +167,27 @@ impl PodKind {
     }
 }
 
+/// One pod's container cgroup, and where its CPU limit lives on a hybrid
+/// host (the cpu controller on v1, at the same relative path, as the
+/// kubelet lays it out there).
+struct PodDir {
+    dir: PathBuf,
+    cpu_v1: Option<PathBuf>,
+}
+
 /// Pod-shaped cgroups under `base`, as the kubelet lays them out with the
 /// systemd driver: `kubepods.slice/kubepods-burstable.slice/
-/// kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`.
-fn pod_dirs(base: &std::path::Path, kind: PodKind, n: usize) -> Result<Vec<PathBuf>> {
+/// kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`; a CPU
+/// pod's container gets half a core.
+fn pod_dirs(base: &std::path::Path, kind: PodKind, n: usize) -> Result<Vec<PodDir>> {
     let qos = base.join("kubepods.slice").join("kubepods-burstable.slice");
     fs::create_dir_all(&qos).with_context(|| format!("cannot create {}", qos.display()))?;
-    if kind == PodKind::Cpu {
+    let root = base.parent().map(PathBuf::from).unwrap_or_default();
+    let v2_cpu = fs::read_to_string(root.join("cgroup.controllers"))
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "cpu"));
+    if kind == PodKind::Cpu && v2_cpu {
         // cpu.max of a pod needs the controller enabled on the way down.
-        let mut dir = base.parent().map(PathBuf::from).unwrap_or_default();
+        let mut dir = root.clone();
         for part in [BENCH_CGROUP, "kubepods.slice", "kubepods-burstable.slice"] {
             let _ = fs::write(dir.join("cgroup.subtree_control"), "+cpu");
             dir.push(part);
@@ -185,15 +197,25 @@ fn pod_dirs(base: &std::path::Path, kind: PodKind, n: usize) -> Result<Vec<PathB
     let mut dirs = Vec::with_capacity(n);
     for i in 0..n {
         let code = kind.uid_code();
-        let pod = qos.join(format!("kubepods-burstable-pod{i:08x}_{code:04x}_4000_8000_{i:012x}.slice"));
-        let container = pod.join(format!("cri-containerd-{:064x}.scope", i + 1));
-        fs::create_dir_all(&container).with_context(|| format!("cannot create {}", container.display()))?;
-        if kind == PodKind::Cpu {
-            let _ = fs::write(pod.join("cgroup.subtree_control"), "+cpu");
-            fs::write(container.join("cpu.max"), "50000 100000")
-                .with_context(|| format!("cannot limit {}", container.display()))?;
+        let pod = format!("kubepods-burstable-pod{i:08x}_{code:04x}_4000_8000_{i:012x}.slice");
+        let container = format!("cri-containerd-{:064x}.scope", i + 1);
+        let dir = qos.join(&pod).join(&container);
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut cpu_v1 = None;
+        if kind == PodKind::Cpu && v2_cpu {
+            let _ = fs::write(qos.join(&pod).join("cgroup.subtree_control"), "+cpu");
+            fs::write(dir.join("cpu.max"), "50000 100000")
+                .with_context(|| format!("cannot limit {}", dir.display()))?;
+        } else if kind == PodKind::Cpu {
+            let rel = dir.strip_prefix(&root).unwrap_or(&dir);
+            let v1 = PathBuf::from("/sys/fs/cgroup/cpu").join(rel);
+            fs::create_dir_all(&v1).with_context(|| format!("cannot create {}", v1.display()))?;
+            fs::write(v1.join("cpu.cfs_period_us"), "100000")
+                .and_then(|()| fs::write(v1.join("cpu.cfs_quota_us"), "50000"))
+                .with_context(|| format!("cannot limit {}", v1.display()))?;
+            cpu_v1 = Some(v1);
         }
-        dirs.push(container);
+        dirs.push(PodDir { dir, cpu_v1 });
     }
     Ok(dirs)
 }
@@ -269,6 +291,8 @@ fn pods_load(
         plan.wave
     ));
     let tree = CgroupTree { dir: base.clone() };
+    // CPU limits on a hybrid host live in the v1 controller's own tree.
+    let v1_tree = CgroupTree { dir: PathBuf::from("/sys/fs/cgroup/cpu").join(BENCH_CGROUP) };
     let dirs = pod_dirs(&base, kind, plan.cgroups)?;
 
     // VmHWM is the lifetime peak, start-up included (BTF parsing, program
@@ -287,11 +311,18 @@ fn pods_load(
     let mut last_scrape = Instant::now();
     for (w, chunk) in dirs.chunks(plan.wave).enumerate() {
         let mut procs = Vec::new();
-        for dir in chunk {
+        for pod in chunk {
             for mut cmd in pod_commands(env, kind, plan.sleep_before_ms) {
                 let p = Proc::spawn_silent("pod-load", &mut cmd, SIGKILL, Duration::from_secs(5))?;
-                fs::write(dir.join("cgroup.procs"), p.pid().to_string())
-                    .with_context(|| format!("cannot move pid {} into {}", p.pid(), dir.display()))?;
+                for procs_file in
+                    [Some(pod.dir.join("cgroup.procs")), pod.cpu_v1.as_ref().map(|d| d.join("cgroup.procs"))]
+                        .into_iter()
+                        .flatten()
+                {
+                    fs::write(&procs_file, p.pid().to_string()).with_context(|| {
+                        format!("cannot move pid {} into {}", p.pid(), procs_file.display())
+                    })?;
+                }
                 procs.push(p);
             }
         }
@@ -332,6 +363,7 @@ fn pods_load(
     let _ = fs::write(&saved, &text);
     let families = top_metric_names(&text, 5);
     drop(tree);
+    drop(v1_tree);
 
     let load_desc = format!(
         "{} pod-shaped cgroups under {}: {}; waves of {} pods; load phase {:.1} s",
