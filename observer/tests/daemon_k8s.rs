@@ -34,15 +34,7 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     let kubeconfig = write_kubeconfig(&dir, api_port);
     // The stable pod's ZLUDA-shaped library is found as a user's would be,
     // when its process starts; --hold makes its first calls count too.
-    let daemon = Daemon::start(&[
-        "--hold",
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--series-grace",
-        "3s",
-    ]);
+    let daemon = node_daemon(&kubeconfig, "3s");
 
     // The canary's HIP runtime fails to initialise; the stable one makes
     // real GPU calls that succeed.

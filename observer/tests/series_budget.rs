@@ -187,15 +187,7 @@ fn a_revisions_counters_keep_the_calls_of_its_pods_that_are_gone() {
     let (first_cid, second_cid) = (random_hex(64), random_hex(64));
     let (api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::start(&[
-        "--hold",
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--series-grace",
-        "1s",
-    ]);
+    let daemon = node_daemon(&kubeconfig, "1s");
     // Two pods of one revision, scheduled while the daemon runs.
     let pods = json!([
         pod("infer-samehash-aaaaa", &first_uid, &first_cid, "stable", "samehash"),

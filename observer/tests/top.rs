@@ -6,7 +6,7 @@ mod support;
 use std::{
     fs,
     path::PathBuf,
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -184,17 +184,27 @@ fn the_screen_shows_a_failing_cgroup_redraws_on_resize_and_q_restores_the_termin
 fn once_json_from_a_daemon_matches_its_metrics_and_needs_no_root() {
     assert_root();
     let daemon = Daemon::start(&["--no-kubernetes"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let mut pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    pod.limit_memory(50 << 20);
     let uid =
         pod.rel.split("-pod").nth(1).and_then(|s| s.split('.').next()).expect("pod uid").replace('_', "-");
     let out = pod.command(&fixture("hip_probe")).output().expect("hip_probe");
     assert!(out.status.success(), "{out:?}");
+    // Something in every column top counts: a crash, an abort and an OOM
+    // kill in the 50 MiB limit, so that a column stuck at zero shows.
+    for (program, args) in [("segv_app", &[][..]), ("abort_app", &[]), ("oom_hog", &["200"])] {
+        let out = pod.command(&fixture(program)).args(args).stdout(Stdio::null()).output().expect(program);
+        assert!(!out.status.success(), "{program} is meant to die: {out:?}");
+    }
     let pod_label = format!("pod=\"{uid}\"");
     // The kernel's counts of the process, after it ended (read each second).
     daemon.wait_metric("the pod's failed calls", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_api_call_failures_total{")
             && l.contains(&pod_label)
             && l.contains("function=\"hipGetDeviceCount\"")
+    });
+    daemon.wait_metric("the pod's OOM kill", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_oom_kills_total{") && l.contains(&pod_label)
     });
     let url = format!("http://127.0.0.1:{}/metrics", daemon.port);
     // As nobody: reading a daemon needs no privilege.
@@ -230,8 +240,17 @@ fn once_json_from_a_daemon_matches_its_metrics_and_needs_no_root() {
     assert!(failed >= 1, "the exposition has the failures: {metrics}");
     assert_eq!(row["gpu_failures"], failed, "{row}");
     assert_eq!(row["gpu_calls_per_s"], 0.0, "no calls during the window: {row}");
-    assert_eq!(row["crashes"], sum("canaryscope_native_crashes_total", &|_| true), "{row}");
-    assert_eq!(row["oom_kills"], sum("canaryscope_oom_kills_total", &|_| true), "{row}");
-    assert_eq!(row["abnormal_exits"], sum("canaryscope_abnormal_exits_total", &|_| true), "{row}");
+    let (crashes, ooms, exits) = (
+        sum("canaryscope_native_crashes_total", &|_| true),
+        sum("canaryscope_oom_kills_total", &|_| true),
+        sum("canaryscope_abnormal_exits_total", &|_| true),
+    );
+    // SIGSEGV and SIGABRT are native crashes; with the OOM kill, three
+    // abnormal exits.
+    assert!(crashes >= 2 && ooms >= 1 && exits >= 3, "{crashes} {ooms} {exits}: {metrics}");
+    assert_eq!(row["crashes"], crashes, "{row}");
+    assert_eq!(row["oom_kills"], ooms, "{row}");
+    assert_eq!(row["abnormal_exits"], exits, "{row}");
+    // Stalls are calls in flight now: none once the processes are gone.
     assert_eq!(row["gpu_stalls"], sum("canaryscope_gpu_api_stalled_calls", &|_| true), "{row}");
 }

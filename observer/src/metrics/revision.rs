@@ -48,10 +48,7 @@ impl Retired {
         key: &RevisionKey,
         stats: impl Iterator<Item = &'a (GpuStatsKey, LatencyHistogram)>,
     ) {
-        for (k, s) in stats {
-            let k = GpuStatsKey { cgroup_id: 0, ..*k };
-            self.gpu.entry((key.clone(), k)).or_default().add(s);
-        }
+        fold(&mut self.gpu, key, stats, |k| GpuStatsKey { cgroup_id: 0, ..*k });
     }
 
     /// Adds a purged cgroup's KFD ioctl totals to its revision.
@@ -60,10 +57,7 @@ impl Retired {
         key: &RevisionKey,
         stats: impl Iterator<Item = &'a (KfdStatsKey, LatencyHistogram)>,
     ) {
-        for (k, s) in stats {
-            let k = KfdStatsKey { cgroup_id: 0, ..*k };
-            self.kfd.entry((key.clone(), k)).or_default().add(s);
-        }
+        fold(&mut self.kfd, key, stats, |k| KfdStatsKey { cgroup_id: 0, ..*k });
     }
 
     /// Adds a purged cgroup's run-queue histogram to its revision.
@@ -79,6 +73,18 @@ impl Retired {
         self.gpu.retain(|(k, _), _| live.contains(k));
         self.kfd.retain(|(k, _), _| live.contains(k));
         self.runq.retain(|k, _| live.contains(k));
+    }
+}
+
+/// Adds kernel entries to `into` under `key`, their cgroup taken out.
+fn fold<'a, K: Ord + 'a>(
+    into: &mut BTreeMap<(RevisionKey, K), LatencyHistogram>,
+    key: &RevisionKey,
+    stats: impl Iterator<Item = &'a (K, LatencyHistogram)>,
+    without_cgroup: impl Fn(&K) -> K,
+) {
+    for (k, s) in stats {
+        into.entry((key.clone(), without_cgroup(k))).or_default().add(s);
     }
 }
 

@@ -162,3 +162,18 @@ pub fn prom(port: u16, query: &str) -> Value {
 pub fn prom_query(port: u16, query: &str) -> Vec<Value> {
     prom(port, query)["data"]["result"].as_array().cloned().unwrap_or_default()
 }
+
+/// The daemon as the DaemonSet runs it on `node-a`, against the stand-in
+/// API server of `kubeconfig`, holding first calls, with series of deleted
+/// pods kept for `series_grace`.
+pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> super::Daemon {
+    super::Daemon::start(&[
+        "--hold",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+        "--series-grace",
+        series_grace,
+    ])
+}
