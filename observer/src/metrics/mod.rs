@@ -25,7 +25,7 @@ use observer_common::{
     LatencyHistogram,
 };
 use prometheus::{Encoder, TextEncoder};
-use revision::{owner_values, revision_key, Retired, RevisionKey};
+use revision::{owner, owner_labels, retired_owner, revision_key, Owner, Retired, RevisionKey};
 
 use crate::{
     attribution::labels::{Liveness, WorkloadLabels},
@@ -317,7 +317,7 @@ impl Metrics {
         let key = revision_key(&a.labels);
         self.retired.fold_gpu(&key, self.gpu.iter().filter(|(k, _)| k.cgroup_id == cgroup));
         self.retired.fold_kfd(&key, self.kfd.iter().filter(|(k, _)| k.cgroup_id == cgroup));
-        self.retired.fold_runq(&key, self.runq.iter().find(|(c, _)| *c == cgroup).map(|(_, h)| h));
+        self.retired.fold_runq(&key, self.runq.iter().filter(|(c, _)| *c == cgroup));
     }
 
     /// Whether the cgroup has series (admitted under the cap).
@@ -369,9 +369,18 @@ impl Metrics {
         v
     }
 
-    /// The owner label values of a revision-scoped series of `cgroup`.
-    fn owner(&self, cgroup: u64, view: View) -> Vec<&str> {
-        owner_values(self.labels(cgroup), view)
+    /// Kernel entries with their owners in `view`: the live cgroups', and
+    /// when scraped, what purged pods left to their revisions.
+    fn owned<'a, K>(
+        &'a self,
+        view: View,
+        live: &'a [(K, LatencyHistogram)],
+        cgroup: impl Fn(&K) -> u64 + 'a,
+        retired: &'a BTreeMap<(RevisionKey, K), LatencyHistogram>,
+    ) -> impl Iterator<Item = (Owner<'a>, &'a K, &'a LatencyHistogram)> + 'a {
+        let live = live.iter().map(move |(k, s)| (owner(self.labels(cgroup(k)), view), k, s));
+        let retired = retired.iter().filter(move |_| view == View::Scrape);
+        live.chain(retired.map(|((r, k), s)| (retired_owner(r), k, s)))
     }
 
     fn families(&self, view: View) -> Vec<prometheus::proto::MetricFamily> {
@@ -390,15 +399,11 @@ impl Metrics {
         // counted at return only add to the counters and have no durations.
         // Both are per revision when scraped, with purged pods' totals, and
         // failures also per pod.
-        let mut calls: BTreeMap<(Vec<&str>, u32, u32, i32), u64> = BTreeMap::new();
+        let mut calls: BTreeMap<(Owner, u32, u32, i32), u64> = BTreeMap::new();
         // Durations per tier when scraped, per function in the per-pod view.
-        let mut durations: BTreeMap<(Vec<&str>, u32, &'static str), LatencyHistogram> = BTreeMap::new();
-        let live = self.gpu.iter().map(|(k, s)| (self.owner(k.cgroup_id, view), k, s));
-        let retired =
-            self.retired.gpu.iter().map(|((r, k), s)| (r.iter().map(String::as_str).collect(), k, s));
-        let retired = retired.filter(|_| view == View::Scrape);
-        for (owner, k, s) in live.chain(retired) {
-            *calls.entry((owner.clone(), k.api, k.function, k.result)).or_default() += s.count;
+        let mut durations: BTreeMap<(Owner, u32, &'static str), LatencyHistogram> = BTreeMap::new();
+        for (owner, k, s) in self.owned(view, &self.gpu, |k| k.cgroup_id, &self.retired.gpu) {
+            *calls.entry((owner, k.api, k.function, k.result)).or_default() += s.count;
             if let (0, Some(api)) = (k.untimed, Api::from_u32(k.api)) {
                 let function = api.functions().get(k.function as usize);
                 let split = match view {
@@ -420,8 +425,7 @@ impl Metrics {
         };
         for ((owner, api, function, result), count) in &calls {
             let Some((api, function, result)) = named(*api, *function, *result) else { continue };
-            let mut v = owner.clone();
-            v.extend([api.as_str(), &function, &result]);
+            let v = owner_labels(owner, view, &[api.as_str(), &function, &result]);
             fams.get(&GPU_API_CALLS).value(&v, *count as f64);
         }
         for ((cgroup, api, function, result), count) in &failures {
@@ -431,8 +435,7 @@ impl Metrics {
         }
         for ((owner, api, split), merged) in &durations {
             let Some(api) = Api::from_u32(*api) else { continue };
-            let mut v = owner.clone();
-            v.extend([api.as_str(), split]);
+            let v = owner_labels(owner, view, &[api.as_str(), split]);
             fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
         }
     }
@@ -462,14 +465,10 @@ impl Metrics {
     fn kfd_and_hardware_families(&self, fams: &mut FamilySet, view: View) {
         // KFD ioctls: as GPU calls, counters per result and durations per
         // ioctl per revision, failures also per pod.
-        let mut ioctls: BTreeMap<(Vec<&str>, u32, i32), u64> = BTreeMap::new();
-        let mut by_ioctl: BTreeMap<(Vec<&str>, u32), LatencyHistogram> = BTreeMap::new();
-        let live = self.kfd.iter().map(|(k, s)| (self.owner(k.cgroup_id, view), k, s));
-        let retired =
-            self.retired.kfd.iter().map(|((r, k), s)| (r.iter().map(String::as_str).collect(), k, s));
-        let retired = retired.filter(|_| view == View::Scrape);
-        for (owner, k, s) in live.chain(retired) {
-            *ioctls.entry((owner.clone(), k.nr, k.result)).or_default() += s.count;
+        let mut ioctls: BTreeMap<(Owner, u32, i32), u64> = BTreeMap::new();
+        let mut by_ioctl: BTreeMap<(Owner, u32), LatencyHistogram> = BTreeMap::new();
+        for (owner, k, s) in self.owned(view, &self.kfd, |k| k.cgroup_id, &self.retired.kfd) {
+            *ioctls.entry((owner, k.nr, k.result)).or_default() += s.count;
             by_ioctl.entry((owner, k.nr)).or_default().add(s);
         }
         let errno = |r: i32| match r {
@@ -478,8 +477,7 @@ impl Metrics {
         };
         for ((owner, nr, result), count) in &ioctls {
             let (ioctl, result) = (crate::events::kfd_ioctl_label(*nr), errno(*result));
-            let mut v = owner.clone();
-            v.extend([ioctl.as_str(), &result]);
+            let v = owner_labels(owner, view, &[ioctl.as_str(), &result]);
             fams.get(&KFD_IOCTLS).value(&v, *count as f64);
         }
         for (k, s) in self.kfd.iter().filter(|(k, _)| k.result != 0) {
@@ -488,9 +486,7 @@ impl Metrics {
         }
         for ((owner, nr), merged) in &by_ioctl {
             let ioctl = crate::events::kfd_ioctl_label(*nr);
-            let mut v = owner.clone();
-            v.push(&ioctl);
-            fams.get(&KFD_IOCTL_DURATION).latency(&v, merged);
+            fams.get(&KFD_IOCTL_DURATION).latency(&owner_labels(owner, view, &[&ioctl]), merged);
         }
 
         for (kind, workload, node) in [
@@ -510,15 +506,12 @@ impl Metrics {
             let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
             fams.get(&MEMORY_LIMIT_REFUSALS).value(&self.vals(k.cgroup_id, &[limit.as_str()]), *n as f64);
         }
-        let mut runq: BTreeMap<Vec<&str>, LatencyHistogram> = BTreeMap::new();
-        for (cgroup, h) in &self.runq {
-            runq.entry(self.owner(*cgroup, view)).or_default().add(h);
-        }
-        for (key, h) in self.retired.runq.iter().filter(|_| view == View::Scrape) {
-            runq.entry(key.iter().map(String::as_str).collect()).or_default().add(h);
+        let mut runq: BTreeMap<Owner, LatencyHistogram> = BTreeMap::new();
+        for (owner, _, h) in self.owned(view, &self.runq, |c| *c, &self.retired.runq) {
+            runq.entry(owner).or_default().add(h);
         }
         for (owner, h) in &runq {
-            fams.get(&CPU_RUNQUEUE_LATENCY).latency(owner, h);
+            fams.get(&CPU_RUNQUEUE_LATENCY).latency(&owner_labels(owner, view, &[]), h);
         }
         for (cgroup, c) in &self.cpu {
             let v = self.vals(*cgroup, &[]);

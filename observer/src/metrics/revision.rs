@@ -23,13 +23,33 @@ pub fn revision_key(labels: &WorkloadLabels) -> RevisionKey {
     [namespace, workload, revision, track].map(str::to_string)
 }
 
-/// The owner labels' values of a revision-scoped series in `view`, from a
-/// cgroup's six workload label values.
-pub fn owner_values(values: [&str; 6], view: View) -> Vec<&str> {
+/// Who a revision-scoped series belongs to, as the six workload label
+/// values: scraped, pod and container are left empty, so that the pods of
+/// a revision share one key. Copied, not allocated, per kernel entry.
+pub type Owner<'a> = [&'a str; 6];
+
+/// The owner of a cgroup's entries in `view`, from its label values.
+pub fn owner(values: Owner<'_>, view: View) -> Owner<'_> {
     match view {
-        View::PerPod => values.to_vec(),
-        View::Scrape => vec![values[0], values[3], values[4], values[5]],
+        View::PerPod => values,
+        View::Scrape => [values[0], "", "", values[3], values[4], values[5]],
     }
+}
+
+/// The owner of a purged pod's totals kept for `key`.
+pub fn retired_owner(key: &RevisionKey) -> Owner<'_> {
+    [&key[0], "", "", &key[1], &key[2], &key[3]]
+}
+
+/// The owner's label values in `view`, followed by `extra`, in the order
+/// of a revision family's declared label names.
+pub fn owner_labels<'a>(owner: &Owner<'a>, view: View, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = match view {
+        View::PerPod => owner.to_vec(),
+        View::Scrape => vec![owner[0], owner[3], owner[4], owner[5]],
+    };
+    v.extend_from_slice(extra);
+    v
 }
 
 /// The last totals of purged pods, by their revision. The kernel keys keep
@@ -38,7 +58,8 @@ pub fn owner_values(values: [&str; 6], view: View) -> Vec<&str> {
 pub struct Retired {
     pub gpu: BTreeMap<(RevisionKey, GpuStatsKey), LatencyHistogram>,
     pub kfd: BTreeMap<(RevisionKey, KfdStatsKey), LatencyHistogram>,
-    pub runq: BTreeMap<RevisionKey, LatencyHistogram>,
+    /// Keyed as the live entries are, by cgroup id, here always 0.
+    pub runq: BTreeMap<(RevisionKey, u64), LatencyHistogram>,
 }
 
 impl Retired {
@@ -61,10 +82,12 @@ impl Retired {
     }
 
     /// Adds a purged cgroup's run-queue histogram to its revision.
-    pub fn fold_runq(&mut self, key: &RevisionKey, h: Option<&LatencyHistogram>) {
-        if let Some(h) = h {
-            self.runq.entry(key.clone()).or_default().add(h);
-        }
+    pub fn fold_runq<'a>(
+        &mut self,
+        key: &RevisionKey,
+        runq: impl Iterator<Item = &'a (u64, LatencyHistogram)>,
+    ) {
+        fold(&mut self.runq, key, runq, |_| 0);
     }
 
     /// Forgets revisions with no cgroup left on the node: their series end
@@ -72,7 +95,7 @@ impl Retired {
     pub fn keep_only(&mut self, live: &HashSet<RevisionKey>) {
         self.gpu.retain(|(k, _), _| live.contains(k));
         self.kfd.retain(|(k, _), _| live.contains(k));
-        self.runq.retain(|k, _| live.contains(k));
+        self.runq.retain(|(k, _), _| live.contains(k));
     }
 }
 
