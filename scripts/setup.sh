@@ -70,6 +70,14 @@ have_sdk="$(python3 -c 'import importlib.metadata as m; print(m.version("grafana
 if [ "$have_sdk" != "$GRAFANA_SDK_VERSION" ]; then
     PIP_WANTS+=("grafana-foundation-sdk==$GRAFANA_SDK_VERSION")
 fi
+# The canary judge's statistics are checked against an independent oracle:
+# statsmodels' and SciPy's exact tests, computed at test time (observer/tests/judge_stats.rs).
+STATSMODELS_VERSION=0.14.6
+SCIPY_VERSION=1.16.3
+have_stats="$(python3 -c 'import importlib.metadata as m; print(m.version("statsmodels"), m.version("scipy"))' 2>/dev/null || true)"
+if [ "$have_stats" != "$STATSMODELS_VERSION $SCIPY_VERSION" ]; then
+    PIP_WANTS+=("statsmodels==$STATSMODELS_VERSION" "scipy==$SCIPY_VERSION")
+fi
 if [ ${#PIP_WANTS[@]} -gt 0 ]; then
     step "installing Python packages in the background: ${PIP_WANTS[*]}"
     beside pip python3 -m pip install --quiet --disable-pip-version-check "${PIP_WANTS[@]}"
