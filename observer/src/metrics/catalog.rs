@@ -121,6 +121,34 @@ pub const GPU_API_CALL_FAILURES: MetricDecl = decl(
     Workload,
     &["api", "function", "result"],
 );
+pub const GPU_STARTUPS: MetricDecl = decl(
+    "gpu_startups_total",
+    "Container starts whose processes called a GPU runtime's initialisation, per revision on this node, by the outermost API layer called (a start-up counts once per container start, whichever layers it went through): the exposure the canary judge weighs start-up failures against.",
+    Counter,
+    Revision,
+    &["api"],
+);
+pub const GPU_STARTUP_FAILURES: MetricDecl = decl(
+    "gpu_startup_failures_total",
+    "GPU start-ups (see gpu_startups_total) in which an initialisation call failed, per revision on this node; which call and why is in gpu_init_failures_total per pod.",
+    Counter,
+    Revision,
+    &["api"],
+);
+pub const POD_SECONDS: MetricDecl = decl(
+    "pod_seconds_total",
+    "Seconds the revision's pods were observed on this node, summed over its pods (updated in steps of about ten seconds): the exposure of crashes, OOM kills, abnormal exits and other events per pod-second.",
+    Counter,
+    Revision,
+    &[],
+);
+pub const PROCESS_STARTS: MetricDecl = decl(
+    "process_starts_total",
+    "Programs started (exec) in the revision's containers on this node, where the GPU family's discovery hooks run.",
+    Counter,
+    Revision,
+    &[],
+);
 pub const GPU_INIT_FAILURES: MetricDecl = decl(
     "gpu_init_failures_total",
     "GPU runtime initialisation calls that failed (hipInit, cuInit, the CUDA runtime's cudaGetDeviceCount and cudaSetDevice, device and context setup).",
@@ -327,6 +355,10 @@ pub const CATALOG: &[&MetricDecl] = &[
     &GPU_API_CALL_DURATION,
     &GPU_API_CALL_FAILURES,
     &GPU_INIT_FAILURES,
+    &GPU_STARTUPS,
+    &GPU_STARTUP_FAILURES,
+    &POD_SECONDS,
+    &PROCESS_STARTS,
     &GPU_DRIVER_VERSION,
     &GPU_API_STALLED_CALLS,
     &NATIVE_CRASHES,

@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod contract;
 pub mod exposition;
+pub mod exposure;
 pub mod families;
 pub mod fetch;
 pub mod recorder;
@@ -80,6 +81,9 @@ pub struct Metrics {
     series_labels: HashMap<u64, SeriesLabels>,
     /// What purged pods left to their revisions' shared series.
     retired: Retired,
+    /// The canary judge's exposure per revision (start-ups, pod-seconds,
+    /// process starts).
+    exposure: exposure::Exposure,
     pub max_cgroups: usize,
     /// Whether a series changed since the last [`Metrics::take_changed`]:
     /// the exposition is rendered only then, so a scrape costs no rendering
@@ -118,6 +122,7 @@ impl Metrics {
         match &event.detail {
             Detail::GpuCall { api, function, result, .. } => {
                 if *result != 0 && observer_common::gpu::is_init_function(function) && self.admit(cgroup) {
+                    self.exposure.init_failed(cgroup, *api);
                     let name =
                         result_name(*api, *result).map(str::to_string).unwrap_or_else(|| result.to_string());
                     *self.init_failures.entry((cgroup, api.as_str(), function.clone(), name)).or_default() +=
@@ -182,8 +187,26 @@ impl Metrics {
 
     pub fn set_gpu(&mut self, stats: Vec<(GpuStatsKey, GpuStats)>) {
         let now = self.admitted(stats, |k| k.cgroup_id);
+        for (k, s) in &now {
+            let Some(api) = Api::from_u32(k.api) else { continue };
+            let init = api
+                .functions()
+                .get(k.function as usize)
+                .is_some_and(|f| observer_common::gpu::is_init_function(f.name));
+            if init && s.count > 0 {
+                self.exposure.init_called(k.cgroup_id, api);
+            }
+        }
         self.changed |= now != self.gpu;
         self.gpu = now;
+    }
+
+    /// Programs started per cgroup since the last refresh (tracked
+    /// cgroups' count toward their revision's exposure).
+    pub fn add_process_starts(&mut self, starts: impl IntoIterator<Item = (u64, u64)>) {
+        for (cgroup, n) in starts {
+            self.exposure.processes_started(cgroup, n);
+        }
     }
 
     pub fn set_driver_versions(&mut self, versions: Vec<(u64, i32)>) {
@@ -287,8 +310,11 @@ impl Metrics {
             }
         }
         self.changed |= relabelled || !purged.is_empty();
+        let live = self.series_labels.iter().filter(|(_, a)| a.gone_since.is_none());
+        self.changed |= self.exposure.account(now, live.map(|(c, a)| (*c, &a.labels)));
         for cgroup in &purged {
             self.retire(*cgroup);
+            self.exposure.forget(*cgroup);
             self.series_labels.remove(cgroup);
             self.hardware_by_cgroup.retain(|k, _| k.0 != *cgroup);
             self.init_failures.retain(|k, _| k.0 != *cgroup);
@@ -307,6 +333,7 @@ impl Metrics {
             let live: HashSet<RevisionKey> =
                 self.series_labels.values().map(|a| revision_key(&a.labels)).collect();
             self.retired.keep_only(&live);
+            self.exposure.keep_only(&live);
         }
         purged
     }
@@ -387,6 +414,7 @@ impl Metrics {
         let mut fams = FamilySet::new(view);
         self.gpu_call_families(&mut fams, view);
         self.failure_families(&mut fams);
+        self.exposure_families(&mut fams, view);
         self.kfd_and_hardware_families(&mut fams, view);
         self.memory_and_cpu_families(&mut fams, view);
         self.node_families(&mut fams);
@@ -437,6 +465,21 @@ impl Metrics {
             let Some(api) = Api::from_u32(*api) else { continue };
             let v = owner_labels(owner, view, &[api.as_str(), split]);
             fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
+        }
+    }
+
+    /// What the judge weighs events against, per revision in either view.
+    fn exposure_families(&self, fams: &mut FamilySet, view: View) {
+        for (key, e) in self.exposure.totals() {
+            let owner = retired_owner(key);
+            for (api, n) in &e.startups {
+                fams.get(&GPU_STARTUPS).value(&owner_labels(&owner, view, &[api]), *n as f64);
+            }
+            for (api, n) in &e.startup_failures {
+                fams.get(&GPU_STARTUP_FAILURES).value(&owner_labels(&owner, view, &[api]), *n as f64);
+            }
+            fams.get(&POD_SECONDS).value(&owner_labels(&owner, view, &[]), e.pod_seconds_shown());
+            fams.get(&PROCESS_STARTS).value(&owner_labels(&owner, view, &[]), e.process_starts as f64);
         }
     }
 

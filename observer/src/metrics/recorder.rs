@@ -163,6 +163,7 @@ impl Recorder {
         pipeline.sample_cpu();
         let cpu = pipeline.cpu_snapshots();
         let driver_versions = pipeline.driver_versions();
+        let process_starts = pipeline.take_process_starts();
         let counters = pipeline.counters();
         let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
         let mut published = self.lock();
@@ -177,6 +178,7 @@ impl Recorder {
         metrics.set_mem_limits(mem_limits);
         metrics.set_cpu(cpu);
         metrics.set_driver_versions(driver_versions);
+        metrics.add_process_starts(process_starts);
         // Libraries found since the start (a pod's own copy) show up too.
         metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);
         let purged = relabel(metrics, pipeline, pods, self.series_grace, in_kernel);

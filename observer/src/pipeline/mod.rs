@@ -140,6 +140,9 @@ pub struct Pipeline {
     statuses: Vec<ProbeStatus>,
     last_kfd_refresh: std::time::Instant,
     runq_scope: Option<runq_scope::RunqScope>,
+    /// Programs started (exec records) per cgroup since the last
+    /// [`Pipeline::take_process_starts`]: the judge's exposure.
+    process_starts: std::collections::HashMap<u64, u64>,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -194,6 +197,7 @@ impl Pipeline {
             statuses,
             last_kfd_refresh: std::time::Instant::now(),
             runq_scope,
+            process_starts: Default::default(),
             kernel,
         };
         // After the programs that follow new cgroups are attached, so that
@@ -225,6 +229,7 @@ impl Pipeline {
             match raw {
                 Raw::LibraryMap(ev) => self.tracker.code_mapped(&ev.header),
                 Raw::Exec(ev) => {
+                    *self.process_starts.entry(ev.header.cgroup_id).or_default() += 1;
                     let cgroup = self.attribution.cgroups_mut().path(ev.header.cgroup_id);
                     self.tracker.exec(&mut self.kernel, &ev.header, cgroup.as_deref())
                 }
@@ -272,6 +277,11 @@ impl Pipeline {
             *entry = (*entry).max(v.version);
         }
         by_cgroup.into_iter().collect()
+    }
+
+    /// Programs started per cgroup since the last call.
+    pub fn take_process_starts(&mut self) -> std::collections::HashMap<u64, u64> {
+        std::mem::take(&mut self.process_starts)
     }
 
     /// Lets `run` tell canary pods (hot-call selection) by cgroup path.

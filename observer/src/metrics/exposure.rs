@@ -1,0 +1,226 @@
+//! What the canary judge compares events against, per revision on this
+//! node: GPU start-ups attempted and failed, pod-seconds observed and
+//! process starts. A count of crashes means little without the number of
+//! chances to crash; these are those chances (`canaryscope judge`).
+//!
+//! Kept per revision, not per pod: the judge compares revisions within a
+//! node, and the budget allows a revision four series, not a pod.
+//! Per-cgroup state lives only until its cgroup is purged; the revision's
+//! totals live while the revision has a pod here, so they never go down.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Instant,
+};
+
+use observer_common::gpu::Api;
+
+use super::revision::{revision_key, RevisionKey};
+use crate::attribution::labels::WorkloadLabels;
+
+/// Pod-seconds tick every refresh; the exposition is rendered again for
+/// them only when a revision's total crosses a multiple of this, so an idle
+/// node is not re-rendered each second for a number read over minutes.
+const POD_SECONDS_QUANTUM: f64 = 10.0;
+
+/// A refresh gap longer than this (a stopped or starved daemon) does not
+/// count as observed time: the pods were not watched meanwhile.
+const MAX_GAP_SECS: f64 = 10.0;
+
+/// One container start's GPU start-up.
+#[derive(Debug, Clone, PartialEq)]
+struct Startup {
+    /// The outermost API layer seen initialising (the CUDA runtime over the
+    /// driver API over HIP): the one the application called.
+    api: Api,
+    counted: bool,
+    failed: bool,
+    failure_counted: bool,
+}
+
+/// A revision's exposure on this node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RevisionExposure {
+    pub startups: BTreeMap<&'static str, u64>,
+    pub startup_failures: BTreeMap<&'static str, u64>,
+    pub pod_seconds: f64,
+    pub process_starts: u64,
+}
+
+impl RevisionExposure {
+    /// Pod-seconds in whole quanta: the exposition changes exactly when
+    /// [`Exposure::account`] says so, and is the same bytes in between.
+    pub fn pod_seconds_shown(&self) -> f64 {
+        (self.pod_seconds / POD_SECONDS_QUANTUM).floor() * POD_SECONDS_QUANTUM
+    }
+}
+
+#[derive(Default)]
+pub struct Exposure {
+    /// By cgroup: a container start is a new cgroup, so one start-up each.
+    startups: HashMap<u64, Startup>,
+    /// Execs per cgroup since the last refresh.
+    pending_starts: HashMap<u64, u64>,
+    totals: BTreeMap<RevisionKey, RevisionExposure>,
+    last_account: Option<Instant>,
+}
+
+impl Exposure {
+    /// A GPU init call (success or failure) in `cgroup`: its container's
+    /// start-up, once. A layer further out, seen before the start-up is
+    /// counted, names it instead (`cudaGetDeviceCount` calls `cuInit`).
+    pub fn init_called(&mut self, cgroup: u64, api: Api) {
+        let startup = self.startups.entry(cgroup).or_insert(Startup {
+            api,
+            counted: false,
+            failed: false,
+            failure_counted: false,
+        });
+        if !startup.counted && (api as u32) > (startup.api as u32) {
+            startup.api = api;
+        }
+    }
+
+    /// A GPU init call in `cgroup` failed: its start-up failed.
+    pub fn init_failed(&mut self, cgroup: u64, api: Api) {
+        self.init_called(cgroup, api);
+        if let Some(startup) = self.startups.get_mut(&cgroup) {
+            startup.failed = true;
+        }
+    }
+
+    /// Processes started (exec) in `cgroup` since the last call.
+    pub fn processes_started(&mut self, cgroup: u64, count: u64) {
+        *self.pending_starts.entry(cgroup).or_default() += count;
+    }
+
+    /// Adds what happened since the last refresh to the revisions of the
+    /// live cgroups `live` (their labels are known now), and the time since
+    /// then to each live pod. Returns whether a total moved enough to render.
+    pub fn account<'a>(
+        &mut self,
+        now: Instant,
+        live: impl Iterator<Item = (u64, &'a WorkloadLabels)>,
+    ) -> bool {
+        let elapsed = self
+            .last_account
+            .map(|last| now.saturating_duration_since(last).as_secs_f64())
+            .filter(|s| *s <= MAX_GAP_SECS)
+            .unwrap_or(0.0);
+        self.last_account = Some(now);
+        let mut moved = false;
+        let mut pods_seen: HashSet<(RevisionKey, String)> = HashSet::new();
+        for (cgroup, labels) in live {
+            let key = revision_key(labels);
+            // Without Kubernetes every cgroup is its own pod.
+            let pod = match labels.values()[1] {
+                "" => format!("cgroup:{cgroup}"),
+                name => name.to_string(),
+            };
+            let totals = self.totals.entry(key.clone()).or_default();
+            if elapsed > 0.0 && pods_seen.insert((key, pod)) {
+                let before = (totals.pod_seconds / POD_SECONDS_QUANTUM).floor();
+                totals.pod_seconds += elapsed;
+                moved |= (totals.pod_seconds / POD_SECONDS_QUANTUM).floor() != before;
+            }
+            if let Some(n) = self.pending_starts.remove(&cgroup) {
+                totals.process_starts += n;
+                moved = true;
+            }
+            if let Some(startup) = self.startups.get_mut(&cgroup) {
+                if !startup.counted {
+                    startup.counted = true;
+                    *totals.startups.entry(startup.api.as_str()).or_default() += 1;
+                    moved = true;
+                }
+                if startup.failed && !startup.failure_counted {
+                    startup.failure_counted = true;
+                    *totals.startup_failures.entry(startup.api.as_str()).or_default() += 1;
+                    moved = true;
+                }
+            }
+        }
+        // Starts in cgroups that are not tracked belong to no workload here.
+        self.pending_starts.clear();
+        moved
+    }
+
+    /// A purged cgroup's state goes; its revision keeps what it counted.
+    pub fn forget(&mut self, cgroup: u64) {
+        self.startups.remove(&cgroup);
+        self.pending_starts.remove(&cgroup);
+    }
+
+    /// Keeps the totals of revisions that still have a pod on the node.
+    pub fn keep_only(&mut self, live: &HashSet<RevisionKey>) {
+        self.totals.retain(|k, _| live.contains(k));
+    }
+
+    pub fn totals(&self) -> impl Iterator<Item = (&RevisionKey, &RevisionExposure)> {
+        self.totals.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::attribution::labels::WorkloadLabels;
+
+    fn labels(pod: &str, revision: &str) -> WorkloadLabels {
+        WorkloadLabels {
+            namespace: "ns".into(),
+            pod: pod.into(),
+            container: "worker".into(),
+            workload: "infer".into(),
+            revision: revision.into(),
+            track: "canary".into(),
+        }
+    }
+
+    #[test]
+    fn a_start_up_counts_once_per_container_start_under_its_outermost_api() {
+        let mut e = Exposure::default();
+        let (a, b) = (labels("p1", "r1"), labels("p2", "r1"));
+        let t0 = Instant::now();
+        // The runtime's init call calls the driver's: one start-up, cudart.
+        e.init_failed(1, Api::Cuda);
+        e.init_called(1, Api::Cudart);
+        e.init_called(1, Api::Cuda);
+        e.init_called(2, Api::Hip);
+        assert!(e.account(t0, [(1, &a), (2, &b)].into_iter()));
+        // Later calls of the same container start add nothing.
+        e.init_called(1, Api::Cudart);
+        e.init_failed(2, Api::Hip);
+        e.account(t0 + Duration::from_secs(1), [(1, &a), (2, &b)].into_iter());
+        let (_, totals) = e.totals().next().expect("one revision");
+        assert_eq!(totals.startups, BTreeMap::from([("cudart", 1), ("hip", 1)]));
+        assert_eq!(totals.startup_failures, BTreeMap::from([("cudart", 1), ("hip", 1)]));
+        // A restarted container is a new cgroup: a second start-up.
+        e.forget(1);
+        e.init_called(3, Api::Cudart);
+        e.account(t0 + Duration::from_secs(2), [(2, &b), (3, &a)].into_iter());
+        let (_, totals) = e.totals().next().expect("one revision");
+        assert_eq!(totals.startups["cudart"], 2);
+    }
+
+    #[test]
+    fn pod_seconds_count_each_pod_once_and_no_unwatched_gap() {
+        let mut e = Exposure::default();
+        let (c1, c2, other) = (labels("p1", "r1"), labels("p1", "r1"), labels("p2", "r1"));
+        let t0 = Instant::now();
+        e.account(t0, [(1, &c1), (2, &c2), (3, &other)].into_iter());
+        // Two containers of one pod and a second pod: two pod-seconds.
+        e.account(t0 + Duration::from_secs(1), [(1, &c1), (2, &c2), (3, &other)].into_iter());
+        // A minute without a refresh was not observed.
+        e.account(t0 + Duration::from_secs(61), [(1, &c1)].into_iter());
+        e.processes_started(1, 3);
+        e.processes_started(9, 5); // untracked: nobody's
+        e.account(t0 + Duration::from_secs(62), [(1, &c1)].into_iter());
+        let (_, totals) = e.totals().next().expect("one revision");
+        assert!((totals.pod_seconds - 3.0).abs() < 1e-9, "{}", totals.pod_seconds);
+        assert_eq!(totals.process_starts, 3);
+        e.keep_only(&HashSet::new());
+        assert_eq!(e.totals().count(), 0);
+    }
+}
