@@ -28,6 +28,8 @@ pub enum Command {
     Top(crate::top::Args),
     /// Report what this node supports and what the observer would attach.
     Check(crate::check::Args),
+    /// Answer Argo Rollouts and Flagger: does the canary fail more often than its baseline?
+    Judge(crate::judge::Args),
     /// Resumes processes held by `--hold` if the daemon that held them is
     /// stuck or gone (started by the daemon itself).
     #[command(hide = true)]
@@ -89,6 +91,7 @@ pub fn dispatch(command: Option<Command>) -> ExitCode {
         Command::Run(args) => crate::run::run(args),
         Command::Check(args) => crate::check::run(args),
         Command::Top(args) => crate::top::run(args),
+        Command::Judge(args) => crate::judge::run(args),
         Command::HoldWatchdog { map, daemon_pid } => {
             return crate::discovery::hold::run_watchdog(&map, daemon_pid)
         }

@@ -21,11 +21,11 @@ pub const LAYERS: &[(&str, &[&str])] = &[
     ("discovery", &["discovery"]),
     ("pipeline", &["pipeline", "event_loop"]),
     ("consumers", &["metrics", "gate", "render"]),
-    ("commands", &["run", "trace", "top", "check"]),
+    ("commands", &["run", "trace", "top", "check", "judge"]),
     ("cli", &["cli"]),
 ];
 
-const COMMANDS: &[&str] = &["run", "trace", "top", "check"];
+const COMMANDS: &[&str] = &["run", "trace", "top", "check", "judge"];
 
 /// Arrows that must never exist, whatever the layers say: (from, to, why).
 fn forbidden(from: &str, to: &str) -> Option<&'static str> {

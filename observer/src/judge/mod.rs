@@ -1,0 +1,253 @@
+//! `canaryscope judge`: a small HTTP service beside Prometheus that
+//! answers whether a canary revision fails more often than its baseline,
+//! for Argo Rollouts' `web` provider and Flagger's webhooks.
+//!
+//! - `GET|POST /v1/judge` (Argo): always 200 with the JSON judgement;
+//!   the AnalysisTemplate maps `result.verdict` to its phases.
+//! - `POST /v1/flagger/rollout`: `fail` answers 409, which Flagger counts
+//!   toward its rollback threshold; `pass` and `inconclusive` answer 200.
+//! - `POST /v1/flagger/confirm-promotion`: only `pass` answers 200; the
+//!   rest 412, which holds the promotion.
+//! - `GET /healthz`.
+//!
+//! A malformed request gets 400 with one line. Prometheus unreachable, a
+//! workload without data, or too little exposure is `inconclusive` with
+//! the reason, never `pass`.
+mod http;
+mod prometheus;
+mod request;
+mod signals;
+pub mod simulate;
+pub mod stats;
+pub mod verdict;
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+
+use clap::Parser;
+use log::{debug, info};
+use serde::Serialize;
+use tokio::net::{TcpListener, TcpStream};
+
+use self::{
+    http::Request,
+    prometheus::Prometheus,
+    request::{BadRequest, Params, Question},
+    verdict::{Judgement, Outcome, Policy},
+};
+use crate::error::CliError;
+
+#[derive(Parser, Debug, Clone)]
+pub struct Args {
+    /// Address to answer on.
+    #[arg(long, default_value = "0.0.0.0:9808", value_name = "ADDR")]
+    pub listen: String,
+    /// Prometheus that scrapes the daemons (http://HOST:PORT[/PREFIX]).
+    #[arg(long, value_name = "URL", required_unless_present = "simulate")]
+    pub prometheus: Option<String>,
+    /// False-rollback rate the whole analysis may spend, over all its
+    /// looks and signals.
+    #[arg(long, default_value_t = verdict::DEFAULT_ALPHA, value_name = "P")]
+    pub alpha: f64,
+    /// Canary/baseline rate ratio tolerated for per-pod-second signals.
+    #[arg(long, default_value_t = verdict::DEFAULT_TOLERATED_RATIO, value_name = "RATIO")]
+    pub tolerated_ratio: f64,
+    /// A signal's own tolerated ratio, e.g. `--ratio memory_limit_refusals=3` (repeatable).
+    #[arg(long = "ratio", value_name = "SIGNAL=RATIO", value_parser = parse_override)]
+    pub ratios: Vec<(String, f64)>,
+    /// Start-ups the canary must reach before it can pass.
+    #[arg(long, default_value_t = verdict::DEFAULT_MIN_STARTUPS, value_name = "N")]
+    pub min_startups: f64,
+    /// Pod-seconds the canary must reach before it can pass.
+    #[arg(long, default_value_t = verdict::DEFAULT_MIN_POD_SECONDS, value_name = "SECONDS")]
+    pub min_pod_seconds: f64,
+    /// Print the simulated false-rollback and detection rates as JSON and exit.
+    #[arg(long, hide = true)]
+    pub simulate: bool,
+    /// The canary's share of the exposure in the simulation.
+    #[arg(long, hide = true, default_value_t = 0.25)]
+    pub canary_share: f64,
+}
+
+fn parse_override(text: &str) -> Result<(String, f64), String> {
+    let (name, ratio) = text.split_once('=').ok_or("expected SIGNAL=RATIO")?;
+    if !signals::signal_names().any(|s| s == name) {
+        let known: Vec<&str> = signals::signal_names().collect();
+        return Err(format!("unknown signal {name:?} (one of {})", known.join(", ")));
+    }
+    match ratio.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 1.0 => Ok((name.to_string(), r)),
+        _ => Err(format!("{ratio:?} is not a ratio of at least 1")),
+    }
+}
+
+impl Args {
+    fn policy(&self) -> Result<Policy, CliError> {
+        if !(self.alpha > 0.0 && self.alpha < 0.5) {
+            return Err(CliError::usage(format!("--alpha {}: expected a probability below 0.5", self.alpha)));
+        }
+        if !(self.tolerated_ratio.is_finite() && self.tolerated_ratio >= 1.0) {
+            return Err(CliError::usage(format!(
+                "--tolerated-ratio {}: expected at least 1",
+                self.tolerated_ratio
+            )));
+        }
+        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0) {
+            return Err(CliError::usage("--min-startups and --min-pod-seconds cannot be negative"));
+        }
+        Ok(Policy {
+            alpha: self.alpha,
+            tolerated_ratio: self.tolerated_ratio,
+            ratio_overrides: self.ratios.clone(),
+            min_startups: self.min_startups,
+            min_pod_seconds: self.min_pod_seconds,
+        })
+    }
+}
+
+struct Judge {
+    prometheus: Prometheus,
+    policy: Policy,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, CliError> {
+    if args.simulate {
+        let report = simulate::simulate(&simulate::SimConfig::default_for_share(args.canary_share));
+        let json = serde_json::to_string(&report).map_err(|e| CliError::runtime(e.to_string()))?;
+        println!("{json}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let policy = args.policy()?;
+    let url = args.prometheus.as_deref().unwrap_or_default();
+    let prometheus = Prometheus::parse(url).map_err(CliError::usage)?;
+    let addr: SocketAddr = args.listen.parse().map_err(|_| {
+        CliError::usage(format!("--listen {}: expected HOST:PORT, e.g. 0.0.0.0:9808", args.listen))
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::runtime(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(serve(addr, Arc::new(Judge { prometheus, policy })))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(addr: SocketAddr, judge: Arc<Judge>) -> Result<(), CliError> {
+    let listener =
+        TcpListener::bind(addr).await.map_err(|e| CliError::runtime(format!("--listen {addr}: {e}")))?;
+    eprintln!("canaryscope judge: answering on http://{addr}/v1/judge, asking {}", judge.prometheus.url());
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let judge = judge.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = answer(stream, &judge).await {
+                            debug!("judge {peer}: {e}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    debug!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// Which caller asked, which decides how the verdict is told.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    Argo,
+    FlaggerRollout,
+    FlaggerPromotion,
+}
+
+async fn answer(mut stream: TcpStream, judge: &Judge) -> std::io::Result<()> {
+    let request = match http::read_request(&mut stream).await? {
+        None => return Ok(()),
+        Some(Err(e)) => {
+            return http::respond(&mut stream, 400, "text/plain", format!("{e}\n").as_bytes()).await
+        }
+        Some(Ok(r)) => r,
+    };
+    let route = match (request.method.as_str(), request.path.as_str()) {
+        ("GET", "/healthz") => return http::respond(&mut stream, 200, "text/plain", b"ok\n").await,
+        ("GET" | "POST", "/v1/judge") => Route::Argo,
+        ("POST", "/v1/flagger/rollout") => Route::FlaggerRollout,
+        ("POST", "/v1/flagger/confirm-promotion") => Route::FlaggerPromotion,
+        (_, "/healthz" | "/v1/judge" | "/v1/flagger/rollout" | "/v1/flagger/confirm-promotion") => {
+            return http::respond(&mut stream, 405, "text/plain", b"method not allowed\n").await
+        }
+        _ => return http::respond(&mut stream, 404, "text/plain", b"not found\n").await,
+    };
+    let question = match question(&request, route) {
+        Ok(q) => q,
+        Err(e) => return http::respond(&mut stream, 400, "text/plain", format!("{e}\n").as_bytes()).await,
+    };
+    let answer = decide(judge, question).await;
+    info!("{route:?} {}: {:?} ({})", answer.question.canary.workload, answer.verdict, answer.reason);
+    let status = match (route, answer.verdict) {
+        (Route::FlaggerRollout, Outcome::Fail) => 409,
+        (Route::FlaggerPromotion, Outcome::Fail | Outcome::Inconclusive) => 412,
+        _ => 200,
+    };
+    let body = serde_json::to_vec_pretty(&answer).unwrap_or_default();
+    http::respond(&mut stream, status, "application/json", &body).await
+}
+
+fn question(request: &Request, route: Route) -> Result<Question, BadRequest> {
+    let params = Params::new(request.query.clone(), &request.body)?;
+    match route {
+        Route::Argo => request::from_argo(&params),
+        Route::FlaggerRollout | Route::FlaggerPromotion => request::from_flagger(&params),
+    }
+}
+
+/// The JSON answer: the verdict first, then why.
+#[derive(Serialize)]
+struct Answer {
+    verdict: Outcome,
+    reason: String,
+    look: u32,
+    question: Question,
+    signals: Vec<verdict::SignalReport>,
+}
+
+impl Answer {
+    fn new(question: Question, look: u32, judgement: Judgement) -> Self {
+        let Judgement { outcome, reason, signals } = judgement;
+        Self { verdict: outcome, reason, look, question, signals }
+    }
+}
+
+async fn decide(judge: &Judge, question: Question) -> Answer {
+    let end = question.end.unwrap_or_else(unix_now);
+    let inconclusive = |question: Question, reason: String| Answer {
+        verdict: Outcome::Inconclusive,
+        reason,
+        look: 0,
+        question,
+        signals: Vec::new(),
+    };
+    let collected = match signals::collect(&judge.prometheus, &question, end).await {
+        Ok(c) => c,
+        Err(e) => return inconclusive(question, e.to_string()),
+    };
+    if !collected.canary_seen {
+        let reason =
+            format!("no data for the canary {:?} in namespace {:?}", question.canary, question.namespace);
+        return inconclusive(question, reason);
+    }
+    if !collected.baseline_seen {
+        let reason =
+            format!("no data for the baseline {:?} in namespace {:?}", question.baseline, question.namespace);
+        return inconclusive(question, reason);
+    }
+    let look = signals::look(collected.canary_first_seen, end, question.interval.as_secs_f64());
+    Answer::new(question, look, verdict::judge(&collected.signals, &judge.policy, look))
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}

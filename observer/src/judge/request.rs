@@ -1,0 +1,226 @@
+//! What the judge is asked, from Argo Rollouts' `web` provider or from a
+//! Flagger webhook, as one question: which pods are the canary, which the
+//! baseline, over what window, and how often the caller looks.
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Which pods one side of the comparison is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Side {
+    pub workload: String,
+    /// The pod-template hash (Argo's `Latest`/`Stable`); `None` for every
+    /// revision of the workload (Flagger's `NAME` and `NAME-primary`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Question {
+    pub namespace: String,
+    pub canary: Side,
+    pub baseline: Side,
+    /// How far back the analysis reads, ending at `end`.
+    #[serde(serialize_with = "as_secs")]
+    pub window: Duration,
+    /// How often the caller asks; the looks are counted from it.
+    #[serde(serialize_with = "as_secs")]
+    pub interval: Duration,
+    /// Unix seconds the analysis ends at; `None` is now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<f64>,
+}
+
+fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// Argo's AnalysisRuns ask every minute unless told otherwise.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+/// A canary analysis rarely runs longer than this; older data is another
+/// rollout's.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A request the judge cannot read: status 400 with this one line.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum BadRequest {
+    #[error("missing `{0}`")]
+    Missing(&'static str),
+    #[error("`{0}`: {1}")]
+    Invalid(&'static str, String),
+    #[error("body is not a JSON object ({0})")]
+    NotJson(String),
+}
+
+/// Named parameters from the query string and a JSON object body (the
+/// body wins), as Argo's `web` provider sends either.
+pub struct Params(Vec<(String, String)>);
+
+impl Params {
+    pub fn new(query: Vec<(String, String)>, body: &[u8]) -> Result<Self, BadRequest> {
+        let mut all = query;
+        if !body.iter().all(u8::is_ascii_whitespace) {
+            let value: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| BadRequest::NotJson(e.to_string()))?;
+            let object = value.as_object().ok_or_else(|| BadRequest::NotJson("not an object".into()))?;
+            for (k, v) in object {
+                flatten(k, v, &mut all);
+            }
+        }
+        Ok(Self(all))
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+    }
+
+    fn require(&self, name: &'static str) -> Result<&str, BadRequest> {
+        self.get(name).ok_or(BadRequest::Missing(name))
+    }
+}
+
+/// A JSON body's strings and numbers as parameters; `metadata` (Flagger's
+/// free-form map) one level down.
+fn flatten(key: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match value {
+        serde_json::Value::String(s) => out.push((key.to_string(), s.clone())),
+        serde_json::Value::Number(n) => out.push((key.to_string(), n.to_string())),
+        serde_json::Value::Object(map) if key == "metadata" => {
+            for (k, v) in map {
+                if let serde_json::Value::String(s) = v {
+                    out.push((k.clone(), s.clone()));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Argo Rollouts: `namespace`, `workload`, `canary` and `baseline`
+/// (revisions: `{{args.canary-hash}}` from `podTemplateHashValue: Latest`,
+/// `Stable` for the baseline), optional `window`, `interval`, `end`.
+pub fn from_argo(p: &Params) -> Result<Question, BadRequest> {
+    let workload = p.require("workload")?;
+    let side = |name: &'static str| -> Result<Side, BadRequest> {
+        Ok(Side { workload: workload.to_string(), revision: Some(p.require(name)?.to_string()) })
+    };
+    Ok(Question {
+        namespace: p.require("namespace")?.to_string(),
+        canary: side("canary")?,
+        baseline: side("baseline")?,
+        window: duration_or(p, "window", DEFAULT_WINDOW)?,
+        interval: duration_or(p, "interval", DEFAULT_INTERVAL)?,
+        end: end(p)?,
+    })
+}
+
+/// Flagger: its payload names the Canary (`name`, `namespace`); the canary
+/// pods are its target Deployment (`metadata.workload`, else the Canary's
+/// name) and the baseline `<target>-primary`, as Flagger names them.
+/// `window` and `interval` may come in the webhook's metadata.
+pub fn from_flagger(p: &Params) -> Result<Question, BadRequest> {
+    let target = p.get("workload").unwrap_or(p.require("name")?).to_string();
+    Ok(Question {
+        namespace: p.require("namespace")?.to_string(),
+        canary: Side { workload: target.clone(), revision: None },
+        baseline: Side { workload: format!("{target}-primary"), revision: None },
+        window: duration_or(p, "window", DEFAULT_WINDOW)?,
+        interval: duration_or(p, "interval", DEFAULT_INTERVAL)?,
+        end: end(p)?,
+    })
+}
+
+fn duration_or(p: &Params, name: &'static str, default: Duration) -> Result<Duration, BadRequest> {
+    match p.get(name) {
+        None => Ok(default),
+        Some(text) => match parse_duration(text) {
+            Some(d) if !d.is_zero() => Ok(d),
+            _ => Err(BadRequest::Invalid(name, format!("{text:?} is not a duration such as 90s, 10m or 1h"))),
+        },
+    }
+}
+
+fn end(p: &Params) -> Result<Option<f64>, BadRequest> {
+    p.get("end")
+        .map(|t| {
+            t.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| BadRequest::Invalid("end", format!("{t:?} is not Unix seconds")))
+        })
+        .transpose()
+}
+
+/// Prometheus-style durations: `90s`, `10m`, `1h30m`, `2d`, `500ms`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0f64;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let number: f64 = number.parse().ok()?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            _ => return None,
+        };
+        total += number * scale;
+        rest = tail;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(query: &str, body: &str) -> Params {
+        Params::new(super::super::http::parse_query(query), body.as_bytes()).expect("params")
+    }
+
+    #[test]
+    fn argo_reads_query_or_body_and_requires_both_revisions() {
+        let q = from_argo(&params(
+            "namespace=ml&workload=infer&canary=abc&baseline=def&window=30m",
+            r#"{"interval": "2m", "end": 1700000000}"#,
+        ))
+        .expect("question");
+        assert_eq!(q.canary, Side { workload: "infer".into(), revision: Some("abc".into()) });
+        assert_eq!(q.baseline.revision.as_deref(), Some("def"));
+        assert_eq!((q.window, q.interval), (Duration::from_secs(1800), Duration::from_secs(120)));
+        assert_eq!(q.end, Some(1_700_000_000.0));
+        let missing = from_argo(&params("namespace=ml&workload=infer&canary=abc", ""));
+        assert_eq!(missing, Err(BadRequest::Missing("baseline")));
+        let bad = from_argo(&params("namespace=ml&workload=w&canary=a&baseline=b&window=soon", ""));
+        assert!(matches!(bad, Err(BadRequest::Invalid("window", _))));
+    }
+
+    #[test]
+    fn flagger_maps_the_canary_to_its_target_and_primary() {
+        let body = r#"{"name":"podinfo","namespace":"test","phase":"Progressing","checksum":"x",
+                       "metadata":{"window":"20m"}}"#;
+        let q = from_flagger(&params("", body)).expect("question");
+        assert_eq!(q.canary, Side { workload: "podinfo".into(), revision: None });
+        assert_eq!(q.baseline.workload, "podinfo-primary");
+        assert_eq!(q.window, Duration::from_secs(1200));
+        let other = r#"{"name":"c","namespace":"t","metadata":{"workload":"infer"}}"#;
+        assert_eq!(from_flagger(&params("", other)).expect("q").baseline.workload, "infer-primary");
+        assert!(matches!(Params::new(vec![], b"[1]"), Err(BadRequest::NotJson(_))));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10"), None);
+        assert_eq!(parse_duration("5x"), None);
+    }
+}

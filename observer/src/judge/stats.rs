@@ -1,0 +1,1 @@
+//! PLACEHOLDER: the exact tests are being written here.
