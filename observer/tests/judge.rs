@@ -30,7 +30,7 @@ fn start_judge(prom_port: u16, extra: &[&str]) -> (Proc, u16) {
             .expect("canaryscope judge"),
     );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !http_get(port, "/healthz").is_some_and(|(code, _)| code == 200) {
+    while http_get(port, "/healthz").is_none_or(|(code, _)| code != 200) {
         assert!(Instant::now() < deadline, "the judge never answered /healthz");
         thread::sleep(Duration::from_millis(50));
     }

@@ -85,7 +85,7 @@ impl Prometheus {
         limited.read_to_end(&mut raw).await.map_err(unreachable)?;
         let text = String::from_utf8_lossy(&raw);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.lines().next().unwrap_or("").splitn(3, ' ').nth(1).unwrap_or("").to_string();
+        let status = head.lines().next().unwrap_or("").split(' ').nth(1).unwrap_or("").to_string();
         // A bad query is a 400 with Prometheus' own error in the body.
         if status != "200" && status != "400" && status != "422" {
             return Err(PromError::Status(head.lines().next().unwrap_or("nothing").to_string()));

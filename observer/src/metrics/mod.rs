@@ -91,6 +91,28 @@ pub struct Metrics {
     changed: bool,
 }
 
+/// The owners of one render's revision-scoped series, by number.
+struct Owners<'a> {
+    list: Vec<Owner<'a>>,
+    by_cgroup: HashMap<u64, u32>,
+    /// The owner of entries whose cgroup has no labels.
+    empty: u32,
+}
+
+impl<'a> Owners<'a> {
+    fn of_cgroup(&self, cgroup: u64) -> u32 {
+        self.by_cgroup.get(&cgroup).copied().unwrap_or(self.empty)
+    }
+
+    fn of(&self, owner: &Owner) -> u32 {
+        self.list.binary_search(owner).map_or(self.empty, |i| i as u32)
+    }
+
+    fn get(&self, id: u32) -> &Owner<'a> {
+        &self.list[id as usize]
+    }
+}
+
 /// Cgroups whose series were removed; the caller drops their kernel entries.
 pub type Purged = Vec<u64>;
 
@@ -378,6 +400,28 @@ impl Metrics {
         out
     }
 
+    /// The exposition of `view` gzip-compressed, family by family, so that
+    /// the whole text never exists at once.
+    pub fn render_gzip(&self, view: View) -> Vec<u8> {
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+        let encoder = TextEncoder::new();
+        // One family's text at a time, handed to the compressor whole: its
+        // output buffer is prepared on every write, so writing a sample at
+        // a time cost more than the compression.
+        let mut text = Vec::new();
+        for family in self.families(view) {
+            text.clear();
+            if encoder.encode(std::slice::from_ref(&family), &mut text).is_err()
+                || gz.write_all(&text).is_err()
+            {
+                return Vec::new();
+            }
+        }
+        gz.finish().unwrap_or_default()
+    }
+
     /// The scraped exposition as text (tests and tools).
     pub fn render_text(&self) -> String {
         self.render_text_in(View::Scrape)
@@ -396,41 +440,67 @@ impl Metrics {
         v
     }
 
-    /// Kernel entries with their owners in `view`: the live cgroups', and
-    /// when scraped, what purged pods left to their revisions.
+    /// Every owner of a revision-scoped series in `view`, numbered in sort
+    /// order: the series maps below key by that number rather than by six
+    /// strings, and iterate in the same order. Comparing owners whose cgroup
+    /// paths share a long prefix was most of a render's time at a thousand
+    /// pods.
+    fn owners(&self, view: View) -> Owners<'_> {
+        let live = self.series_labels.keys().map(|c| owner(self.labels(*c), view));
+        let retired = [self.retired.gpu.keys().map(|(r, _)| r).collect::<Vec<_>>()]
+            .into_iter()
+            .chain([self.retired.kfd.keys().map(|(r, _)| r).collect()])
+            .chain([self.retired.runq.keys().map(|(r, _)| r).collect()])
+            .flatten()
+            .filter(|_| view == View::Scrape)
+            .map(retired_owner);
+        let mut list: Vec<Owner> =
+            live.chain(retired).chain([owner(["", "", "", "", "", ""], view)]).collect();
+        list.sort_unstable();
+        list.dedup();
+        let id = |o: &Owner| list.binary_search(o).unwrap_or(0) as u32;
+        let by_cgroup = self.series_labels.keys().map(|c| (*c, id(&owner(self.labels(*c), view)))).collect();
+        let empty = id(&owner(["", "", "", "", "", ""], view));
+        Owners { by_cgroup, empty, list }
+    }
+
+    /// Kernel entries with their owners' numbers in `view`: the live
+    /// cgroups', and when scraped, what purged pods left to their revisions.
     fn owned<'a, K>(
         &'a self,
+        owners: &'a Owners<'a>,
         view: View,
         live: &'a [(K, LatencyHistogram)],
         cgroup: impl Fn(&K) -> u64 + 'a,
         retired: &'a BTreeMap<(RevisionKey, K), LatencyHistogram>,
-    ) -> impl Iterator<Item = (Owner<'a>, &'a K, &'a LatencyHistogram)> + 'a {
-        let live = live.iter().map(move |(k, s)| (owner(self.labels(cgroup(k)), view), k, s));
+    ) -> impl Iterator<Item = (u32, &'a K, &'a LatencyHistogram)> + 'a {
+        let live = live.iter().map(move |(k, s)| (owners.of_cgroup(cgroup(k)), k, s));
         let retired = retired.iter().filter(move |_| view == View::Scrape);
-        live.chain(retired.map(|((r, k), s)| (retired_owner(r), k, s)))
+        live.chain(retired.map(move |((r, k), s)| (owners.of(&retired_owner(r)), k, s)))
     }
 
     fn families(&self, view: View) -> Vec<prometheus::proto::MetricFamily> {
         let mut fams = FamilySet::new(view);
-        self.gpu_call_families(&mut fams, view);
+        let owners = self.owners(view);
+        self.gpu_call_families(&mut fams, &owners, view);
         self.failure_families(&mut fams);
         self.exposure_families(&mut fams, view);
-        self.kfd_and_hardware_families(&mut fams, view);
-        self.memory_and_cpu_families(&mut fams, view);
+        self.kfd_and_hardware_families(&mut fams, &owners, view);
+        self.memory_and_cpu_families(&mut fams, &owners, view);
         self.node_families(&mut fams);
         fams.finish()
     }
 
-    fn gpu_call_families(&self, fams: &mut FamilySet, view: View) {
+    fn gpu_call_families(&self, fams: &mut FamilySet, owners: &Owners, view: View) {
         // GPU calls: counters per result, durations per function (the kernel
         // keeps a histogram per result; they are merged here). Hot calls
         // counted at return only add to the counters and have no durations.
         // Both are per revision when scraped, with purged pods' totals, and
         // failures also per pod.
-        let mut calls: BTreeMap<(Owner, u32, u32, i32), u64> = BTreeMap::new();
+        let mut calls: BTreeMap<(u32, u32, u32, i32), u64> = BTreeMap::new();
         // Durations per tier when scraped, per function in the per-pod view.
-        let mut durations: BTreeMap<(Owner, u32, &'static str), LatencyHistogram> = BTreeMap::new();
-        for (owner, k, s) in self.owned(view, &self.gpu, |k| k.cgroup_id, &self.retired.gpu) {
+        let mut durations: BTreeMap<(u32, u32, &'static str), LatencyHistogram> = BTreeMap::new();
+        for (owner, k, s) in self.owned(owners, view, &self.gpu, |k| k.cgroup_id, &self.retired.gpu) {
             *calls.entry((owner, k.api, k.function, k.result)).or_default() += s.count;
             if let (0, Some(api)) = (k.untimed, Api::from_u32(k.api)) {
                 let function = api.functions().get(k.function as usize);
@@ -453,7 +523,7 @@ impl Metrics {
         };
         for ((owner, api, function, result), count) in &calls {
             let Some((api, function, result)) = named(*api, *function, *result) else { continue };
-            let v = owner_labels(owner, view, &[api.as_str(), &function, &result]);
+            let v = owner_labels(owners.get(*owner), view, &[api.as_str(), &function, &result]);
             fams.get(&GPU_API_CALLS).value(&v, *count as f64);
         }
         for ((cgroup, api, function, result), count) in &failures {
@@ -463,7 +533,7 @@ impl Metrics {
         }
         for ((owner, api, split), merged) in &durations {
             let Some(api) = Api::from_u32(*api) else { continue };
-            let v = owner_labels(owner, view, &[api.as_str(), split]);
+            let v = owner_labels(owners.get(*owner), view, &[api.as_str(), split]);
             fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
         }
     }
@@ -505,12 +575,12 @@ impl Metrics {
         }
     }
 
-    fn kfd_and_hardware_families(&self, fams: &mut FamilySet, view: View) {
+    fn kfd_and_hardware_families(&self, fams: &mut FamilySet, owners: &Owners, view: View) {
         // KFD ioctls: as GPU calls, counters per result and durations per
         // ioctl per revision, failures also per pod.
-        let mut ioctls: BTreeMap<(Owner, u32, i32), u64> = BTreeMap::new();
-        let mut by_ioctl: BTreeMap<(Owner, u32), LatencyHistogram> = BTreeMap::new();
-        for (owner, k, s) in self.owned(view, &self.kfd, |k| k.cgroup_id, &self.retired.kfd) {
+        let mut ioctls: BTreeMap<(u32, u32, i32), u64> = BTreeMap::new();
+        let mut by_ioctl: BTreeMap<(u32, u32), LatencyHistogram> = BTreeMap::new();
+        for (owner, k, s) in self.owned(owners, view, &self.kfd, |k| k.cgroup_id, &self.retired.kfd) {
             *ioctls.entry((owner, k.nr, k.result)).or_default() += s.count;
             by_ioctl.entry((owner, k.nr)).or_default().add(s);
         }
@@ -520,7 +590,7 @@ impl Metrics {
         };
         for ((owner, nr, result), count) in &ioctls {
             let (ioctl, result) = (crate::events::kfd_ioctl_label(*nr), errno(*result));
-            let v = owner_labels(owner, view, &[ioctl.as_str(), &result]);
+            let v = owner_labels(owners.get(*owner), view, &[ioctl.as_str(), &result]);
             fams.get(&KFD_IOCTLS).value(&v, *count as f64);
         }
         for (k, s) in self.kfd.iter().filter(|(k, _)| k.result != 0) {
@@ -529,7 +599,7 @@ impl Metrics {
         }
         for ((owner, nr), merged) in &by_ioctl {
             let ioctl = crate::events::kfd_ioctl_label(*nr);
-            fams.get(&KFD_IOCTL_DURATION).latency(&owner_labels(owner, view, &[&ioctl]), merged);
+            fams.get(&KFD_IOCTL_DURATION).latency(&owner_labels(owners.get(*owner), view, &[&ioctl]), merged);
         }
 
         for (kind, workload, node) in [
@@ -544,17 +614,17 @@ impl Metrics {
         }
     }
 
-    fn memory_and_cpu_families(&self, fams: &mut FamilySet, view: View) {
+    fn memory_and_cpu_families(&self, fams: &mut FamilySet, owners: &Owners, view: View) {
         for (k, n) in &self.mem_limits {
             let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
             fams.get(&MEMORY_LIMIT_REFUSALS).value(&self.vals(k.cgroup_id, &[limit.as_str()]), *n as f64);
         }
-        let mut runq: BTreeMap<Owner, LatencyHistogram> = BTreeMap::new();
-        for (owner, _, h) in self.owned(view, &self.runq, |c| *c, &self.retired.runq) {
+        let mut runq: BTreeMap<u32, LatencyHistogram> = BTreeMap::new();
+        for (owner, _, h) in self.owned(owners, view, &self.runq, |c| *c, &self.retired.runq) {
             runq.entry(owner).or_default().add(h);
         }
         for (owner, h) in &runq {
-            fams.get(&CPU_RUNQUEUE_LATENCY).latency(&owner_labels(owner, view, &[]), h);
+            fams.get(&CPU_RUNQUEUE_LATENCY).latency(&owner_labels(owners.get(*owner), view, &[]), h);
         }
         for (cgroup, c) in &self.cpu {
             let v = self.vals(*cgroup, &[]);

@@ -80,11 +80,6 @@ impl Recorder {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The exposition a scrape would get now.
-    pub fn scrape(&self) -> bytes::Bytes {
-        self.lock().scrape()
-    }
-
     /// Every family per pod now, as `/metrics/pods` serves it.
     pub fn per_pod(&self) -> bytes::Bytes {
         self.lock().per_pod()

@@ -19,7 +19,7 @@ use super::{
 
 pub(super) struct Daemon {
     proc: Proc,
-    addr: String,
+    pub(super) addr: String,
 }
 
 impl Daemon {
@@ -95,14 +95,32 @@ fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+/// One GET as Prometheus sends it (gzip accepted): the compressed
+/// body's size. What a scrape costs the daemon, without decoding it here.
+pub(super) fn scrape_gzip(addr: &str) -> Result<usize> {
+    let buf = request(addr, "/metrics", "Accept-Encoding: gzip\r\n")?;
+    let head_end =
+        buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| anyhow!("malformed HTTP answer"))?;
+    let head = String::from_utf8_lossy(&buf[..head_end]);
+    if !head.starts_with("HTTP/1.1 200") || !head.to_ascii_lowercase().contains("content-encoding: gzip") {
+        bail!("/metrics with gzip accepted answered {head:?}");
+    }
+    Ok(buf.len() - head_end - 4)
+}
+
+fn request(addr: &str, path: &str, extra_headers: &str) -> Result<Vec<u8>> {
     let sock = addr.parse().with_context(|| format!("bad address {addr}"))?;
     let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra_headers}Connection: close\r\n\r\n")?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let buf = request(addr, path, "")?;
     let text = String::from_utf8_lossy(&buf);
     let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("malformed HTTP answer"))?;
     let code = head
