@@ -349,22 +349,22 @@ pub const SERIES_OVERFLOW: MetricDecl = decl(
 pub const TRACKED_CGROUPS: MetricDecl =
     decl("tracked_cgroups", "Cgroups with series on this node.", Gauge, Node, &[]);
 
-/// Every family, in exposition order.
+/// Every family, in exposition order: the groups a render builds one at
+/// a time (`Metrics::families_by_group`) are contiguous here.
 pub const CATALOG: &[&MetricDecl] = &[
     &GPU_API_CALLS,
     &GPU_API_CALL_DURATION,
     &GPU_API_CALL_FAILURES,
     &GPU_INIT_FAILURES,
-    &GPU_STARTUPS,
-    &GPU_STARTUP_FAILURES,
-    &POD_SECONDS,
-    &PROCESS_STARTS,
     &GPU_DRIVER_VERSION,
     &GPU_API_STALLED_CALLS,
     &NATIVE_CRASHES,
     &OOM_KILLS,
     &ABNORMAL_EXITS,
-    &MEMORY_LIMIT_REFUSALS,
+    &GPU_STARTUPS,
+    &GPU_STARTUP_FAILURES,
+    &POD_SECONDS,
+    &PROCESS_STARTS,
     &KFD_IOCTLS,
     &KFD_IOCTL_FAILURES,
     &KFD_IOCTL_DURATION,
@@ -374,6 +374,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &NODE_GPU_MEMORY_FAULTS,
     &NODE_GPU_RESETS,
     &NODE_GPU_QUEUE_EVICTIONS,
+    &MEMORY_LIMIT_REFUSALS,
     &CPU_RUNQUEUE_LATENCY,
     &CPU_PERIODS,
     &CPU_THROTTLED_PERIODS,

@@ -108,21 +108,34 @@ impl Family {
         m.set_histogram(hist);
         self.inner.mut_metric().push(m);
     }
-
-    pub fn finish(self) -> MetricFamily {
-        self.inner
-    }
 }
 
-/// One `Family` per declaration, emitted in catalog order.
-pub struct FamilySet {
+/// Where a render's families go, in catalog order: a family, and whether
+/// it is the family's first part (its header is written) or a continuation
+/// of the part before (its samples only).
+pub type Sink<'a> = dyn FnMut(MetricFamily, bool) + 'a;
+
+/// One `Family` per declaration, handed to a sink in catalog order as the
+/// render goes: a family is passed on in parts of at most `chunk` series,
+/// so a render holds a few hundred series as protos, never the whole
+/// exposition (at a thousand pods one family is tens of thousands of
+/// series, megabytes as protos). Families are written one after another in
+/// catalog order; writing to a family after a later one has been passed on
+/// is a bug, which the catalog-order test finds.
+pub struct FamilySet<'a> {
     view: View,
     fams: Vec<Family>,
+    /// Whether each family's first part has been passed on.
+    started: Vec<bool>,
+    chunk: usize,
+    sink: &'a mut Sink<'a>,
 }
 
-impl FamilySet {
-    pub fn new(view: View) -> Self {
-        Self { view, fams: CATALOG.iter().map(|d| Family::new(d, view)).collect() }
+impl<'a> FamilySet<'a> {
+    pub fn new(view: View, chunk: usize, sink: &'a mut Sink<'a>) -> Self {
+        let fams: Vec<Family> = CATALOG.iter().map(|d| Family::new(d, view)).collect();
+        let started = vec![false; fams.len()];
+        Self { view, fams, started, chunk: chunk.max(1), sink }
     }
 
     pub fn get(&mut self, decl: &'static MetricDecl) -> &mut Family {
@@ -134,16 +147,58 @@ impl FamilySet {
             Some(i) => i,
             None => {
                 self.fams.push(Family::new(decl, self.view));
+                self.started.push(false);
                 self.fams.len() - 1
             }
         };
+        if self.fams[i].inner.get_metric().len() >= self.chunk {
+            self.pass_on_through(i);
+        }
         &mut self.fams[i]
     }
 
-    /// Families with no series are still valid exposition; they are dropped
-    /// to keep the output short.
-    pub fn finish(self) -> Vec<MetricFamily> {
-        self.fams.into_iter().filter(|f| !f.inner.get_metric().is_empty()).map(Family::finish).collect()
+    /// Passes on every series held of families up to and including `i`.
+    fn pass_on_through(&mut self, i: usize) {
+        for j in 0..=i {
+            if self.fams[j].inner.get_metric().is_empty() {
+                continue;
+            }
+            let mut part = self.fams[j].inner.clone_header();
+            part.set_metric(self.fams[j].inner.take_metric());
+            (self.sink)(part, !self.started[j]);
+            self.started[j] = true;
+        }
+    }
+
+    /// Passes on what is left. Families with no series are still valid
+    /// exposition; they are left out to keep the output short.
+    pub fn finish(mut self) {
+        if !self.fams.is_empty() {
+            self.pass_on_through(self.fams.len() - 1);
+        }
+    }
+}
+
+/// Collects a render's parts back into whole families (tests and tools).
+pub fn collect_into(out: &mut Vec<MetricFamily>) -> impl FnMut(MetricFamily, bool) + '_ {
+    move |mut part: MetricFamily, first: bool| match out.last_mut() {
+        Some(last) if !first => last.mut_metric().extend(part.take_metric()),
+        _ => out.push(part),
+    }
+}
+
+/// A family's name, help and type, without its series.
+trait CloneHeader {
+    fn clone_header(&self) -> MetricFamily;
+}
+
+impl CloneHeader for MetricFamily {
+    fn clone_header(&self) -> MetricFamily {
+        let mut f = MetricFamily::default();
+        f.set_name(self.name().to_string());
+        f.set_help(self.help().to_string());
+        f.set_field_type(self.get_field_type());
+        f
     }
 }
 
@@ -167,7 +222,7 @@ mod tests {
         let mut h = LatencyHistogram { count: 3, total_ns: 3_000_000_000, ..Default::default() };
         h.buckets[..3].copy_from_slice(&[1, 0, 2]);
         f.latency(&["p"], &h);
-        let family = f.finish();
+        let family = f.inner;
         let h = family.get_metric()[0].get_histogram();
         let cumulative: Vec<u64> = h.get_bucket().iter().map(|b| b.cumulative_count()).collect();
         // Kernel buckets 0 and 1 fall under the first exported bound (1),

@@ -91,6 +91,25 @@ pub struct Metrics {
     changed: bool,
 }
 
+/// Series a render holds as protos at most, per family: a few hundred
+/// kilobytes, where a whole family at a thousand pods is megabytes.
+const RENDER_CHUNK: usize = 256;
+
+/// `family` as exposition text into `out` (cleared first); a continuation
+/// part without the `# HELP` and `# TYPE` lines its first part had.
+fn encode_part(family: &prometheus::proto::MetricFamily, first: bool, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    if TextEncoder::new().encode(std::slice::from_ref(family), out).is_err() {
+        return false;
+    }
+    if !first {
+        // The header is two lines; help text is escaped, so has no newline.
+        let header = out.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(1).map_or(0, |(i, _)| i + 1);
+        out.drain(..header);
+    }
+    true
+}
+
 /// The owners of one render's revision-scoped series, by number.
 struct Owners<'a> {
     list: Vec<Owner<'a>>,
@@ -390,12 +409,19 @@ impl Metrics {
     /// length, so the buffer is allocated once, not doubled up to twice
     /// the text's size.
     pub fn render(&self, view: View, size_hint: usize) -> Vec<u8> {
+        self.render_in_parts(view, size_hint, RENDER_CHUNK)
+    }
+
+    fn render_in_parts(&self, view: View, size_hint: usize, chunk: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(size_hint + size_hint / 16);
-        let encoder = TextEncoder::new();
-        for family in self.families(view) {
-            if encoder.encode(std::slice::from_ref(&family), &mut out).is_err() {
-                return Vec::new();
-            }
+        let mut part = Vec::new();
+        let mut failed = false;
+        self.families_into(view, chunk, &mut |family, first| {
+            failed |= !encode_part(&family, first, &mut part);
+            out.extend_from_slice(&part);
+        });
+        if failed {
+            return Vec::new();
         }
         out
     }
@@ -406,18 +432,16 @@ impl Metrics {
         use flate2::{write::GzEncoder, Compression};
         use std::io::Write;
         let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-        let encoder = TextEncoder::new();
-        // One family's text at a time, handed to the compressor whole: its
+        // One part's text at a time, handed to the compressor whole: its
         // output buffer is prepared on every write, so writing a sample at
         // a time cost more than the compression.
-        let mut text = Vec::new();
-        for family in self.families(view) {
-            text.clear();
-            if encoder.encode(std::slice::from_ref(&family), &mut text).is_err()
-                || gz.write_all(&text).is_err()
-            {
-                return Vec::new();
-            }
+        let mut part = Vec::new();
+        let mut failed = false;
+        self.families_into(view, RENDER_CHUNK, &mut |family, first| {
+            failed |= !encode_part(&family, first, &mut part) || gz.write_all(&part).is_err();
+        });
+        if failed {
+            return Vec::new();
         }
         gz.finish().unwrap_or_default()
     }
@@ -480,7 +504,15 @@ impl Metrics {
     }
 
     fn families(&self, view: View) -> Vec<prometheus::proto::MetricFamily> {
-        let mut fams = FamilySet::new(view);
+        let mut all = Vec::new();
+        self.families_into(view, RENDER_CHUNK, &mut families::collect_into(&mut all));
+        all
+    }
+
+    /// Every family in catalog order, passed to `sink` in parts of at most
+    /// `chunk` series (see `FamilySet`).
+    fn families_into<'s>(&self, view: View, chunk: usize, sink: &'s mut families::Sink<'s>) {
+        let mut fams = FamilySet::new(view, chunk, sink);
         let owners = self.owners(view);
         self.gpu_call_families(&mut fams, &owners, view);
         self.failure_families(&mut fams);
@@ -488,7 +520,7 @@ impl Metrics {
         self.kfd_and_hardware_families(&mut fams, &owners, view);
         self.memory_and_cpu_families(&mut fams, &owners, view);
         self.node_families(&mut fams);
-        fams.finish()
+        fams.finish();
     }
 
     fn gpu_call_families(&self, fams: &mut FamilySet, owners: &Owners, view: View) {
@@ -526,29 +558,36 @@ impl Metrics {
             let v = owner_labels(owners.get(*owner), view, &[api.as_str(), &function, &result]);
             fams.get(&GPU_API_CALLS).value(&v, *count as f64);
         }
-        for ((cgroup, api, function, result), count) in &failures {
-            let Some((api, function, result)) = named(*api, *function, *result) else { continue };
-            let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
-            fams.get(&GPU_API_CALL_FAILURES).value(&v, *count as f64);
-        }
         for ((owner, api, split), merged) in &durations {
             let Some(api) = Api::from_u32(*api) else { continue };
             let v = owner_labels(owners.get(*owner), view, &[api.as_str(), split]);
             fams.get(&GPU_API_CALL_DURATION).latency(&v, merged);
         }
+        for ((cgroup, api, function, result), count) in &failures {
+            let Some((api, function, result)) = named(*api, *function, *result) else { continue };
+            let v = self.vals(*cgroup, &[api.as_str(), &function, &result]);
+            fams.get(&GPU_API_CALL_FAILURES).value(&v, *count as f64);
+        }
     }
 
     /// What the judge weighs events against, per revision in either view.
     fn exposure_families(&self, fams: &mut FamilySet, view: View) {
-        for (key, e) in self.exposure.totals() {
-            let owner = retired_owner(key);
+        // A family at a time: a render passes families on in catalog order.
+        let totals = || self.exposure.totals().map(|(key, e)| (retired_owner(key), e));
+        for (owner, e) in totals() {
             for (api, n) in &e.startups {
                 fams.get(&GPU_STARTUPS).value(&owner_labels(&owner, view, &[api]), *n as f64);
             }
+        }
+        for (owner, e) in totals() {
             for (api, n) in &e.startup_failures {
                 fams.get(&GPU_STARTUP_FAILURES).value(&owner_labels(&owner, view, &[api]), *n as f64);
             }
+        }
+        for (owner, e) in totals() {
             fams.get(&POD_SECONDS).value(&owner_labels(&owner, view, &[]), e.pod_seconds_shown());
+        }
+        for (owner, e) in totals() {
             fams.get(&PROCESS_STARTS).value(&owner_labels(&owner, view, &[]), e.process_starts as f64);
         }
     }
@@ -602,14 +641,17 @@ impl Metrics {
             fams.get(&KFD_IOCTL_DURATION).latency(&owner_labels(owners.get(*owner), view, &[&ioctl]), merged);
         }
 
-        for (kind, workload, node) in [
+        let kinds = [
             (HwKind::MemoryFault, &GPU_MEMORY_FAULTS, &NODE_GPU_MEMORY_FAULTS),
             (HwKind::Reset, &GPU_RESETS, &NODE_GPU_RESETS),
             (HwKind::QueueEviction, &GPU_QUEUE_EVICTIONS, &NODE_GPU_QUEUE_EVICTIONS),
-        ] {
+        ];
+        for (kind, workload, _) in kinds {
             for ((cgroup, _), n) in self.hardware_by_cgroup.iter().filter(|((_, k), _)| *k == kind as u32) {
                 fams.get(workload).value(&self.vals(*cgroup, &[]), *n as f64);
             }
+        }
+        for (kind, _, node) in kinds {
             fams.get(node).value(&[], self.hardware.get(&(kind as u32)).copied().unwrap_or(0) as f64);
         }
     }
@@ -626,13 +668,18 @@ impl Metrics {
         for (owner, h) in &runq {
             fams.get(&CPU_RUNQUEUE_LATENCY).latency(&owner_labels(owners.get(*owner), view, &[]), h);
         }
-        for (cgroup, c) in &self.cpu {
-            let v = self.vals(*cgroup, &[]);
-            fams.get(&CPU_PERIODS).value(&v, c.periods as f64);
-            fams.get(&CPU_THROTTLED_PERIODS).value(&v, c.throttled_periods as f64);
-            fams.get(&CPU_THROTTLED_SECONDS).value(&v, c.throttled_ns as f64 * 1e-9);
-            fams.get(&CPU_RUNNABLE_THREADS).value(&v, f64::from(c.runnable));
-            fams.get(&CPU_QUOTA_CORES).value(&v, c.quota_cores);
+        let numbers: [(&'static MetricDecl, fn(&CpuSnapshot) -> f64); 5] = [
+            (&CPU_PERIODS, |c| c.periods as f64),
+            (&CPU_THROTTLED_PERIODS, |c| c.throttled_periods as f64),
+            (&CPU_THROTTLED_SECONDS, |c| c.throttled_ns as f64 * 1e-9),
+            (&CPU_RUNNABLE_THREADS, |c| f64::from(c.runnable)),
+            (&CPU_QUOTA_CORES, |c| c.quota_cores),
+        ];
+        // A family at a time: a render passes families on in catalog order.
+        for (decl, number) in numbers {
+            for (cgroup, c) in &self.cpu {
+                fams.get(decl).value(&self.vals(*cgroup, &[]), number(c));
+            }
         }
     }
 
@@ -907,6 +954,19 @@ mod tests {
             c => labelled(c),
         });
         m
+    }
+
+    #[test]
+    fn a_render_in_parts_of_one_series_is_the_render_in_one_part() {
+        let m = rich();
+        for view in [View::Scrape, View::PerPod] {
+            let whole = m.render_in_parts(view, 0, usize::MAX);
+            assert_eq!(
+                String::from_utf8_lossy(&m.render_in_parts(view, 0, 1)),
+                String::from_utf8_lossy(&whole)
+            );
+            assert_eq!(m.render(view, 0), whole);
+        }
     }
 
     #[test]
