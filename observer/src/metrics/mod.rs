@@ -503,6 +503,7 @@ impl Metrics {
         live.chain(retired.map(move |((r, k), s)| (owners.of(&retired_owner(r)), k, s)))
     }
 
+    #[cfg(test)]
     fn families(&self, view: View) -> Vec<prometheus::proto::MetricFamily> {
         let mut all = Vec::new();
         self.families_into(view, RENDER_CHUNK, &mut families::collect_into(&mut all));
@@ -668,7 +669,8 @@ impl Metrics {
         for (owner, h) in &runq {
             fams.get(&CPU_RUNQUEUE_LATENCY).latency(&owner_labels(owners.get(*owner), view, &[]), h);
         }
-        let numbers: [(&'static MetricDecl, fn(&CpuSnapshot) -> f64); 5] = [
+        type Number = (&'static MetricDecl, fn(&CpuSnapshot) -> f64);
+        let numbers: [Number; 5] = [
             (&CPU_PERIODS, |c| c.periods as f64),
             (&CPU_THROTTLED_PERIODS, |c| c.throttled_periods as f64),
             (&CPU_THROTTLED_SECONDS, |c| c.throttled_ns as f64 * 1e-9),
