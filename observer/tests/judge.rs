@@ -58,11 +58,28 @@ fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
 /// then started: `failing` of them run a start-up that fails (the real HIP
 /// runtime finds no GPU), the rest a healthy one.
 fn start_pods(api_port: u16, hash: &str, track: &str, total: usize, failing: usize) -> Vec<PodCgroup> {
+    start_workload_pods(api_port, "infer", hash, track, total, failing)
+}
+
+/// As [`start_pods`], for pods of the Deployment `workload` (its
+/// ReplicaSet `<workload>-<hash>`).
+fn start_workload_pods(
+    api_port: u16,
+    workload: &str,
+    hash: &str,
+    track: &str,
+    total: usize,
+    failing: usize,
+) -> Vec<PodCgroup> {
     let ids: Vec<(String, String)> = (0..total).map(|_| (random_pod_uid(), random_hex(64))).collect();
     let pods: Vec<Value> = ids
         .iter()
         .enumerate()
-        .map(|(i, (uid, cid))| pod(&format!("infer-{hash}-{i}"), uid, cid, track, hash))
+        .map(|(i, (uid, cid))| {
+            let mut p = pod(&format!("{workload}-{hash}-{i}"), uid, cid, track, hash);
+            p["metadata"]["ownerReferences"][0]["name"] = Value::from(format!("{workload}-{hash}"));
+            p
+        })
         .collect();
     control(api_port, "POST", "/control/pods", &Value::Array(pods).to_string());
     let mut cgroups = Vec::new();
@@ -127,14 +144,24 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     let _small_stable = start_pods(api_port, "smallstable", "stable", 2, 0);
     let _small = start_pods(api_port, "smallhash", "canary", 2, 1);
     let _good = start_pods(api_port, "goodhash", "canary", 12, 0);
+    // Flagger's pair: the target Deployment's pods and its primary's.
+    let _flagger_canary = start_workload_pods(api_port, "svc", "svchash", "canary", 20, 8);
+    let _flagger_primary = start_workload_pods(api_port, "svc-primary", "primaryhash", "stable", 20, 0);
 
     let startups = |hash: &str| format!("canaryscope_gpu_startups_total{{revision=\"{hash}\"}}");
     let failures = |hash: &str| format!("canaryscope_gpu_startup_failures_total{{revision=\"{hash}\"}}");
     wait_prom(prom_port, "the failing canary's start-ups", &failures("badhash"), |v| v == 8.0);
     wait_prom(prom_port, "the small canary's failure", &failures("smallhash"), |v| v == 1.0);
+    wait_prom(prom_port, "Flagger's canary's failures", &failures("svchash"), |v| v == 8.0);
     // Every failing start-up is held to its first call; a healthy one whose
     // first call raced the attach may go uncounted, never miscounted.
-    for (hash, total) in [("badhash", 20.0), ("stablehash", 20.0), ("goodhash", 12.0), ("smallstable", 2.0)] {
+    for (hash, total) in [
+        ("badhash", 20.0),
+        ("stablehash", 20.0),
+        ("goodhash", 12.0),
+        ("smallstable", 2.0),
+        ("primaryhash", 20.0),
+    ] {
         wait_prom(prom_port, "start-ups", &startups(hash), |v| v >= total - 1.0 && v <= total);
     }
     // Enough pod-seconds for the healthy canary to pass (12 pods, 10 s steps).
@@ -158,6 +185,22 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     assert_eq!(good["verdict"], "pass", "{good:#}");
     assert_eq!(signal(&good, "gpu_startup_failures")["canary_events"], 0);
 
+    // Flagger: a failing canary fails its rollout hook (409, toward the
+    // rollback threshold) and holds its promotion (412); a Canary with no
+    // data is not a failure (200) but holds the promotion.
+    let flagger = |hook: &str, name: &str| {
+        let body = format!(
+            r#"{{"name":"{name}","namespace":"{NS}","phase":"Progressing","metadata":{{"interval":"10m","window":"10m"}}}}"#
+        );
+        http_post(judge_port, &format!("/v1/flagger/{hook}"), &body)
+    };
+    let (code, body) = flagger("rollout", "svc");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("\"verdict\": \"fail\""), "{body}");
+    assert_eq!(flagger("confirm-promotion", "svc").0, 412);
+    assert_eq!(flagger("rollout", "nosuchcanary").0, 200);
+    assert_eq!(flagger("confirm-promotion", "nosuchcanary").0, 412);
+
     // Unknown workloads and unreachable data are never a pass.
     let unknown = ask(judge_port, "nosuchhash", "stablehash", "");
     assert_eq!(unknown["verdict"], "inconclusive", "{unknown:#}");
@@ -166,6 +209,23 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     assert_eq!((code, body.trim()), (400, "missing `baseline`"));
     drop(daemon);
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// (status, body) of a POST with a JSON body.
+fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: judge\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    let code = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
 /// One node's counters for one revision, as a daemon on it exports them.
