@@ -184,8 +184,8 @@ REACH = [
     ("createNamespace", {"createNamespace": True},
      lambda d: labels(one(d, "Namespace")).get("pod-security.kubernetes.io/enforce") == "privileged"),
     ("judge.enabled", {"judge": JUDGE_ON},
-     lambda d: judge(d) is not None and [s["metadata"]["name"] for s in by_kind(d, "Service")]
-     == ["canaryscope-judge", "canaryscope"]),
+     lambda d: judge(d) is not None and {s["metadata"]["name"] for s in by_kind(d, "Service")}
+     == {"canaryscope-judge", "canaryscope"}),
     ("judge.replicas", {"judge": {"enabled": True, "replicas": 3}}, lambda d: judge(d)["spec"]["replicas"] == 3),
     ("judge.prometheusUrl", {"judge": {"enabled": True, "prometheusUrl": "https://prometheus.observability.svc:9091/prom"}},
      lambda d: "--prometheus=https://prometheus.observability.svc:9091/prom" in judge_container(d)["args"]),
