@@ -3,7 +3,8 @@
 
 Subcommands
   all             every check below
-  lint            `helm lint --strict`, default and all-on values
+  lint            `helm lint --strict` and `helm install --dry-run=client` (which renders
+                  NOTES.txt too), default and all-on values
   values          every value values.yaml documents (`## @param`) is typed by
                   values.schema.json and set by a case in REACH below, which renders the
                   chart with it and finds it in the manifests; the defaults are the
@@ -490,6 +491,18 @@ def check_lint():
         try:
             dc.run_tool(a)
             ok("helm lint --strict, %s" % label)
+        except dc.RenderError as e:
+            err(str(e))
+        # `helm template` leaves NOTES.txt out; a client-side dry run renders it too.
+        a = ["helm", "install", release[0], CHART, "--namespace", release[1], "--dry-run=client"]
+        for v in values:
+            a += ["--values", v]
+        try:
+            out = dc.run_tool(a)
+            if "\nNOTES:\n" not in out or "rollout status ds/" not in out:
+                err("helm install --dry-run=client, %s: no NOTES" % label)
+            else:
+                ok("helm install --dry-run=client renders NOTES.txt, %s" % label)
         except dc.RenderError as e:
             err(str(e))
 
