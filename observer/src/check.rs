@@ -9,7 +9,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    attribution::cgroups::cgroup2_root,
+    attribution::{cgroups::cgroup2_root, kfd_memory},
     config::Families,
     discovery::hot::Policy,
     discovery::scan::host_libraries,
@@ -258,7 +258,47 @@ fn facilities(root: bool) -> Vec<Item> {
         kfd,
         if kfd { "/dev/kfd present" } else { "no /dev/kfd (amdgpu not loaded)" },
     ));
+    facilities.extend(vram_items(&kfd_memory::survey(&kfd_memory::KfdPaths::default())));
     facilities
+}
+
+/// What VRAM per pod and stranded VRAM read here, and what they cannot.
+fn vram_items(survey: &kfd_memory::Survey) -> Vec<Item> {
+    let per_pod = match survey {
+        s if !s.kfd_proc => "no /sys/class/kfd/kfd/proc (amdgpu not loaded): no VRAM per pod".to_string(),
+        s if s.processes == 0 => {
+            "/sys/class/kfd/kfd/proc read each second; no process has /dev/kfd open now".into()
+        }
+        s => {
+            let mut detail = format!(
+                "/sys/class/kfd/kfd/proc read each second: {} processes, {} with vram_<gpu_id> files",
+                s.processes, s.with_vram
+            );
+            if s.with_vram == 0 {
+                detail.push_str(" (pasid only: no GPU device, so no VRAM)");
+            }
+            if s.unreadable > 0 {
+                detail.push_str(&format!(", {} gone while read", s.unreadable));
+            }
+            detail
+        }
+    };
+    let readable: Vec<String> = survey
+        .gpus
+        .iter()
+        .map(|g| match &g.used {
+            kfd_memory::UsedMemory::MemBank(p) | kfd_memory::UsedMemory::Amdgpu(p) => {
+                format!("GPU {} from {}", g.gpu_id, p.display())
+            }
+            kfd_memory::UsedMemory::Unknown(why) => format!("GPU {}: not computed, {why}", g.gpu_id),
+        })
+        .collect();
+    let any_used = survey.gpus.iter().any(|g| g.used.path().is_some());
+    let stranded = match readable.is_empty() {
+        true => "no GPU in /sys/class/kfd/kfd/topology/nodes: no stranded VRAM".to_string(),
+        false => format!("used memory per GPU: {}", readable.join("; ")),
+    };
+    vec![item("kfd_vram", survey.kfd_proc, per_pod), item("vram_stranded", any_used, stranded)]
 }
 
 /// The GPU runtime files named and found on the host, each identified.
@@ -416,5 +456,36 @@ mod tests {
         );
         assert_eq!((off.enabled, off.pod_count()), (Some(false), 0));
         assert_eq!(parse_readiness_gate(&[]).enabled, None);
+    }
+
+    #[test]
+    fn vram_items_say_what_is_read_and_what_cannot_be() {
+        let none = vram_items(&kfd_memory::Survey::default());
+        assert_eq!((none[0].ok, none[1].ok), (false, false));
+        assert!(none[0].detail.contains("no /sys/class/kfd"), "{}", none[0].detail);
+        assert!(none[1].detail.contains("no GPU"), "{}", none[1].detail);
+        // The test VM: a process with /dev/kfd open, no GPU device.
+        let vm = kfd_memory::Survey { kfd_proc: true, processes: 1, ..Default::default() };
+        let items = vram_items(&vm);
+        assert!(items[0].ok && items[0].detail.contains("pasid only"), "{}", items[0].detail);
+        let gpus = vec![
+            kfd_memory::Gpu {
+                gpu_id: 48879,
+                used: kfd_memory::UsedMemory::Amdgpu(
+                    "/sys/class/drm/renderD128/device/mem_info_vram_used".into(),
+                ),
+            },
+            kfd_memory::Gpu { gpu_id: 1234, used: kfd_memory::UsedMemory::Unknown("no file") },
+        ];
+        let node = kfd_memory::Survey { kfd_proc: true, processes: 3, with_vram: 2, unreadable: 1, gpus };
+        let items = vram_items(&node);
+        assert!(
+            items[0].detail.contains("3 processes, 2 with vram_<gpu_id> files, 1 gone"),
+            "{}",
+            items[0].detail
+        );
+        assert!(items[1].ok);
+        assert!(items[1].detail.contains("GPU 48879 from /sys/class/drm/renderD128"), "{}", items[1].detail);
+        assert!(items[1].detail.contains("GPU 1234: not computed, no file"), "{}", items[1].detail);
     }
 }

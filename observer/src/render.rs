@@ -42,6 +42,22 @@ pub fn duration(ns: u64) -> String {
     }
 }
 
+/// 512 KiB, 300 MiB, 1.5 GiB: binary units, as GPU memory is sized.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{n} B"),
+        _ if value >= 100.0 || value.fract() < 0.05 => format!("{value:.0} {}", UNITS[unit]),
+        _ => format!("{value:.1} {}", UNITS[unit]),
+    }
+}
+
 pub fn detail(event: &Event) -> String {
     match &event.detail {
         Detail::Crash { signal, addr, library, library_offset, in_call, .. } => {
@@ -86,8 +102,12 @@ pub fn detail(event: &Event) -> String {
         Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
             format!("{runnable_threads} runnable threads, quota {quota_cores:.1} cores")
         }
-        Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
-            exit(*signal, *exit_code, *core_dumped, cause, sender.as_ref(), *kill_reason)
+        Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason, vram } => {
+            let line = exit(*signal, *exit_code, *core_dumped, cause, sender.as_ref(), *kill_reason);
+            line + &vram.as_deref().map(held_vram).unwrap_or_default()
+        }
+        Detail::GpuVramStranded { gpu, bytes, held_bytes, cause, attributed } => {
+            stranded(*gpu, *bytes, *held_bytes, *cause, *attributed)
         }
         Detail::GpuCall { api, library, function, result, duration_ns, driver_version } => {
             gpu_call(*api, library, function, *result, *duration_ns, *driver_version)
@@ -149,6 +169,31 @@ fn exit(
         why.push_str(&format!(", {}", r.as_str()));
     }
     format!("{how}: {why}")
+}
+
+/// VRAM a process left on a GPU, and whom it is put on.
+fn stranded(gpu: u32, left: u64, held: u64, cause: Option<Cause>, attributed: bool) -> String {
+    let whose = match (cause, attributed) {
+        (Some(cause), true) => format!("put on its pod (cause {})", cause.as_str()),
+        (Some(cause), false) => format!("its pod unknown (cause {}): put on the node", cause.as_str()),
+        (None, _) => "it exited without an abnormal death: put on the node".to_string(),
+    };
+    let settle = crate::pipeline::vram::SETTLE.as_secs();
+    format!(
+        "{} of VRAM still held on GPU {gpu} {settle} s after the process left it (it held {}); {whose}",
+        bytes(left),
+        bytes(held)
+    )
+}
+
+/// `; held VRAM: 2 GiB on GPU 48879` after an exit, or that it held none.
+fn held_vram(vram: &[(u32, u64)]) -> String {
+    let held: Vec<String> =
+        vram.iter().filter(|(_, b)| *b > 0).map(|(gpu, b)| format!("{} on GPU {gpu}", bytes(*b))).collect();
+    match held.is_empty() {
+        true => "; held no VRAM".to_string(),
+        false => format!("; held VRAM: {}", held.join(", ")),
+    }
 }
 
 fn gpu_call(
@@ -294,5 +339,47 @@ mod tests {
             ),
             "{l}"
         );
+    }
+
+    #[test]
+    fn an_exit_says_what_it_held_and_a_stranding_whom_it_is_put_on() {
+        assert_eq!(
+            (bytes(512), bytes(300 << 20), bytes(3 << 29), bytes(80 << 30)),
+            ("512 B".to_string(), "300 MiB".to_string(), "1.5 GiB".to_string(), "80 GiB".to_string())
+        );
+        let exit = |vram| Event {
+            origin: Origin::default(),
+            detail: Detail::Exit {
+                signal: 11,
+                exit_code: 139,
+                core_dumped: false,
+                cause: Cause::Fault,
+                sender: None,
+                kill_reason: None,
+                vram,
+            },
+        };
+        assert_eq!(detail(&exit(None)), "killed by SIGSEGV: cause fault", "no /dev/kfd: as before");
+        assert_eq!(detail(&exit(Some(vec![]))), "killed by SIGSEGV: cause fault; held no VRAM");
+        assert_eq!(
+            detail(&exit(Some(vec![(1234, 0), (48879, 2 << 30)]))),
+            "killed by SIGSEGV: cause fault; held VRAM: 2 GiB on GPU 48879"
+        );
+        let stranded = Event {
+            origin: Origin::default(),
+            detail: Detail::GpuVramStranded {
+                gpu: 48879,
+                bytes: 1 << 30,
+                held_bytes: 2 << 30,
+                cause: Some(Cause::OomKill),
+                attributed: true,
+            },
+        };
+        assert_eq!(
+            detail(&stranded),
+            "1 GiB of VRAM still held on GPU 48879 30 s after the process left it (it held 2 GiB); \
+             put on its pod (cause oom_kill)"
+        );
+        assert_eq!(stranded.kind(), "gpu_vram_stranded");
     }
 }

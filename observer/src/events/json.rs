@@ -3,6 +3,8 @@
 //! (signal and ioctl names beside their numbers, addresses in hex).
 //! `tests/data/trace-json-contract.jsonl` holds one line per kind.
 use observer_common::kfd::HwKind;
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -70,6 +72,19 @@ enum JsonDetail<'a> {
         sender_cgroup: Option<&'a str>,
         sender_scope: Option<&'static str>,
         kill_reason: Option<&'static str>,
+        /// Absent for a process that had no `/dev/kfd` open, so the lines
+        /// of every other exit read as before.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        vram_bytes: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        vram_by_gpu: Option<BTreeMap<String, u64>>,
+    },
+    GpuVramStranded {
+        gpu: u32,
+        bytes: u64,
+        held_bytes: u64,
+        cause: Option<&'static str>,
+        attributed: bool,
     },
     MemoryLimitRefusal {
         limit: &'static str,
@@ -167,8 +182,13 @@ impl<'a> JsonDetail<'a> {
             Detail::OomKill { scope, anon_rss_bytes, victims } => {
                 Self::OomKill { scope, anon_rss_bytes: *anon_rss_bytes, victims: *victims }
             }
-            Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason } => {
-                Self::exit(*signal, *exit_code, *core_dumped, cause.as_str(), sender.as_ref(), *kill_reason)
+            Detail::Exit { signal, exit_code, core_dumped, cause, sender, kill_reason, vram } => {
+                let (reason, vram) = (*kill_reason, vram.as_deref());
+                Self::exit(*signal, *exit_code, *core_dumped, cause.as_str(), sender.as_ref(), reason, vram)
+            }
+            Detail::GpuVramStranded { gpu, bytes, held_bytes, cause, attributed } => {
+                let (gpu, bytes, held_bytes, attributed) = (*gpu, *bytes, *held_bytes, *attributed);
+                Self::GpuVramStranded { gpu, bytes, held_bytes, cause: cause.map(|c| c.as_str()), attributed }
             }
             Detail::MemoryLimitRefusal { limit, syscall, requested_bytes, limit_bytes } => {
                 Self::MemoryLimitRefusal {
@@ -188,12 +208,7 @@ impl<'a> JsonDetail<'a> {
                 via,
             },
             Detail::GpuHardware { kind, function, detail, attributed } => {
-                let hardware = Hardware { function, detail, attributed: *attributed };
-                match kind {
-                    HwKind::MemoryFault => Self::GpuMemoryFault(hardware),
-                    HwKind::Reset => Self::GpuReset(hardware),
-                    HwKind::QueueEviction => Self::GpuQueueEviction(hardware),
-                }
+                Self::hardware(*kind, Hardware { function, detail, attributed: *attributed })
             }
             Detail::CpuThrottle { throttled_ns, periods, total_periods } => Self::CpuThrottle {
                 throttled_ns: *throttled_ns,
@@ -217,7 +232,17 @@ impl<'a> JsonDetail<'a> {
         }
     }
 
-    /// An exit, with its sender's fields flattened as the contract has them.
+    /// A hardware event: its kind is its own.
+    fn hardware(kind: HwKind, hardware: Hardware<'a>) -> Self {
+        match kind {
+            HwKind::MemoryFault => Self::GpuMemoryFault(hardware),
+            HwKind::Reset => Self::GpuReset(hardware),
+            HwKind::QueueEviction => Self::GpuQueueEviction(hardware),
+        }
+    }
+
+    /// An exit, with its sender's fields flattened as the contract has them,
+    /// and what it held on GPUs where it had `/dev/kfd` open.
     fn exit(
         signal: i32,
         exit_code: i32,
@@ -225,6 +250,7 @@ impl<'a> JsonDetail<'a> {
         cause: &'static str,
         sender: Option<&'a Sender>,
         kill_reason: Option<KillReason>,
+        vram: Option<&[(u32, u64)]>,
     ) -> Self {
         Self::Exit {
             signal: (signal != 0).then(|| signal_label(signal)),
@@ -237,6 +263,8 @@ impl<'a> JsonDetail<'a> {
             sender_cgroup: sender.and_then(|s| s.cgroup.as_deref()),
             sender_scope: sender.map(|s| s.scope.as_str()),
             kill_reason: kill_reason.map(KillReason::as_str),
+            vram_bytes: vram.map(|v| v.iter().map(|(_, b)| b).sum()),
+            vram_by_gpu: vram.map(|v| v.iter().map(|(g, b)| (g.to_string(), *b)).collect()),
         }
     }
 }

@@ -84,6 +84,25 @@ pub enum Detail {
         sender: Option<Sender>,
         /// For a kill by the host of a pod's container, with Kubernetes.
         kill_reason: Option<KillReason>,
+        /// What the process held per GPU (KFD's gpu_id, bytes) when it
+        /// died; `None` when it had no `/dev/kfd` open, empty when it had
+        /// no GPU device.
+        vram: Option<Vec<(u32, u64)>>,
+    },
+    /// VRAM still held on a GPU past the settle time after a process that
+    /// held it left, beyond the GPU's baseline (see `pipeline::vram`). The
+    /// origin is that process, as its exit event named it.
+    GpuVramStranded {
+        /// KFD's gpu_id.
+        gpu: u32,
+        bytes: u64,
+        /// What the process held on that GPU at its last reading.
+        held_bytes: u64,
+        /// The cause of its abnormal death; `None` when it left without one.
+        cause: Option<Cause>,
+        /// Whether the bytes are put on the origin's pod: an abnormal death
+        /// of a process whose cgroup is known.
+        attributed: bool,
     },
     /// mmap, mremap or brk refused because of RLIMIT_AS or RLIMIT_DATA
     /// (the first refusal of the process in a second; the metric counts all).
@@ -309,6 +328,7 @@ impl Event {
             Detail::CpuThrottle { .. } => "cpu_throttle",
             Detail::CpuOversubscribed { .. } => "cpu_oversubscribed",
             Detail::LibraryProbed { .. } => "library_probed",
+            Detail::GpuVramStranded { .. } => "gpu_vram_stranded",
         }
     }
 
@@ -504,6 +524,7 @@ mod tests {
                 cause: Cause::Sent,
                 sender: Some(sender),
                 kill_reason: Some(KillReason::ContainerRestart),
+                vram: None,
             },
             Detail::Exit {
                 signal: 0,
@@ -512,6 +533,7 @@ mod tests {
                 cause: Cause::Wrapped,
                 sender: None,
                 kill_reason: None,
+                vram: None,
             },
             Detail::MemoryLimitRefusal {
                 limit: MemLimit::As,
@@ -555,6 +577,38 @@ mod tests {
                 reason: "on the host".into(),
                 held_ns: None,
                 probes_after: None,
+            },
+            Detail::Exit {
+                signal: 11,
+                exit_code: 139,
+                core_dumped: true,
+                cause: Cause::Fault,
+                sender: None,
+                kill_reason: None,
+                vram: Some(vec![(1234, 0), (48879, 2 << 30)]),
+            },
+            Detail::Exit {
+                signal: 11,
+                exit_code: 139,
+                core_dumped: false,
+                cause: Cause::Fault,
+                sender: None,
+                kill_reason: None,
+                vram: Some(Vec::new()),
+            },
+            Detail::GpuVramStranded {
+                gpu: 48879,
+                bytes: 2 << 30,
+                held_bytes: 2 << 30,
+                cause: Some(Cause::Fault),
+                attributed: true,
+            },
+            Detail::GpuVramStranded {
+                gpu: 48879,
+                bytes: 1 << 30,
+                held_bytes: 3 << 30,
+                cause: None,
+                attributed: false,
             },
         ];
         details.into_iter().map(|detail| Event { origin: origin.clone(), detail }).collect()

@@ -84,6 +84,15 @@ pub struct Metrics {
     /// The canary judge's exposure per revision (start-ups, pod-seconds,
     /// process starts).
     exposure: exposure::Exposure,
+    /// VRAM per (cgroup, KFD gpu_id): a pair once above 0 stays, at 0 when
+    /// its processes hold none, until its cgroup is purged.
+    vram: BTreeMap<(u64, u32), u64>,
+    /// Stranded VRAM per GPU now (the node's gauge).
+    vram_stranded_now: Vec<(u32, u64)>,
+    /// Stranded bytes put on each revision, while it has a pod here.
+    vram_stranded: BTreeMap<RevisionKey, u64>,
+    /// Stranded bytes put on no pod.
+    vram_stranded_unattributed: u64,
     pub max_cgroups: usize,
     /// Whether a series changed since the last [`Metrics::take_changed`]:
     /// the exposition is rendered only then, so a scrape costs no rendering
@@ -201,6 +210,7 @@ impl Metrics {
                     *self.hardware.entry(*kind as u32).or_default() += 1;
                 }
             }
+            Detail::GpuVramStranded { bytes, attributed, .. } => self.vram_left(cgroup, *bytes, *attributed),
             Detail::GpuStall { .. }
             | Detail::KfdIoctl { .. }
             // Counted in the kernel, every call; records are rate-limited.
@@ -209,6 +219,37 @@ impl Metrics {
             | Detail::CpuOversubscribed { .. }
             | Detail::LibraryProbed { .. } => {}
         }
+    }
+
+    /// Stranded bytes: the revision's, when the event names a pod whose
+    /// labels are known, else the node's.
+    fn vram_left(&mut self, cgroup: u64, bytes: u64, attributed: bool) {
+        if attributed && cgroup != 0 && self.admit(cgroup) {
+            let labels = self.series_labels.get(&cgroup).map(|a| &a.labels);
+            if let Some(labels) = labels.filter(|l| **l != WorkloadLabels::default()) {
+                *self.vram_stranded.entry(revision_key(labels)).or_default() += bytes;
+                return;
+            }
+        }
+        self.vram_stranded_unattributed += bytes;
+    }
+
+    /// VRAM per (cgroup, KFD gpu_id) of live processes now.
+    pub fn set_vram(&mut self, vram: Vec<(u64, u32, u64)>) {
+        let mut now: BTreeMap<(u64, u32), u64> = self.vram.keys().map(|k| (*k, 0)).collect();
+        for (cgroup, gpu, bytes) in vram {
+            if (bytes > 0 || now.contains_key(&(cgroup, gpu))) && self.admit(cgroup) {
+                now.insert((cgroup, gpu), bytes);
+            }
+        }
+        self.changed |= now != self.vram;
+        self.vram = now;
+    }
+
+    /// Stranded VRAM per KFD gpu_id now.
+    pub fn set_vram_stranded(&mut self, stranded: Vec<(u32, u64)>) {
+        self.changed |= stranded != self.vram_stranded_now;
+        self.vram_stranded_now = stranded;
     }
 
     /// Calls in flight past the stall threshold right now.
@@ -369,12 +410,14 @@ impl Metrics {
             self.runq.retain(|(c, _)| c != cgroup);
             self.mem_limits.retain(|(k, _)| k.cgroup_id != *cgroup);
             self.cpu.retain(|(c, _)| c != cgroup);
+            self.vram.retain(|(c, _), _| c != cgroup);
         }
         if !purged.is_empty() {
             let live: HashSet<RevisionKey> =
                 self.series_labels.values().map(|a| revision_key(&a.labels)).collect();
             self.retired.keep_only(&live);
             self.exposure.keep_only(&live);
+            self.vram_stranded.retain(|k, _| live.contains(k));
         }
         purged
     }
@@ -519,6 +562,7 @@ impl Metrics {
         self.failure_families(&mut fams);
         self.exposure_families(&mut fams, view);
         self.kfd_and_hardware_families(&mut fams, &owners, view);
+        self.vram_families(&mut fams, view);
         self.memory_and_cpu_families(&mut fams, &owners, view);
         self.node_families(&mut fams);
         fams.finish();
@@ -657,6 +701,22 @@ impl Metrics {
         }
     }
 
+    /// VRAM per container, what dead processes left per revision, and per
+    /// GPU and node.
+    fn vram_families(&self, fams: &mut FamilySet, view: View) {
+        for ((cgroup, gpu), bytes) in &self.vram {
+            let gpu = gpu.to_string();
+            fams.get(&GPU_VRAM).value(&self.vals(*cgroup, &[&gpu]), *bytes as f64);
+        }
+        for (key, bytes) in &self.vram_stranded {
+            fams.get(&GPU_VRAM_STRANDED).value(&owner_labels(&retired_owner(key), view, &[]), *bytes as f64);
+        }
+        for (gpu, bytes) in &self.vram_stranded_now {
+            fams.get(&NODE_GPU_VRAM_STRANDED).value(&[&gpu.to_string()], *bytes as f64);
+        }
+        fams.get(&NODE_GPU_VRAM_STRANDED_UNATTRIBUTED).value(&[], self.vram_stranded_unattributed as f64);
+    }
+
     fn memory_and_cpu_families(&self, fams: &mut FamilySet, owners: &Owners, view: View) {
         for (k, n) in &self.mem_limits {
             let Some(limit) = MemLimit::from_u32(k.limit) else { continue };
@@ -751,6 +811,7 @@ mod tests {
                 scope: SenderScope::Host,
             }),
             kill_reason: sent.then_some(KillReason::ContainerRestart),
+            vram: None,
         }
     }
 
@@ -897,6 +958,16 @@ mod tests {
         m.record(&event(2, hw(HwKind::Reset, true)));
         m.set_stalled([(1, Api::Hip, "hipMemcpy".to_string()), (1, Api::Hip, "hipMemcpy".to_string())]);
         m.set_driver_versions(vec![(2, 12020)]);
+        m.set_vram(vec![(1, 48879, 2 << 30), (2, 1234, 0), (2, 48879, 1 << 30)]);
+        m.set_vram_stranded(vec![(1234, 0), (48879, 3 << 30)]);
+        let stranded = |attributed| Detail::GpuVramStranded {
+            gpu: 48879,
+            bytes: 1 << 30,
+            held_bytes: 2 << 30,
+            cause: Some(Cause::Fault),
+            attributed,
+        };
+
         let gk =
             |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
         m.set_gpu(vec![
@@ -955,6 +1026,9 @@ mod tests {
             3 => (WorkloadLabels::default(), Liveness::Gone),
             c => labelled(c),
         });
+        // Put on a revision once its pod's labels are known.
+        m.record(&event(1, stranded(true)));
+        m.record(&event(2, stranded(false)));
         m
     }
 
@@ -1084,5 +1158,65 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn vram_is_per_container_and_what_a_death_left_per_revision() {
+        let mut m = Metrics::new(10);
+        m.set_vram(vec![(1, 48879, 2 << 30), (1, 1234, 0)]);
+        m.refresh_labels(Duration::from_secs(60), labelled);
+        let text = m.render_text();
+        let pod =
+            r#"namespace="ml",pod="pod-1",container="worker",workload="infer",revision="abc",track="canary""#;
+        assert!(
+            text.contains(&format!("canaryscope_gpu_vram_bytes{{{pod},gpu=\"48879\"}} 2147483648\n")),
+            "{text}"
+        );
+        assert!(!text.contains("gpu=\"1234\""), "a GPU it never held memory on has no series: {text}");
+        // Freed: the series stays at 0 while the container lives.
+        m.set_vram(vec![(1, 1234, 0)]);
+        assert!(m.take_changed());
+        assert!(m.render_text().contains(&format!("canaryscope_gpu_vram_bytes{{{pod},gpu=\"48879\"}} 0\n")));
+        let stranded = |attributed| Detail::GpuVramStranded {
+            gpu: 48879,
+            bytes: 1 << 30,
+            held_bytes: 2 << 30,
+            cause: Some(Cause::Fault),
+            attributed,
+        };
+        m.record(&event(1, stranded(true)));
+        m.record(&event(1, stranded(true)));
+        m.record(&event(1, stranded(false)));
+        m.record(&event(9, stranded(true)));
+        let text = m.render_text();
+        let revision = r#"namespace="ml",workload="infer",revision="abc",track="canary""#;
+        assert!(
+            text.contains(&format!("canaryscope_gpu_vram_stranded_bytes_total{{{revision}}} 2147483648\n")),
+            "{text}"
+        );
+        // Put on no pod, and a cgroup whose labels are unknown.
+        assert!(
+            text.contains("canaryscope_node_gpu_vram_stranded_unattributed_bytes_total 2147483648\n"),
+            "{text}"
+        );
+        m.set_vram_stranded(vec![(48879, 3 << 30)]);
+        assert!(m
+            .render_text()
+            .contains("canaryscope_node_gpu_vram_stranded_bytes{gpu=\"48879\"} 3221225472\n"));
+        let gone = |_| (WorkloadLabels::default(), Liveness::Gone);
+        m.refresh_labels(Duration::ZERO, gone);
+        m.refresh_labels(Duration::ZERO, gone);
+        let text = m.render_text();
+        assert!(!text.contains("canaryscope_gpu_vram_bytes{"), "gone with its cgroup: {text}");
+        assert!(
+            !text.contains("canaryscope_gpu_vram_stranded_bytes_total{"),
+            "gone with its revision: {text}"
+        );
+    }
+
+    #[test]
+    fn the_stranded_familys_help_names_the_settle_time() {
+        let settle = format!("{} s after", crate::pipeline::vram::SETTLE.as_secs());
+        assert!(GPU_VRAM_STRANDED.help.contains(&settle), "{}", GPU_VRAM_STRANDED.help);
     }
 }

@@ -158,6 +158,7 @@ impl Recorder {
         pipeline.sample_cpu();
         let cpu = pipeline.cpu_snapshots();
         let driver_versions = pipeline.driver_versions();
+        let (vram, vram_stranded) = (pipeline.vram_by_cgroup(), pipeline.vram_stranded());
         let process_starts = pipeline.take_process_starts();
         let counters = pipeline.counters();
         let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
@@ -173,6 +174,8 @@ impl Recorder {
         metrics.set_mem_limits(mem_limits);
         metrics.set_cpu(cpu);
         metrics.set_driver_versions(driver_versions);
+        metrics.set_vram(vram);
+        metrics.set_vram_stranded(vram_stranded);
         metrics.add_process_starts(process_starts);
         // Libraries found since the start (a pod's own copy) show up too.
         metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);

@@ -30,7 +30,10 @@ use crate::{
     probes::gpu::GpuProbes,
 };
 
-use super::oom_groups::OomGroups;
+use super::{
+    oom_groups::OomGroups,
+    vram::{Stranding, VramWatch},
+};
 
 /// Victims marked but never seen exiting (e.g. started mid-kill) are
 /// forgotten past this many.
@@ -47,8 +50,13 @@ pub struct Attributor {
     records: BTreeMap<&'static str, u64>,
     /// Records that could not be decoded (a layout mismatch between the two sides).
     decode_errors: u64,
-    /// KFD's processes by pasid, for attributing GPU hardware events.
+    /// KFD's processes by pasid, for attributing GPU hardware events, and
+    /// what each holds per GPU.
     kfd: KfdProcesses,
+    /// VRAM per pod and what dead processes leave behind.
+    vram: VramWatch,
+    /// Strandings found, as events, until the pipeline hands them out.
+    stranded: Vec<Event>,
 }
 
 impl Default for Attributor {
@@ -67,6 +75,8 @@ impl Attributor {
             records: BTreeMap::new(),
             decode_errors: 0,
             kfd: KfdProcesses::default(),
+            vram: VramWatch::new(crate::attribution::kfd_memory::KfdPaths::default()),
+            stranded: Vec::new(),
         }
     }
 
@@ -124,9 +134,64 @@ impl Attributor {
     }
 
     /// Notes which processes have KFD open now, so a fault reported after
-    /// its process died is still attributed.
+    /// its process died is still attributed; reads their VRAM and the
+    /// GPUs' used memory.
     pub fn refresh_kfd_processes(&mut self) {
         self.kfd.refresh();
+        self.vram.sample(&self.kfd.listed(), std::time::Instant::now());
+        for stranding in self.vram.take_strandings() {
+            let event = self.stranding_event(stranding);
+            self.stranded.push(event);
+        }
+    }
+
+    /// VRAM found left behind since the last call.
+    pub fn due_vram_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.stranded)
+    }
+
+    /// VRAM per (cgroup id, GPU) of the live processes; cgroups that are
+    /// gone already are left out.
+    pub fn vram_by_cgroup(&self) -> Vec<(u64, u32, u64)> {
+        let mut ids: HashMap<&str, Option<u64>> = HashMap::new();
+        let mut out = Vec::new();
+        for (cgroup, gpu, bytes) in self.vram.by_cgroup() {
+            let id = *ids.entry(cgroup).or_insert_with(|| self.cgroups.id_of(cgroup));
+            if let Some(id) = id {
+                out.push((id, gpu, bytes));
+            }
+        }
+        out
+    }
+
+    /// Stranded VRAM per GPU whose used memory is read.
+    pub fn vram_stranded(&self) -> Vec<(u32, u64)> {
+        self.vram.stranded()
+    }
+
+    /// A stranding as the event `trace` prints and the metrics count: the
+    /// dead process's origin, as its exit event named it.
+    fn stranding_event(&mut self, s: Stranding) -> Event {
+        let ts_ns = self.wall_now_ns();
+        let (cause, origin) = match s.death {
+            Some((cause, origin)) => (Some(cause), Origin { ts_ns, ..origin }),
+            None => {
+                let cgroup_id = s.cgroup.as_deref().and_then(|c| self.cgroups.id_of(c)).unwrap_or(0);
+                let origin = Origin {
+                    ts_ns,
+                    pid: s.pid,
+                    tid: s.pid,
+                    comm: String::new(),
+                    cgroup_id,
+                    cgroup: s.cgroup,
+                };
+                (None, origin)
+            }
+        };
+        let attributed = cause.is_some() && origin.cgroup_id != 0;
+        let detail =
+            Detail::GpuVramStranded { gpu: s.gpu, bytes: s.bytes, held_bytes: s.held, cause, attributed };
+        Event { origin, detail }
     }
 
     /// An origin at this moment, for what no record caused.
@@ -286,6 +351,11 @@ impl Attributor {
                 (Cause::Sent, Some(o)) => Some(self.sender(&origin, o)),
                 _ => None,
             };
+            // What it held on GPUs, read before KFD removes its directory.
+            let vram = self.kfd.vram_at_exit(ev.header.pid);
+            if let Some(vram) = &vram {
+                self.vram.note_death(ev.header.pid, vram, cause, origin.clone(), std::time::Instant::now());
+            }
             out.push(Event {
                 origin,
                 detail: Detail::Exit {
@@ -296,6 +366,7 @@ impl Attributor {
                     sender,
                     // Needs the pod's state: `run` fills it in.
                     kill_reason: None,
+                    vram,
                 },
             });
         }

@@ -8,6 +8,7 @@ mod oom_groups;
 pub mod reader;
 pub mod runq_scope;
 pub mod stalls;
+pub mod vram;
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -253,8 +254,10 @@ impl Pipeline {
         }
         self.announce(&mut out);
         // handle() runs on every tick, so a group kill waiting on a
-        // straggler is sent within a tick of its wait ending.
+        // straggler is sent within a tick of its wait ending, and VRAM found
+        // left behind within a tick of the reading that found it.
         out.extend(self.attribution.due_oom_kills());
+        out.extend(self.attribution.due_vram_events());
         out
     }
 
@@ -277,6 +280,16 @@ impl Pipeline {
             *entry = (*entry).max(v.version);
         }
         by_cgroup.into_iter().collect()
+    }
+
+    /// VRAM per (cgroup id, KFD gpu_id) of live processes, read each second.
+    pub fn vram_by_cgroup(&self) -> Vec<(u64, u32, u64)> {
+        self.attribution.vram_by_cgroup()
+    }
+
+    /// Stranded VRAM per KFD gpu_id (see `vram`).
+    pub fn vram_stranded(&self) -> Vec<(u32, u64)> {
+        self.attribution.vram_stranded()
     }
 
     /// Programs started per cgroup since the last call.

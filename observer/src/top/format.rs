@@ -2,7 +2,7 @@
 //! rate or latency has no data yet. The screen and `--once` share it.
 use super::table::Row;
 
-pub const HEADERS: [&str; 11] = [
+pub const HEADERS: [&str; 12] = [
     "POD / CGROUP",
     "TRACK",
     "CALLS/s",
@@ -14,11 +14,12 @@ pub const HEADERS: [&str; 11] = [
     "OOM",
     "CRASH",
     "EXITS",
+    "VRAM",
 ];
-/// Column widths; the name column takes what is left of a 120-column line.
-pub const WIDTHS: [u16; 11] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6];
+/// Column widths; the name column takes what is left of a 123-column line.
+pub const WIDTHS: [u16; 12] = [35, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8];
 
-pub fn cells(r: &Row) -> [String; 11] {
+pub fn cells(r: &Row) -> [String; 12] {
     [
         r.name.clone(),
         r.track.clone(),
@@ -31,6 +32,7 @@ pub fn cells(r: &Row) -> [String; 11] {
         r.oom_kills.to_string(),
         r.crashes.to_string(),
         r.abnormal_exits.to_string(),
+        r.vram_bytes.map(crate::render::bytes).unwrap_or_else(dash),
     ]
 }
 
@@ -47,7 +49,7 @@ pub fn fit_tail(cell: &str, width: usize) -> String {
 
 /// The cells as the screen shows them: the name column cut as [`fit_tail`]
 /// cuts it (the terminal library would cut its tail).
-pub fn screen_cells(r: &Row) -> [String; 11] {
+pub fn screen_cells(r: &Row) -> [String; 12] {
     let mut cells = cells(r);
     cells[0] = fit_tail(&cells[0], usize::from(WIDTHS[0]));
     cells

@@ -40,6 +40,9 @@ pub struct Row {
     pub oom_kills: u64,
     pub crashes: u64,
     pub abnormal_exits: u64,
+    /// VRAM the row's live processes hold now, over all GPUs; `None` when
+    /// they never held any (or KFD is not there).
+    pub vram_bytes: Option<u64>,
 }
 
 impl Row {
@@ -66,10 +69,11 @@ pub enum SortKey {
     P99,
     Runq,
     Throttled,
+    Vram,
 }
 
 impl SortKey {
-    pub const ALL: [SortKey; 7] = [
+    pub const ALL: [SortKey; 8] = [
         SortKey::Trouble,
         SortKey::Name,
         SortKey::Calls,
@@ -77,6 +81,7 @@ impl SortKey {
         SortKey::P99,
         SortKey::Runq,
         SortKey::Throttled,
+        SortKey::Vram,
     ];
 
     pub fn next(self) -> Self {
@@ -93,6 +98,7 @@ impl SortKey {
             SortKey::P99 => "p99",
             SortKey::Runq => "runq",
             SortKey::Throttled => "throttled",
+            SortKey::Vram => "vram",
         }
     }
 }
@@ -110,6 +116,7 @@ pub fn sort(rows: &mut [Row], key: SortKey) {
             SortKey::P99 => opt(b.gpu_call_p99_s).total_cmp(&opt(a.gpu_call_p99_s)),
             SortKey::Runq => opt(b.runq_p99_s).total_cmp(&opt(a.runq_p99_s)),
             SortKey::Throttled => opt(b.throttled_pct).total_cmp(&opt(a.throttled_pct)),
+            SortKey::Vram => b.vram_bytes.cmp(&a.vram_bytes),
         };
         by.then_with(|| a.name.cmp(&b.name))
     });
@@ -135,6 +142,8 @@ struct Sums {
     exits: f64,
     periods: f64,
     throttled: f64,
+    /// VRAM over the row's GPUs; `None` without a series.
+    vram: Option<f64>,
     /// Cumulative bucket counts by upper bound, summed over the row's series.
     call_buckets: BTreeMap<u64, f64>,
     runq_buckets: BTreeMap<u64, f64>,
@@ -165,6 +174,7 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
     let exits = full(&catalog::ABNORMAL_EXITS);
     let periods = full(&catalog::CPU_PERIODS);
     let throttled = full(&catalog::CPU_THROTTLED_PERIODS);
+    let vram = full(&catalog::GPU_VRAM);
     let call_buckets = format!("{}_bucket", full(&catalog::GPU_API_CALL_DURATION));
     let runq_buckets = format!("{}_bucket", full(&catalog::CPU_RUNQUEUE_LATENCY));
     let workload_families = [
@@ -176,6 +186,7 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
         &exits,
         &periods,
         &throttled,
+        &vram,
         &call_buckets,
         &runq_buckets,
     ];
@@ -214,6 +225,7 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
             n if *n == exits => row.exits += v,
             n if *n == periods => row.periods += v,
             n if *n == throttled => row.throttled += v,
+            n if *n == vram => *row.vram.get_or_insert(0.0) += v,
             n if *n == call_buckets => bucket(&mut row.call_buckets),
             _ => bucket(&mut row.runq_buckets),
         }
@@ -273,6 +285,7 @@ pub fn rows(now: &Reading, before: Option<&Reading>) -> Vec<Row> {
             row.oom_kills = s.ooms as u64;
             row.crashes = s.crashes as u64;
             row.abnormal_exits = s.exits as u64;
+            row.vram_bytes = s.vram.map(|v| v as u64);
             if let Some((p, dt)) = prev {
                 let zero = Sums::default();
                 let p = p.unwrap_or(&zero);
@@ -325,6 +338,8 @@ mod tests {
                  canaryscope_cpu_throttled_periods_total{{{POD}}} 4\n\
                  canaryscope_oom_kills_total{{{POD},scope=\"memcg\"}} 1\n\
                  canaryscope_abnormal_exits_total{{{POD},signal=\"SIGKILL\",cause=\"oom_kill\",sender_scope=\"none\",kill_reason=\"none\"}} 1\n\
+                 canaryscope_gpu_vram_bytes{{{POD},gpu=\"48879\"}} 1073741824\n\
+                 canaryscope_gpu_vram_bytes{{{POD},gpu=\"1234\"}} 536870912\n\
                  canaryscope_gpu_api_calls_total{{namespace=\"\",pod=\"\",container=\"\",workload=\"/system.slice/x.service\",revision=\"\",track=\"\",api=\"hip\",function=\"hipInit\",result=\"hipErrorNoDevice\"}} 1\n\
                  canaryscope_probe_attached{{probe=\"p\",target=\"t\"}} 1\n"
             ),
@@ -339,12 +354,14 @@ mod tests {
         assert_eq!(pod.throttled_pct, Some(40.0));
         assert_eq!(pod.oom_kills, 1);
         assert_eq!(pod.abnormal_exits, 1);
+        assert_eq!(pod.vram_bytes, Some(1536 << 20), "over both GPUs");
         // All six new calls fell between 1 and 2 ms.
         let p99 = pod.gpu_call_p99_s.expect("calls in the window");
         assert!((p99 - 0.00199).abs() < 1e-9, "{p99}");
         assert_eq!(pod.runq_p99_s, None);
         let cgroup = rows.iter().find(|r| r.name == "/system.slice/x.service").expect("cgroup row");
         assert_eq!(cgroup.gpu_failures, 1);
+        assert_eq!(cgroup.vram_bytes, None, "no VRAM series, no figure");
         assert!(cgroup.matches("/system.slice"));
         assert!(pod.matches("inference") && pod.matches("inference/w") && !pod.matches("other"));
         // One reading alone has totals but no rates.
