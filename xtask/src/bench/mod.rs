@@ -37,6 +37,10 @@
 //!   after q in a terminal (top_quit.rs), the kernel's release of the
 //!   probes behind them, with HIP only and with libcuda copies, by link
 //!   kind; the daemon's exit after SIGTERM with ten files probed.
+//! - `judge` (judge.rs): the canary judge's statistics by simulation, not
+//!   timed: false rollbacks at equal rates and 5x canaries failed, over
+//!   10,000 analyses of 10 looks at a 25% and a 10% canary share
+//!   (`canaryscope judge --simulate`).
 //!
 //! What the cases share: the processes they start (process.rs), the
 //! daemon and its /metrics (daemon.rs), the peers (peers.rs), BPF program
@@ -72,6 +76,7 @@ mod detection;
 mod first_call;
 mod footprint;
 mod gpu_calls;
+mod judge;
 mod launch_loop;
 mod peers;
 mod process;
@@ -123,6 +128,8 @@ pub enum Case {
     /// What stopping `trace` costs with real libraries probed: the prompt,
     /// and the kernel's release behind it.
     Stop,
+    /// The canary judge's false-rollback and detection shares, simulated.
+    Judge,
 }
 
 /// A case pushes its rows as it goes, so an error keeps what was measured.
@@ -283,7 +290,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 7] = [
+    let cases: [(Case, &str, CaseFn); 8] = [
         (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
         (Case::LaunchLoop, "launch_bound_loop", launch_loop::launch_case),
         (Case::FirstCall, "first_call", first_call::first_call_case),
@@ -291,6 +298,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (Case::Stop, "stop", stop::stop_case),
         (Case::Sched, "sched_overhead", sched::sched_case),
         (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),
+        (Case::Judge, "judge", judge::judge_case),
     ];
     for (case, name, f) in cases {
         let run_it = if case == Case::Detection {

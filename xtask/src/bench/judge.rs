@@ -1,0 +1,133 @@
+//! `judge`: what the canary judge's rules cost and buy, by simulation (not
+//! timed). The release binary's hidden `canaryscope judge --simulate
+//! --canary-share X` runs 10,000 analyses of 10 looks each, judged at every
+//! look with the default policy, and prints its self-describing JSON
+//! report (observer/src/judge/simulate.rs); this case reads it into rows.
+//!
+//! Targets (issue #30), at a canary share of 25%:
+//! - canary rate = baseline rate: at most 1% of analyses fail (false
+//!   rollbacks);
+//! - canary at 5x the baseline's rate, about 20 baseline events over the
+//!   analysis: at least 90% fail, printed as at most 10% not failed, since
+//!   the report's targets are limits.
+//!
+//! The same figures at a 10% share are reported, with the false-rollback
+//! target only (the issue sets detection's for 25%). The quick run
+//! simulates the 25% share only.
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::{Env, Plan, Row, Target};
+
+/// False rollbacks at equal rates, at most this share of analyses (%).
+const FALSE_ROLLBACK_TARGET: f64 = 1.0;
+/// 5x canaries failed, at least this share of analyses (%).
+const DETECTION_TARGET: f64 = 90.0;
+/// The share the issue sets the detection target at.
+const TARGET_SHARE: f64 = 0.25;
+
+pub(super) fn judge_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
+    let shares: &[f64] = if plan.quick { &[TARGET_SHARE] } else { &[TARGET_SHARE, 0.10] };
+    for &share in shares {
+        let report = simulate(env, share)?;
+        for case in report["cases"].as_array().context("the report has no cases")? {
+            out.push(row(&report, case, share)?);
+        }
+    }
+    Ok(())
+}
+
+/// The binary's report for one canary share.
+fn simulate(env: &Env, share: f64) -> Result<Value> {
+    let output = Command::new(&env.bin)
+        .args(["judge", "--simulate", "--canary-share", &share.to_string()])
+        .output()
+        .with_context(|| format!("{} judge --simulate", env.bin.display()))?;
+    if !output.status.success() {
+        bail!("canaryscope judge --simulate failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    let report: Value =
+        serde_json::from_slice(&output.stdout).context("canaryscope judge --simulate: JSON")?;
+    let reported = report["canary_share"].as_f64();
+    if reported.is_none_or(|r| (r - share).abs() > 1e-9) {
+        bail!("asked for a canary share of {share}, the report says {reported:?}");
+    }
+    Ok(report)
+}
+
+/// One row per simulated scenario: the share of analyses failed, the
+/// median looks, and the target where the issue sets one.
+fn row(report: &Value, case: &Value, share: f64) -> Result<Row> {
+    let name = case["name"].as_str().context("a case without a name")?;
+    let failed = 100.0 * case["failed_share"].as_f64().context("no failed_share")?;
+    let passed = 100.0 * case["passed_share"].as_f64().context("no passed_share")?;
+    let mut r = Row::new(&format!("judge_{name}_share{:.0}", share * 100.0), "% of analyses failed");
+    r.canaryscope = Some(failed);
+    r.ratio("passed_%", Some(passed));
+    r.ratio("median_looks_to_decision", case["median_looks_to_decision"].as_f64());
+    r.ratio("median_looks_to_fail", case["median_looks_to_fail"].as_f64());
+    let comparison = case["target"]["comparison"].as_str();
+    r.target = match comparison {
+        Some("at_most") => Some(Target::new(
+            &format!("false rollbacks ≤ {FALSE_ROLLBACK_TARGET}%"),
+            FALSE_ROLLBACK_TARGET,
+            Some(failed),
+            "%",
+        )),
+        Some("at_least") if (share - TARGET_SHARE).abs() < 1e-9 => Some(Target::new(
+            &format!("≥ {DETECTION_TARGET}% failed: not failed ≤ {}%", 100.0 - DETECTION_TARGET),
+            100.0 - DETECTION_TARGET,
+            Some(100.0 - failed),
+            "% not failed",
+        )),
+        _ => None,
+    };
+    if comparison == Some("at_least") && r.target.is_none() {
+        r.notes.push(format!(
+            "reported only: the issue sets the detection target at a {}% share",
+            TARGET_SHARE * 100.0
+        ));
+    }
+    r.notes.push(format!(
+        "{} ({} analyses of {} looks on {} nodes, alpha {}, tolerated ratio {})",
+        case["description"].as_str().unwrap_or("?"),
+        report["analyses"],
+        report["looks"],
+        report["nodes"],
+        report["alpha"],
+        report["tolerated_ratio"],
+    ));
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(name: &str, failed: f64, comparison: Option<&str>) -> Value {
+        serde_json::json!({
+            "name": name,
+            "description": "d",
+            "failed_share": failed,
+            "passed_share": 1.0 - failed,
+            "median_looks_to_decision": 10.0,
+            "median_looks_to_fail": null,
+            "target": comparison.map(|c| serde_json::json!({"comparison": c, "failed_share": 0.9, "met": true})),
+        })
+    }
+
+    #[test]
+    fn rows_carry_the_targets_as_limits() {
+        let report = serde_json::json!({"analyses": 10, "looks": 10, "nodes": 3, "alpha": 0.05, "tolerated_ratio": 1.5});
+        let r = row(&report, &case("pod_seconds_equal_rates", 0.002, Some("at_most")), 0.25).expect("row");
+        assert_eq!(r.name, "judge_pod_seconds_equal_rates_share25");
+        assert!(r.target.as_ref().expect("target").verdict().starts_with("met"));
+        let r = row(&report, &case("pod_seconds_detection", 0.86, Some("at_least")), 0.25).expect("row");
+        let verdict = r.target.as_ref().expect("target").verdict();
+        assert!(verdict.starts_with("missed"), "{verdict}");
+        let r = row(&report, &case("pod_seconds_detection", 0.5, Some("at_least")), 0.10).expect("row");
+        assert!(r.target.is_none() && r.notes.iter().any(|n| n.contains("25% share")), "{:?}", r.notes);
+    }
+}
