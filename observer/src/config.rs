@@ -80,6 +80,24 @@ impl Families {
     }
 }
 
+/// An `http://host[:port][/path]` URL as host (IPv6 without brackets),
+/// port (80 when absent) and path (empty when absent); `None` when it is
+/// not one. What `top --from` and the judge's `--prometheus` take.
+pub fn parse_http_url(url: &str) -> Option<(String, u16, String)> {
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal keeps its brackets; its colons are not a port.
+        Some((h, p)) if !p.contains(']') => (h, p.parse().ok()?),
+        _ => (authority, 80),
+    };
+    let host = host.trim_matches(['[', ']']);
+    (!host.is_empty()).then(|| (host.to_string(), port, path.to_string()))
+}
+
 /// Parses the exporter's address; `:9464` is every interface.
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, String> {
     // Accept ":9464" as shorthand for all interfaces.

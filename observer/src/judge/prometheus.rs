@@ -46,20 +46,9 @@ pub struct Sample {
 impl Prometheus {
     /// `http://host[:port][/prefix]`.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let bad = || format!("--prometheus {url}: expected http://HOST[:PORT][/PREFIX]");
-        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
-        let (authority, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !p.contains(']') => (h, p.parse().map_err(|_| bad())?),
-            _ => (authority, 80),
-        };
-        if host.is_empty() {
-            return Err(bad());
-        }
-        Ok(Self { host: host.trim_matches(['[', ']']).to_string(), port, prefix: prefix.to_string() })
+        let (host, port, path) = crate::config::parse_http_url(url)
+            .ok_or_else(|| format!("--prometheus {url}: expected http://HOST[:PORT][/PREFIX]"))?;
+        Ok(Self { host, port, prefix: path.trim_end_matches('/').to_string() })
     }
 
     pub fn url(&self) -> String {

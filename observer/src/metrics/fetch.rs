@@ -34,22 +34,10 @@ impl Target {
     /// Parses `http://host[:port][/path]`; the path defaults to `/metrics`,
     /// the port to 80.
     pub fn parse(url: &str) -> Result<Self, FetchError> {
-        let bad = || FetchError::BadUrl(url.to_string());
-        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (host, port) = match authority.rsplit_once(':') {
-            // An IPv6 literal keeps its brackets; its colons are not a port.
-            Some((h, p)) if !p.contains(']') => (h, p.parse().map_err(|_| bad())?),
-            _ => (authority, 80),
-        };
-        if host.is_empty() {
-            return Err(bad());
-        }
-        let path = if path.is_empty() || path == "/" { "/metrics" } else { path };
-        Ok(Self { host: host.trim_matches(['[', ']']).to_string(), port, path: path.to_string() })
+        let (host, port, path) =
+            crate::config::parse_http_url(url).ok_or_else(|| FetchError::BadUrl(url.to_string()))?;
+        let path = if path.is_empty() || path == "/" { "/metrics".to_string() } else { path };
+        Ok(Self { host, port, path })
     }
 
     fn url(&self) -> String {
