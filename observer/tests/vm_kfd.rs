@@ -1,6 +1,8 @@
 //! The KFD path on a stock kernel with amdgpu (the test VM: Debian 6.1,
 //! kprobes, /dev/kfd with one CPU-only node). The real HIP runtime issues
-//! real KFD ioctls, some of which fail, and then crashes in hipMalloc.
+//! real KFD ioctls, some of which fail, and then crashes in hipMalloc. Its
+//! entry in KFD's process table has a pasid and no GPU device: its VRAM
+//! reads as none, not as an error.
 mod support;
 
 use std::{path::Path, process::Command, time::Duration};
@@ -19,9 +21,11 @@ fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
     let probe = fixture("hip_probe");
     let tracer = Tracer::start(&["--all"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    // Long enough after /dev/kfd is open for a read of KFD's table (each
+    // second) to find the process, before it crashes.
     let child = pod
         .command(&probe)
-        .arg("--malloc")
+        .args(["--sleep-after-init", "2500", "--malloc"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn hip_probe");
@@ -53,6 +57,13 @@ fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
         assert!(crash["library"].as_str().is_some_and(|l| l.contains("libamdhip64")), "{crash}");
         assert_eq!(crash["in_call"], "hipMalloc");
         assert_eq!(crash["cgroup"], pod.rel.as_str());
+        // KFD listed it with its pasid only: it held no VRAM, and the exit
+        // says so (a process without /dev/kfd has no such fields).
+        let exit = tracer.wait_for("its exit", Duration::from_secs(20), |e| {
+            e["kind"] == "exit" && e["pid"] == pid && e["cause"] == "fault"
+        });
+        assert_eq!(exit["vram_bytes"], 0, "{exit}");
+        assert_eq!(exit["vram_by_gpu"], serde_json::json!({}), "{exit}");
     }
     let (_, events) = tracer.stop();
     let mut seen: Vec<String> = events
@@ -82,4 +93,12 @@ fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
     let hw: Vec<_> = probes.iter().filter(|p| p["probe"] == "gpu_hw").collect();
     assert!(!hw.is_empty(), "fault/reset/eviction hooks listed: {report:#}");
     assert!(hw.iter().all(|p| p["attached"] == true), "{hw:#?}");
+    // VRAM per pod reads KFD's process table; with no GPU device there is
+    // no used memory to find stranded VRAM in.
+    let facilities = report["facilities"].as_array().cloned().unwrap_or_default();
+    let facility = |name: &str| facilities.iter().find(|f| f["name"] == name).cloned();
+    let vram = facility("kfd_vram").unwrap_or_else(|| panic!("no kfd_vram in {report:#}"));
+    assert_eq!(vram["ok"], true, "{vram}");
+    let stranded = facility("vram_stranded").unwrap_or_else(|| panic!("no vram_stranded in {report:#}"));
+    assert!(stranded["detail"].as_str().is_some_and(|d| d.contains("no GPU")), "{stranded}");
 }
