@@ -16,8 +16,9 @@ pub const HEADERS: [&str; 12] = [
     "EXITS",
     "VRAM",
 ];
-/// Column widths; the name column takes what is left of a 123-column line.
-pub const WIDTHS: [u16; 12] = [35, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8];
+/// Column widths: 132 columns with the separators. The name column fits a
+/// pod's uid (36), which names a row without Kubernetes.
+pub const WIDTHS: [u16; 12] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8];
 
 pub fn cells(r: &Row) -> [String; 12] {
     [
