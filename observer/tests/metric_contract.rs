@@ -144,6 +144,8 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
         "canaryscope_node_gpu_memory_faults_total",
         "canaryscope_node_gpu_resets_total",
         "canaryscope_node_gpu_queue_evictions_total",
+        // 0 here: no KFD, so no VRAM per pod and no GPU to strand it on.
+        "canaryscope_node_gpu_vram_stranded_unattributed_bytes_total",
     ] {
         assert!(has(&metrics, family, &[]), "no {family}:\n{metrics}");
     }
