@@ -197,9 +197,15 @@ impl VramWatch {
     /// An abnormal death of a process KFD listed, with what it held as read
     /// at its exit (fresher than the last second's reading).
     pub fn note_death(&mut self, pid: u32, vram: &Vram, cause: Cause, origin: Origin, now: Instant) {
-        if vram.iter().any(|(_, b)| *b > 0) {
-            let cgroup = self.holders.remove(&pid).and_then(|h| h.cgroup).or_else(|| origin.cgroup.clone());
-            self.holders.insert(pid, Holder { cgroup, vram: vram.clone() });
+        match self.holders.get_mut(&pid) {
+            // What it holds at its death is what it can leave behind: none
+            // when it freed its memory itself.
+            Some(holder) => holder.vram.clone_from(vram),
+            // Allocated since the last reading (or never read).
+            None if vram.iter().any(|(_, b)| *b > 0) => {
+                self.holders.insert(pid, Holder { cgroup: origin.cgroup.clone(), vram: vram.clone() });
+            }
+            None => {}
         }
         self.deaths.insert(pid, Death { cause, origin, at: now, departed: false });
     }
