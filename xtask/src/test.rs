@@ -109,7 +109,8 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     }
     let deploy_check = root().join("deploy/check.sh");
     if deploy_check.exists() {
-        let what = "deploy/: the Helm chart and its renders, promtool rules, alert unit tests, manifest validation";
+        let what =
+            "deploy/: the Helm chart and its renders, promtool rules, alert unit tests, manifest validation";
         inline_or_beside("deploy-check", what, Command::new(deploy_check))?;
     }
     if !args.no_image {
