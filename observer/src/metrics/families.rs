@@ -78,6 +78,11 @@ impl Family {
         self.inner.mut_metric().push(m);
     }
 
+    /// The family with every series added (the label fuzzer encodes it whole).
+    pub fn finish(self) -> MetricFamily {
+        self.inner
+    }
+
     /// A kernel latency histogram in its log2 buckets, with the total of the
     /// observed durations in nanoseconds as the sum.
     pub fn latency(&mut self, values: &[&str], h: &LatencyHistogram) {
