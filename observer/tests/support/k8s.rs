@@ -48,6 +48,33 @@ pub fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -
     })
 }
 
+/// `pod` with these containers instead of its one: `(name, containerID)`,
+/// the ID as the kubelet reports it (`containerd://<id>`, `cri-o://<id>`),
+/// in this order, all running.
+pub fn with_containers(mut pod: Value, containers: &[(&str, String)]) -> Value {
+    pod["spec"]["containers"] =
+        containers.iter().map(|(name, _)| json!({"name": name, "image": format!("{name}:1")})).collect();
+    pod["status"]["containerStatuses"] = containers
+        .iter()
+        .map(|(name, id)| {
+            json!({"name": name, "containerID": id, "image": format!("{name}:1"), "imageID": "",
+                   "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}})
+        })
+        .collect();
+    pod
+}
+
+/// Hands `pods` to the stand-in API server, as the scheduler's binding
+/// does: the watch of a daemon already running brings them to it.
+pub fn add_pods(api_port: u16, pods: &[&Value]) {
+    control(
+        api_port,
+        "POST",
+        "/control/pods",
+        &Value::Array(pods.iter().map(|p| (*p).clone()).collect()).to_string(),
+    );
+}
+
 /// Starts the stand-in API server on `port` (a free one for `None`), with
 /// `pods` stored from the start when given.
 #[expect(clippy::zombie_processes, reason = "the child is owned by Proc, whose Drop kills and waits")]

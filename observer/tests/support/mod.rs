@@ -323,12 +323,59 @@ pub fn cgroup2_root() -> PathBuf {
         .expect("a cgroup2 mount")
 }
 
-/// A cgroup2 directory shaped like a kubelet (systemd driver) + containerd
-/// container, removed on drop.
+/// How the kubelet's cgroup driver and the container runtime name a
+/// container's cgroup (see observer/src/attribution/cgroup_path.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// systemd driver, containerd: `.../kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope`.
+    SystemdContainerd,
+    /// systemd driver, CRI-O: `.../kubepods-burstable-pod<uid_>.slice/crio-<id>.scope`.
+    SystemdCrio,
+    /// cgroupfs driver, containerd: `/kubepods/burstable/pod<uid>/<id>`.
+    CgroupfsContainerd,
+    /// cgroupfs driver, CRI-O: `/kubepods/burstable/pod<uid>/crio-<id>`.
+    CgroupfsCrio,
+}
+
+impl Layout {
+    /// The directories from the cgroup2 root down to the container's.
+    fn parts(self, pod_uid: &str, container_id: &str) -> Vec<String> {
+        let systemd_uid = pod_uid.replace('-', "_");
+        let systemd_pod = [
+            "kubepods.slice".to_string(),
+            "kubepods-burstable.slice".to_string(),
+            format!("kubepods-burstable-pod{systemd_uid}.slice"),
+        ];
+        let cgroupfs_pod = ["kubepods".to_string(), "burstable".to_string(), format!("pod{pod_uid}")];
+        let (pod, container) = match self {
+            Self::SystemdContainerd => (systemd_pod, format!("cri-containerd-{container_id}.scope")),
+            Self::SystemdCrio => (systemd_pod, format!("crio-{container_id}.scope")),
+            Self::CgroupfsContainerd => (cgroupfs_pod, container_id.to_string()),
+            Self::CgroupfsCrio => (cgroupfs_pod, format!("crio-{container_id}")),
+        };
+        pod.into_iter().chain([container]).collect()
+    }
+
+    /// The `containerID` the kubelet reports for this runtime.
+    pub fn container_id_uri(self, container_id: &str) -> String {
+        match self {
+            Self::SystemdContainerd | Self::CgroupfsContainerd => format!("containerd://{container_id}"),
+            Self::SystemdCrio | Self::CgroupfsCrio => format!("cri-o://{container_id}"),
+        }
+    }
+}
+
+/// A cgroup2 directory shaped like a kubelet + container runtime container
+/// (systemd driver and containerd unless told otherwise), removed on drop.
+/// Directories above it that another `PodCgroup` made stay theirs: a pod's
+/// second container must be dropped before its first.
 pub struct PodCgroup {
     /// Path below the cgroup2 root, as canaryscope reports it.
     pub rel: String,
     pub dir: PathBuf,
+    layout: Layout,
+    pod_uid: String,
+    container_id: String,
     created: Vec<PathBuf>,
     v1_dirs: Vec<PathBuf>,
     created_v1: Vec<PathBuf>,
@@ -336,15 +383,13 @@ pub struct PodCgroup {
 
 impl PodCgroup {
     pub fn new(pod_uid: &str, container_id: &str) -> Self {
-        let root = cgroup2_root();
-        let uid = pod_uid.replace('-', "_");
-        let parts = [
-            "kubepods.slice".to_string(),
-            "kubepods-burstable.slice".to_string(),
-            format!("kubepods-burstable-pod{uid}.slice"),
-            format!("cri-containerd-{container_id}.scope"),
-        ];
-        let mut dir = root.clone();
+        Self::with_layout(Layout::SystemdContainerd, pod_uid, container_id)
+    }
+
+    /// The container's cgroup as `layout` names it.
+    pub fn with_layout(layout: Layout, pod_uid: &str, container_id: &str) -> Self {
+        let parts = layout.parts(pod_uid, container_id);
+        let mut dir = cgroup2_root();
         let mut created = Vec::new();
         for p in &parts {
             dir.push(p);
@@ -358,6 +403,9 @@ impl PodCgroup {
         Self {
             rel: format!("/{}", parts.join("/")),
             dir,
+            layout,
+            pod_uid: pod_uid.to_string(),
+            container_id: container_id.to_string(),
             created,
             v1_dirs: Vec::new(),
             created_v1: Vec::new(),
@@ -370,9 +418,36 @@ impl PodCgroup {
         fs::metadata(&self.dir).expect("cgroup").ino()
     }
 
+    /// The kubelet's restart of this container: its cgroup is removed (its
+    /// processes must have exited) and the new container's is made in the
+    /// same pod, whose cgroup stays. The directories above pass to the new
+    /// one, which removes them on drop.
+    pub fn restarted(mut self, container_id: &str) -> Self {
+        assert_eq!(self.created.last(), Some(&self.dir), "a container's cgroup made here");
+        self.created.pop();
+        remove_dir_waiting(&self.dir);
+        assert!(!self.dir.exists(), "{} still there: its processes have not left", self.dir.display());
+        let parts = self.layout.parts(&self.pod_uid, container_id);
+        let name = parts.last().expect("a container's directory");
+        let dir = self.dir.parent().expect("the pod's cgroup").join(name);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let mut created = std::mem::take(&mut self.created);
+        created.push(dir.clone());
+        Self {
+            rel: format!("/{}", parts.join("/")),
+            dir,
+            layout: self.layout,
+            pod_uid: self.pod_uid.clone(),
+            container_id: container_id.to_string(),
+            created,
+            v1_dirs: Vec::new(),
+            created_v1: Vec::new(),
+        }
+    }
+
     /// The 12-character container id the exporter labels series with.
     pub fn short_container_id(&self) -> String {
-        self.rel.rsplit("cri-containerd-").next().map(|s| s[..12].to_string()).unwrap_or_default()
+        self.container_id.chars().take(12).collect()
     }
 
     /// A command whose process joins this cgroup (and its v1 limit
@@ -451,14 +526,19 @@ impl PodCgroup {
 impl Drop for PodCgroup {
     fn drop(&mut self) {
         for dir in self.created.iter().rev().chain(self.created_v1.iter().rev()) {
-            // Processes may take a moment to leave after exiting.
-            for _ in 0..50 {
-                if fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
+            remove_dir_waiting(dir);
         }
+    }
+}
+
+/// Removes an empty cgroup directory, giving the processes that exited
+/// in it a second to leave.
+fn remove_dir_waiting(dir: &Path) {
+    for _ in 0..50 {
+        if fs::remove_dir(dir).is_ok() || !dir.exists() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
     }
 }
 

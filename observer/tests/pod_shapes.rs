@@ -1,0 +1,417 @@
+//! Pods as users run them, each made in the order a node meets it: the
+//! daemon runs (as the DaemonSet runs it, without `--hold`), the pod reaches
+//! the stand-in API server, and only then does the kubelet make its cgroups
+//! and start its processes. Nothing waits for the daemon to have seen the
+//! pod. A sidecar beside a GPU container, the CRI-O and cgroupfs cgroup
+//! layouts, a `tty: true` container, and a container restarted in a new
+//! cgroup through the readiness gate.
+//!
+//! The workers `dlopen` a runtime file no daemon has seen (a fresh copy)
+//! and call `cuInit` at once: in a canary pod such a process is held at
+//! the mapping until the copy is probed, which the daemon's announcement
+//! says (`held until probed`), so its first call is counted by design, not
+//! by luck. Without a GPU here, `cuInit` fails.
+mod support;
+
+use std::{
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use support::{k8s::*, *};
+
+const WAIT: Duration = Duration::from_secs(20);
+const GATE: &str = "canaryscope.io/gpu-runtime";
+
+/// A node: the stand-in API server with no pods yet, and the daemon on
+/// node-a watching it, started in that order.
+struct Node {
+    dir: PathBuf,
+    api_port: u16,
+    daemon: Daemon,
+    _api: Proc,
+}
+
+impl Node {
+    fn start() -> Self {
+        let dir = scratch_dir();
+        let (api, api_port) = start_apiserver(&dir, None);
+        let kubeconfig = write_kubeconfig(&dir, api_port);
+        let daemon =
+            Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+        Self { dir, api_port, daemon, _api: api }
+    }
+
+    /// A copy of the minimal ZLUDA-shaped library (`cuInit` over the real
+    /// HIP runtime) that no daemon has seen: a new inode.
+    fn fresh_runtime(&self, tag: &str) -> PathBuf {
+        fixture("cuda_first"); // builds the library
+        fixture("gpu_dlopen");
+        let dir = self.dir.join(tag);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let copy = dir.join("libcuda.so.1");
+        std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &copy).expect("copy the library");
+        copy
+    }
+
+    /// The daemon's announcement of `lib`'s probes; they exist once it is out.
+    fn announcement(&self, lib: &Path) -> String {
+        self.daemon.wait_stderr_line(&format!("probing {}", lib.display()), WAIT)
+    }
+
+    /// The /metrics/pods line of `function`'s init failures in pod `pod`,
+    /// once the daemon knows the pod by name; then every label comes from
+    /// the pod the API server gave.
+    fn init_failures(&self, pod: &str, function: &str) -> String {
+        self.daemon.wait_pod_metric(&format!("{function} failing in {pod}"), WAIT, |l| {
+            l.starts_with("canaryscope_gpu_init_failures_total{")
+                && l.contains(&format!("pod=\"{pod}\""))
+                && l.contains(&format!("function=\"{function}\""))
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A canary pod of node-a (track canary, revision `canaryhash`) with these
+/// containers, each `(name, containerID)`.
+fn canary_pod(name: &str, uid: &str, containers: &[(&str, String)]) -> Value {
+    with_containers(pod(name, uid, "unused", "canary", "canaryhash"), containers)
+}
+
+/// The value of label `name` in an exposition line.
+fn label<'a>(line: &'a str, name: &str) -> &'a str {
+    let start = format!("{name}=\"");
+    line.split_once(&start)
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(value, _)| value)
+        .unwrap_or_else(|| panic!("no {name} label in {line}"))
+}
+
+/// A command in a new session: no controlling terminal, as a container's
+/// first process has unless its spec says `tty: true`.
+fn detached(mut command: Command) -> Command {
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    command
+}
+
+/// `gpu_dlopen LIB` in `cg` without a terminal: it maps the runtime file
+/// and calls `cuInit` at once. Returns its pid.
+fn dlopen_at_once(cg: &PodCgroup, lib: &Path) -> u64 {
+    let mut command = cg.command(&fixture("gpu_dlopen"));
+    command.arg(lib);
+    let out = detached(command).output().expect("gpu_dlopen");
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("init=101"), "cuInit fails without a GPU: {stdout}");
+    out_pid(&out.stdout)
+}
+
+/// Runs `command` to its end as its parent, told of every stop and
+/// continue as a shell's job control is (`waitpid` with `WUNTRACED |
+/// WCONTINUED`): its wait status and how many times it was stopped.
+#[expect(clippy::zombie_processes, reason = "reaped by the waitpid here, which std cannot see")]
+fn run_counting_stops(mut command: Command) -> (i32, usize) {
+    let child = command.stdout(Stdio::null()).spawn().expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut stops = 0;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, which nothing else waits for.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED | libc::WCONTINUED) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "waitpid {pid}: {e}");
+            continue;
+        }
+        if libc::WIFSTOPPED(status) {
+            stops += 1;
+        } else if !libc::WIFCONTINUED(status) {
+            return (status, stops);
+        }
+    }
+}
+
+/// A canary pod with two containers: `worker`, whose process calls the GPU
+/// runtime and fails its init, and `sidecar` (a log shipper, a proxy),
+/// which never touches the GPU. The worker's failure is its container's;
+/// the sidecar gets no GPU series, and its process, though it maps
+/// libraries in a pod whose processes the daemon holds, is never stopped:
+/// only the mapping of a GPU runtime file holds a process.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_sidecar_beside_a_gpu_container_gets_no_gpu_series_and_is_never_held() {
+    assert_root();
+    let node = Node::start();
+    let (uid, worker_id, sidecar_id) = (random_pod_uid(), random_hex(64), random_hex(64));
+    let name = "infer-canaryhash-sidecar";
+    // The sidecar comes first in the spec, as injected sidecars often do.
+    let spec = canary_pod(
+        name,
+        &uid,
+        &[("sidecar", format!("containerd://{sidecar_id}")), ("worker", format!("containerd://{worker_id}"))],
+    );
+    add_pods(node.api_port, &[&spec]);
+    let runtime = node.fresh_runtime("sidecar-pod");
+    // Dropped in reverse: the worker's cgroup made the pod's.
+    let worker = PodCgroup::new(&uid, &worker_id);
+    let sidecar = PodCgroup::new(&uid, &sidecar_id);
+
+    // The sidecar starts as the worker does: a dynamically linked program
+    // loading its libraries, then running to its end.
+    let mut shipper = sidecar.command(Path::new("/usr/bin/python3"));
+    shipper.args(["-c", "import json, ssl, zlib, sqlite3; print(json.dumps({'shipped': 1}))"]);
+    let (status, stops) = run_counting_stops(detached(shipper));
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the sidecar's wait status {status:#x}"
+    );
+    assert_eq!(stops, 0, "the sidecar was stopped {stops} times");
+
+    dlopen_at_once(&worker, &runtime);
+    let announced = node.announcement(&runtime);
+    assert!(announced.contains("held until probed"), "the canary's worker was not held: {announced}");
+
+    // Every record of the sidecar's cgroup is read before its marker's exit.
+    let marker = self_killing_marker(&sidecar);
+    node.daemon.wait_pod_metric("the sidecar's marker exit", WAIT, |l| {
+        l.starts_with("canaryscope_abnormal_exits_total{")
+            && l.contains(&format!("pod=\"{name}\""))
+            && l.contains("container=\"sidecar\"")
+    });
+    let line = node.init_failures(name, "cuInit");
+    assert_eq!(label(&line, "container"), "worker", "{line}");
+    assert_eq!(metric_value(&line), 1.0, "{line}");
+    let text = node.daemon.pod_metrics();
+    let of_sidecar: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("canaryscope_gpu_") && l.contains("container=\"sidecar\""))
+        .collect();
+    assert!(of_sidecar.is_empty(), "GPU series of the sidecar (marker pid {marker}): {of_sidecar:#?}");
+    let of_worker =
+        text.lines().filter(|l| l.starts_with("canaryscope_gpu_") && l.contains("container=\"worker\""));
+    assert!(of_worker.count() > 1, "the worker's calls are its own: {text}");
+    drop(sidecar);
+    drop(worker);
+}
+
+/// A canary worker failing its GPU init in a container cgroup of each
+/// layout the kubelet and runtime make besides systemd + containerd:
+/// CRI-O's `crio-<id>.scope`, the cgroupfs driver's bare id, and CRI-O
+/// under cgroupfs. In each, the process is held at its runtime mapping (the
+/// pod's cgroup, made after the daemon saw the pod, is found under that
+/// driver's name) and its failure is its own pod's and container's, though
+/// the pod has a second container.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container() {
+    assert_root();
+    let node = Node::start();
+    let layouts = [
+        ("crio", Layout::SystemdCrio),
+        ("cgroupfs", Layout::CgroupfsContainerd),
+        ("cgroupfs-crio", Layout::CgroupfsCrio),
+    ];
+    let pods: Vec<(String, String, String, Layout)> = layouts
+        .iter()
+        .map(|(tag, layout)| (format!("infer-canaryhash-{tag}"), random_pod_uid(), random_hex(64), *layout))
+        .collect();
+    let specs: Vec<Value> = pods
+        .iter()
+        .map(|(name, uid, worker_id, layout)| {
+            let sidecar = layout.container_id_uri(&random_hex(64));
+            canary_pod(name, uid, &[("sidecar", sidecar), ("worker", layout.container_id_uri(worker_id))])
+        })
+        .collect();
+    add_pods(node.api_port, &specs.iter().collect::<Vec<_>>());
+    let mut cgroups = Vec::new();
+    for (name, uid, worker_id, layout) in &pods {
+        let cg = PodCgroup::with_layout(*layout, uid, worker_id);
+        let runtime = node.fresh_runtime(name);
+        dlopen_at_once(&cg, &runtime);
+        let announced = node.announcement(&runtime);
+        assert!(announced.contains("held until probed"), "{layout:?} ({}): not held: {announced}", cg.rel);
+        cgroups.push(cg);
+    }
+    for ((name, _, _, layout), cg) in pods.iter().zip(&cgroups) {
+        let line = node.init_failures(name, "cuInit");
+        assert_eq!(label(&line, "container"), "worker", "{layout:?} ({}): {line}", cg.rel);
+        assert_eq!(label(&line, "track"), "canary", "{line}");
+        assert_eq!(metric_value(&line), 1.0, "{layout:?}: {line}");
+    }
+    // The first cgroupfs pod made the QoS levels the others share.
+    while let Some(cg) = cgroups.pop() {
+        drop(cg);
+    }
+}
+
+/// Runs its arguments as a child with a pseudo-terminal as its controlling
+/// terminal, as a runtime starts a `tty: true` container, and relays the
+/// terminal to its own stdin and stdout; exits as the child did.
+const WITH_A_TTY: &str = "import os, pty, sys; sys.exit(os.waitstatus_to_exitcode(pty.spawn(sys.argv[1:])))";
+
+/// Field `index` (from 0 at the state) of /proc/PID/stat after the name.
+fn stat_field(pid: u64, index: usize) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(") ").expect("stat layout");
+    rest.split_whitespace().nth(index).expect("stat field").to_string()
+}
+
+/// A `tty: true` container of a canary pod: its process has a controlling
+/// terminal, so it is never held (job control would see the stop), while a
+/// process of the same pod without one is. It is still traced: once its
+/// runtime file is probed, its failing `cuInit` counts, in its container.
+/// Its first call races the attach as in the default mode (see "A new
+/// library, before its first call"), so its process calls only after the
+/// announcement.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
+    assert_root();
+    let node = Node::start();
+    let (uid, worker_id, shell_id) = (random_pod_uid(), random_hex(64), random_hex(64));
+    let name = "infer-canaryhash-tty";
+    let mut spec = canary_pod(
+        name,
+        &uid,
+        &[("worker", format!("containerd://{worker_id}")), ("shell", format!("containerd://{shell_id}"))],
+    );
+    spec["spec"]["containers"][1]["tty"] = json!(true);
+    spec["spec"]["containers"][1]["stdin"] = json!(true);
+    add_pods(node.api_port, &[&spec]);
+    let worker = PodCgroup::new(&uid, &worker_id);
+    let shell = PodCgroup::new(&uid, &shell_id);
+
+    // Without a terminal, the pod's process is held: the pod is in scope.
+    let runtime = node.fresh_runtime("tty-worker");
+    dlopen_at_once(&worker, &runtime);
+    let announced = node.announcement(&runtime);
+    assert!(announced.contains("held until probed"), "the worker was not held: {announced}");
+
+    let runtime = node.fresh_runtime("tty-shell");
+    let mut command = shell.command(Path::new("/usr/bin/python3"));
+    command.args(["-c", WITH_A_TTY]).arg(fixture("gpu_dlopen")).arg("--pause").arg(&runtime);
+    let mut process = Stepped::spawn(detached(command));
+    let pid: u64 = field(&process.wait_line("loaded"), "pid").parse().expect("pid");
+    assert_ne!(stat_field(pid, 4), "0", "pid {pid} has no controlling terminal");
+    let announced = node.announcement(&runtime);
+    assert!(!announced.contains("held"), "a process with a terminal was held: {announced}");
+    assert!(announced.contains(&format!("[{pid}]")), "found through its own mapping: {announced}");
+    process.go();
+    process.wait_line("pid=");
+    assert!(process.finish().success());
+
+    let line = node.init_failures(name, "cuInit");
+    let text = node.daemon.pod_metrics();
+    for (container, what) in [("worker", "the held worker"), ("shell", "the terminal's process")] {
+        let counted = text.lines().find(|l| {
+            l.starts_with("canaryscope_gpu_init_failures_total{")
+                && l.contains(&format!("pod=\"{name}\""))
+                && l.contains(&format!("container=\"{container}\""))
+                && l.contains("function=\"cuInit\"")
+        });
+        let counted =
+            counted.unwrap_or_else(|| panic!("no cuInit failure of {what} (first seen: {line}):\n{text}"));
+        assert_eq!(metric_value(counted), 1.0, "{counted}");
+    }
+    drop(shell);
+    drop(worker);
+}
+
+/// Waits until pod `name`'s gate condition has this status and reason.
+fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
+        let pod: Value = serde_json::from_str(&body).expect("a Pod");
+        let condition = pod["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == GATE))
+            .cloned();
+        if let Some(c) = &condition {
+            if c["status"] == status && c["reason"] == reason {
+                return c.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no {GATE} condition {status}/{reason} within {WAIT:?}; conditions: {}",
+            pod["status"]["conditions"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A gated canary whose worker fails its init, then restarts as the
+/// kubelet restarts a container: the old container's cgroup goes, the pod
+/// (same uid) reports the new container ID with the old one as its last
+/// state, and a new cgroup holds the new container, whose start-up
+/// succeeds. The condition goes `False`/`InitFailed` and then
+/// `True`/`RuntimeReady` for the restarted container, named as before.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_restarted_container_in_a_new_cgroup_turns_the_gate_true() {
+    assert_root();
+    let node = Node::start();
+    let (uid, first_id, second_id) = (random_pod_uid(), random_hex(64), random_hex(64));
+    let name = "infer-canaryhash-restart";
+    let mut spec = canary_pod(name, &uid, &[("worker", format!("containerd://{first_id}"))]);
+    spec["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
+    add_pods(node.api_port, &[&spec]);
+
+    let first = PodCgroup::new(&uid, &first_id);
+    let runtime = node.fresh_runtime("restart");
+    dlopen_at_once(&first, &runtime);
+    let failed = wait_condition(node.api_port, name, "False", "InitFailed");
+    assert_eq!(
+        failed["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+        "{failed}"
+    );
+
+    // The kubelet's restart: the container exits, its cgroup goes, the
+    // pod's status moves on to the new container, a new cgroup is made.
+    let stored = control(node.api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
+    let mut restarted: Value = serde_json::from_str(&stored).expect("a Pod");
+    restarted["status"]["containerStatuses"][0] = json!({
+        "name": "worker", "containerID": format!("containerd://{second_id}"), "image": "worker:1",
+        "imageID": "", "ready": false, "restartCount": 1, "started": true, "state": {"running": {}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                     "containerID": format!("containerd://{first_id}")}}
+    });
+    let second = first.restarted(&second_id);
+    add_pods(node.api_port, &[&restarted]);
+
+    let mut worker = second.command(&fixture("cuda_app"));
+    worker.arg("--alloc").env("ZLUDA_FIXTURE_HEALTHY", "1");
+    let out = detached(worker).output().expect("the restarted worker");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("cuInit=0 ") && stdout.contains("cuMemAlloc=0"), "a healthy start-up: {out:?}");
+    let ready = wait_condition(node.api_port, name, "True", "RuntimeReady");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("container worker: cuInit, cuDeviceGetCount")),
+        "{ready}"
+    );
+    let calls = node.daemon.wait_pod_metric("the restarted container's cuInit", WAIT, |l| {
+        l.starts_with("canaryscope_gpu_api_calls_total{")
+            && l.contains(&format!("pod=\"{name}\""))
+            && l.contains("function=\"cuInit\"")
+            && l.contains("result=\"CUDA_SUCCESS\"")
+    });
+    assert_eq!(label(&calls, "container"), "worker", "{calls}");
+    drop(second);
+}
