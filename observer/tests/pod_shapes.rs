@@ -208,13 +208,51 @@ fn a_sidecar_beside_a_gpu_container_gets_no_gpu_series_and_is_never_held() {
     drop(worker);
 }
 
-/// A canary worker failing its GPU init in a container cgroup of each
-/// layout the kubelet and runtime make besides systemd + containerd:
-/// CRI-O's `crio-<id>.scope`, the cgroupfs driver's bare id, and CRI-O
-/// under cgroupfs. In each, the process is held at its runtime mapping (the
-/// pod's cgroup, made after the daemon saw the pod, is found under that
-/// driver's name) and its failure is its own pod's and container's, though
-/// the pod has a second container.
+/// One pod of the layouts test: its name, uid, worker container and layout.
+struct LayoutPod {
+    name: String,
+    uid: String,
+    worker_id: String,
+    layout: Layout,
+}
+
+impl LayoutPod {
+    fn new(track: &str, tag: &str, layout: Layout) -> Self {
+        let name = format!("infer-{track}hash-{tag}");
+        Self { name, uid: random_pod_uid(), worker_id: random_hex(64), layout }
+    }
+
+    /// Its Pod: a `sidecar` container listed first, then `worker`.
+    fn spec(&self, track: &str) -> Value {
+        let containers = [
+            ("sidecar", self.layout.container_id_uri(&random_hex(64))),
+            ("worker", self.layout.container_id_uri(&self.worker_id)),
+        ];
+        with_containers(pod(&self.name, &self.uid, "unused", track, &format!("{track}hash")), &containers)
+    }
+
+    /// Its worker's cgroup, as the layout names it.
+    fn cgroup(&self) -> PodCgroup {
+        PodCgroup::with_layout(self.layout, &self.uid, &self.worker_id)
+    }
+
+    /// Asserts that its worker's one failing cuInit is counted as its own.
+    fn assert_failure_counted(&self, node: &Node, track: &str, cg: &PodCgroup) {
+        let line = node.init_failures(&self.name, "cuInit");
+        assert_eq!(label(&line, "container"), "worker", "{:?} ({}): {line}", self.layout, cg.rel);
+        assert_eq!(label(&line, "track"), track, "{line}");
+        assert_eq!(metric_value(&line), 1.0, "{:?}: {line}", self.layout);
+    }
+}
+
+/// A worker failing its GPU init in a container cgroup of each layout the
+/// kubelet and runtime make besides systemd + containerd: CRI-O's
+/// `crio-<id>.scope`, the cgroupfs driver's bare id, and CRI-O under
+/// cgroupfs; in a canary pod and in a stable one of each. The failure is
+/// its own pod's and container's, though the pod has a second container.
+/// The pods' cgroups are found under each driver's names: a canary's
+/// process is held at a runtime file the daemon has not seen, and a
+/// stable pod's, made once the daemon knows the pod, is not.
 #[test]
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
 fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container() {
@@ -225,32 +263,54 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
         ("cgroupfs", Layout::CgroupfsContainerd),
         ("cgroupfs-crio", Layout::CgroupfsCrio),
     ];
-    let pods: Vec<(String, String, String, Layout)> = layouts
-        .iter()
-        .map(|(tag, layout)| (format!("infer-canaryhash-{tag}"), random_pod_uid(), random_hex(64), *layout))
-        .collect();
-    let specs: Vec<Value> = pods
-        .iter()
-        .map(|(name, uid, worker_id, layout)| {
-            let sidecar = layout.container_id_uri(&random_hex(64));
-            canary_pod(name, uid, &[("sidecar", sidecar), ("worker", layout.container_id_uri(worker_id))])
-        })
-        .collect();
+    let canaries: Vec<LayoutPod> = layouts.iter().map(|(tag, l)| LayoutPod::new("canary", tag, *l)).collect();
+    let stables: Vec<LayoutPod> = layouts.iter().map(|(tag, l)| LayoutPod::new("stable", tag, *l)).collect();
+    // One request, the stable pods first: their watch events come first.
+    let specs: Vec<Value> =
+        stables.iter().map(|p| p.spec("stable")).chain(canaries.iter().map(|p| p.spec("canary"))).collect();
     add_pods(node.api_port, &specs.iter().collect::<Vec<_>>());
+
     let mut cgroups = Vec::new();
-    for (name, uid, worker_id, layout) in &pods {
-        let cg = PodCgroup::with_layout(*layout, uid, worker_id);
-        let runtime = node.fresh_runtime(name);
+    for canary in &canaries {
+        let cg = canary.cgroup();
+        let runtime = node.fresh_runtime(&canary.name);
         dlopen_at_once(&cg, &runtime);
         let announced = node.announcement(&runtime);
-        assert!(announced.contains("held until probed"), "{layout:?} ({}): not held: {announced}", cg.rel);
+        assert!(
+            announced.contains("held until probed"),
+            "{:?} ({}): not held: {announced}",
+            canary.layout,
+            cg.rel
+        );
         cgroups.push(cg);
     }
-    for ((name, _, _, layout), cg) in pods.iter().zip(&cgroups) {
-        let line = node.init_failures(name, "cuInit");
-        assert_eq!(label(&line, "container"), "worker", "{layout:?} ({}): {line}", cg.rel);
-        assert_eq!(label(&line, "track"), "canary", "{line}");
-        assert_eq!(metric_value(&line), 1.0, "{layout:?}: {line}");
+    for (canary, cg) in canaries.iter().zip(&cgroups) {
+        canary.assert_failure_counted(&node, "canary", cg);
+    }
+    // The daemon has named the canaries, so it knows the stable pods that
+    // came before them. Their processes are not held: each calls only once
+    // its runtime copy is probed, since its first call would race the attach.
+    for stable in &stables {
+        let cg = stable.cgroup();
+        let runtime = node.fresh_runtime(&stable.name);
+        let mut command = cg.command(&fixture("gpu_dlopen"));
+        command.arg("--pause").arg(&runtime);
+        let mut worker = Stepped::spawn(detached(command));
+        worker.wait_line("loaded");
+        let announced = node.announcement(&runtime);
+        assert!(
+            !announced.contains("held until probed"),
+            "{:?} ({}): held: {announced}",
+            stable.layout,
+            cg.rel
+        );
+        worker.go();
+        assert!(worker.wait_line("pid=").contains("init=101"), "cuInit fails without a GPU");
+        assert!(worker.finish().success());
+        cgroups.push(cg);
+    }
+    for (stable, cg) in stables.iter().zip(&cgroups[canaries.len()..]) {
+        stable.assert_failure_counted(&node, "stable", cg);
     }
     // The first cgroupfs pod made the QoS levels the others share.
     while let Some(cg) = cgroups.pop() {
@@ -308,7 +368,7 @@ fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
     let pid: u64 = field(&process.wait_line("loaded"), "pid").parse().expect("pid");
     assert_ne!(stat_field(pid, 4), "0", "pid {pid} has no controlling terminal");
     let announced = node.announcement(&runtime);
-    assert!(!announced.contains("held"), "a process with a terminal was held: {announced}");
+    assert!(!announced.contains("held until probed"), "a process with a terminal was held: {announced}");
     assert!(announced.contains(&format!("[{pid}]")), "found through its own mapping: {announced}");
     process.go();
     process.wait_line("pid=");
