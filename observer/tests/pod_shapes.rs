@@ -270,7 +270,7 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
         stables.iter().map(|p| p.spec("stable")).chain(canaries.iter().map(|p| p.spec("canary"))).collect();
     add_pods(node.api_port, &specs.iter().collect::<Vec<_>>());
 
-    let mut cgroups = Vec::new();
+    let mut cgroups = LastFirst(Vec::new());
     for canary in &canaries {
         let cg = canary.cgroup();
         let runtime = node.fresh_runtime(&canary.name);
@@ -282,9 +282,9 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
             canary.layout,
             cg.rel
         );
-        cgroups.push(cg);
+        cgroups.0.push(cg);
     }
-    for (canary, cg) in canaries.iter().zip(&cgroups) {
+    for (canary, cg) in canaries.iter().zip(&cgroups.0) {
         canary.assert_failure_counted(&node, "canary", cg);
     }
     // The daemon has named the canaries, so it knows the stable pods that
@@ -307,14 +307,22 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
         worker.go();
         assert!(worker.wait_line("pid=").contains("init=101"), "cuInit fails without a GPU");
         assert!(worker.finish().success());
-        cgroups.push(cg);
+        cgroups.0.push(cg);
     }
-    for (stable, cg) in stables.iter().zip(&cgroups[canaries.len()..]) {
+    for (stable, cg) in stables.iter().zip(&cgroups.0[canaries.len()..]) {
         stable.assert_failure_counted(&node, "stable", cg);
     }
-    // The first cgroupfs pod made the QoS levels the others share.
-    while let Some(cg) = cgroups.pop() {
-        drop(cg);
+}
+
+/// Cgroups removed last made first, also when a test fails: the first
+/// cgroupfs pod made the QoS levels the others share.
+struct LastFirst(Vec<PodCgroup>);
+
+impl Drop for LastFirst {
+    fn drop(&mut self) {
+        while let Some(cg) = self.0.pop() {
+            drop(cg);
+        }
     }
 }
 
