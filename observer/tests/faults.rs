@@ -58,6 +58,27 @@ fn ino(path: &Path) -> u64 {
     std::os::unix::fs::MetadataExt::ino(&fs::metadata(path).expect("stat"))
 }
 
+/// The copy's app, stopped before its first GPU call (`--pause-before
+/// init`) with its libraries mapped; `args` come after.
+fn paused_app(copy: &AppCopy, args: &[&str]) -> (Stepped, u64) {
+    let mut command = Command::new(copy.app());
+    command.args(["--pause-before", "init"]).args(args);
+    let mut process = Stepped::spawn(command);
+    let pid = field(&process.wait_line("paused=init"), "pid").parse().expect("pid");
+    (process, pid)
+}
+
+/// Lets a paused app make its calls and end.
+fn finish_app(mut process: Stepped) {
+    process.go();
+    process.wait_line("cuInit=");
+    assert!(process.finish().success());
+}
+
+/// What a replaced or deleted file does to its probes, not how soon a file
+/// is found: each process calls only once the probes of the file it maps
+/// are announced (a_library_loaded_later_is_found_within_a_second and
+/// first_call.rs face that race).
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn a_library_replaced_or_deleted_while_probed_is_still_traced() {
@@ -69,30 +90,33 @@ fn a_library_replaced_or_deleted_while_probed_is_still_traced() {
         let lib_path = lib_path.clone();
         move |e: &serde_json::Value| e["function"] == "cuInit" && e["pid"] == pid && e["library"] == lib_path
     };
+    let probed_after = |mark: usize, what: &str| {
+        tracer.wait_for_after(mark, what, WAIT, |e| e["kind"] == "library_probed" && e["library"] == lib_path)
+    };
 
-    // 1. The original file, found through the process's mappings.
-    let out = Command::new(copy.app()).args(["--sleep-before", "1000"]).output().expect("run");
-    tracer.wait_for("cuInit from the original library", WAIT, cu_init_from(out_pid(&out.stdout)));
+    // 1. The original file, found when a process that maps it starts.
+    let mark = tracer.mark();
+    let (process, pid) = paused_app(&copy, &[]);
+    probed_after(mark, "the original library probed");
+    finish_app(process);
+    tracer.wait_for("cuInit from the original library", WAIT, cu_init_from(pid));
 
     // 2. Replaced by a rename: a new inode at the same path is probed anew.
     let before = ino(&copy.lib());
     copy.replace_lib();
     assert_ne!(before, ino(&copy.lib()), "the replacement must be a new file");
-    let out = Command::new(copy.app()).args(["--sleep-before", "1000"]).output().expect("run");
-    tracer.wait_for("cuInit from the replacement", WAIT, cu_init_from(out_pid(&out.stdout)));
+    let mark = tracer.mark();
+    let (process, pid) = paused_app(&copy, &[]);
+    probed_after(mark, "the replacement probed");
+    finish_app(process);
+    tracer.wait_for("cuInit from the replacement", WAIT, cu_init_from(pid));
 
     // 3. Deleted while a process has it mapped: the probes live on the
     // inode, so the running process is still traced.
-    let child = Command::new(copy.app())
-        .args(["--sleep-before", "2500"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    std::thread::sleep(Duration::from_millis(800));
+    let (process, pid) = paused_app(&copy, &[]);
     fs::remove_file(copy.lib()).expect("delete the library");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{out:?}");
-    tracer.wait_for("cuInit from the deleted library", WAIT, cu_init_from(out_pid(&out.stdout)));
+    finish_app(process);
+    tracer.wait_for("cuInit from the deleted library", WAIT, cu_init_from(pid));
 
     let (status, _) = tracer.stop();
     assert!(status.success(), "the tracer survived all three: {status:?}");
@@ -106,7 +130,9 @@ fn the_exporter_lists_libraries_found_after_start() {
     let daemon = Daemon::start(&["--no-kubernetes"]);
     let series = format!("canaryscope_probe_attached{{probe=\"gpu\",target=\"{}\"}}", copy.lib().display());
     assert!(!daemon.metrics().contains(&series), "not mapped by anyone yet");
-    let out = Command::new(copy.app()).args(["--sleep-before", "500"]).output().expect("run");
+    // Run as a user's process is, calling at once: its file is listed
+    // whether or not that first call came after the attach.
+    let out = Command::new(copy.app()).output().expect("run");
     assert!(out.status.success(), "{out:?}");
     let line = daemon.wait_metric("the library found by discovery", WAIT, |l| l.starts_with(&series));
     assert_eq!(metric_value(&line), 1.0, "{line}");
@@ -119,20 +145,14 @@ fn a_library_deleted_before_discovery_is_probed_through_the_mapping() {
     let copy = AppCopy::new("deleted");
     // The process maps the library, then the file is unlinked, then the
     // tracer starts: the path in /proc/PID/maps leads nowhere ("(deleted)"),
-    // only the mapping itself does.
-    let child = Command::new(copy.app())
-        .args(["--sleep-before", "8000"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = child.id() as u64;
-    std::thread::sleep(Duration::from_millis(500));
+    // only the mapping itself does. The process calls once the tracer says
+    // it traces: what it found at start is probed by then.
+    let (process, pid) = paused_app(&copy, &[]);
     fs::remove_file(copy.lib()).expect("delete the library");
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
     assert!(maps.contains("libcuda.so.1 (deleted)"), "{maps}");
     let tracer = Tracer::start(&[]);
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{out:?}");
+    finish_app(process);
     let cu = tracer
         .wait_for("cuInit from the deleted library", WAIT, |e| e["function"] == "cuInit" && e["pid"] == pid);
     assert_eq!(cu["library"], copy.lib().display().to_string(), "reported under the path it had: {cu}");
@@ -155,23 +175,39 @@ fn processes_exiting_while_being_probed_do_not_spoil_later_ones() {
         )
     };
     for _ in 0..40 {
-        // Exits right after loading: an unknown argument.
+        // Exits right after loading: an unknown argument. Run at once, one
+        // after another, as a crash-looping pod's are.
         let out = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", &script("--exit-now")])
             .output()
             .expect("unshare");
         assert_eq!(out.status.code(), Some(2), "{out:?}");
     }
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script("--sleep-before 2000")])
-        .output()
-        .expect("unshare");
-    assert!(out.status.success(), "{out:?}");
-    let pid = out_pid(&out.stdout);
-    let cu = tracer.wait_for("cuInit after 40 exits during discovery", WAIT, |e| {
-        e["function"] == "cuInit" && e["pid"] == pid
+    // A process that stays calls cuInit at once too, and its later calls
+    // come once the file is probed: by one of those before it, or by it.
+    let mut command = Command::new("unshare");
+    command.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script("--loop 3 --pause-before loop"),
+    ]);
+    let mut process = Stepped::spawn(command);
+    let pid: u64 = field(&process.wait_line("paused=loop"), "pid").parse().expect("pid");
+    tracer.wait_for("the file probed after 40 exits during discovery", WAIT, |e| {
+        e["kind"] == "library_probed" && e["library"] == "/mnt/app/zluda/libcuda.so.1"
     });
-    assert_eq!(cu["library"], "/mnt/app/zluda/libcuda.so.1");
+    process.go();
+    process.wait_line("loop=3");
+    assert!(process.finish().success());
+    let counts = tracer.wait_for_n("device counts after 40 exits during discovery", 3, WAIT, |e| {
+        e["function"] == "cuDeviceGetCount" && e["pid"] == pid
+    });
+    for cu in counts {
+        assert_eq!(cu["library"], "/mnt/app/zluda/libcuda.so.1", "{cu}");
+    }
     let (status, _) = tracer.stop();
     assert!(status.success(), "{status:?}");
 }
@@ -283,20 +319,16 @@ fn probes_of_a_deleted_library_go_once_no_process_maps_it() {
     let copy = AppCopy::new("retired");
     let daemon = Daemon::start(&["--no-kubernetes"]);
     let series = format!("canaryscope_probe_attached{{probe=\"gpu\",target=\"{}\"}}", copy.lib().display());
-    // A process that keeps the library mapped while its file is deleted.
-    let child = Command::new(copy.app())
-        .args(["--sleep-before", "12000"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    // A process that keeps the library mapped while its file is deleted,
+    // stopped before its calls until the test lets it end.
+    let (process, _) = paused_app(&copy, &[]);
     daemon.wait_metric("the library probed", WAIT, |l| l.starts_with(&series));
     fs::remove_file(copy.lib()).expect("delete the library");
     // Deleted but still mapped: the probes stay (longer than the 5 s
     // between checks).
     std::thread::sleep(Duration::from_secs(7));
     assert!(daemon.metrics().contains(&series), "probes removed while the library was still mapped");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{out:?}");
+    finish_app(process);
     let deadline = std::time::Instant::now() + WAIT;
     while daemon.metrics().contains(&series) {
         assert!(std::time::Instant::now() < deadline, "probes of the deleted, unmapped library remain");

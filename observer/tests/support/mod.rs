@@ -184,6 +184,31 @@ impl Tracer {
         self.wait_for_after(0, what, timeout, pred)
     }
 
+    /// Waits until `pred` holds for at least `n` collected events; returns them.
+    pub fn wait_for_n(
+        &self,
+        what: &str,
+        n: usize,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found: Vec<Value> = self.events().into_iter().filter(|e| pred(e)).collect();
+            if found.len() >= n {
+                return found;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{} of {n} events for {what} within {timeout:?}; events:\n{:#?}",
+                    found.len(),
+                    self.events()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until `pred` holds for some event collected after `mark`.
     pub fn wait_for_after(
         &self,
