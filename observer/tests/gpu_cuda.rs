@@ -6,7 +6,7 @@ mod support;
 
 use std::{path::Path, process::Command, time::Duration};
 
-use support::*;
+use support::{shape::KernelShape, *};
 
 fn zluda_lib() -> std::path::PathBuf {
     fixture("cuda_app");
@@ -70,7 +70,7 @@ fn cu_init_failure_is_reported_with_the_hip_call_beneath() {
 fn a_probed_file_takes_one_uprobe_multi_link_per_program_where_the_kernel_has_them() {
     assert_root();
     let lib = zluda_lib();
-    let multi = kernel_has_uprobe_multi();
+    let multi = KernelShape::declared().uprobe_multi;
     for per_function in [false, true] {
         let tracer = Tracer::start(if per_function { &["--per-function-uprobes"] } else { &[] });
         let before = uprobe_multi_links(tracer.pid());

@@ -14,11 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use observer::probes::{
-    btf::{kernel_helpers, vmlinux},
-    table::GPU_CALL_HELPERS,
-};
-use support::*;
+use support::{shape::KernelShape, *};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -204,11 +200,10 @@ fn launches_seen(extra: &[&str]) -> (f64, f64) {
 }
 
 /// Before Linux 5.15 (no attach cookies) GPU functions are probed by a
-/// program pair each, so hot calls are timed whatever was asked.
+/// program pair each, so hot calls are timed whatever was asked. The
+/// matrix's declaration of the kernel says which, not the observer's tables.
 fn pairs_only() -> bool {
-    let btf = vmlinux().expect("kernel BTF");
-    let known = kernel_helpers(&btf).expect("enum bpf_func_id in kernel BTF");
-    GPU_CALL_HELPERS.iter().any(|h| !known.contains(h.name))
+    !KernelShape::declared().attach_cookies
 }
 
 #[test]

@@ -4,35 +4,24 @@
 //! it lacks named, and only where the kernel really lacks it. GPU calls are
 //! probed everywhere, in the shape the kernel allows. The families that
 //! attach are exercised by the other suites run on the same kernel.
+//!
+//! Which shape each family must take comes from the matrix's declaration of
+//! the kernel (`support::shape`), not from the observer's own helper table
+//! or BTF reading, which a bug would move along with the expectation.
 mod support;
 
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
-use observer::probes::{
-    btf::{kernel_helpers, member_offset, vmlinux},
-    table::{KernelHelper, CRASH_HELPERS, GPU_CALL_HELPERS},
-};
 use serde_json::Value;
-use support::*;
-
-/// The helpers of `wanted` this kernel lacks, as `check` names them.
-fn lacking(known: &BTreeSet<String>, wanted: &[KernelHelper]) -> Vec<String> {
-    wanted
-        .iter()
-        .filter(|h| !known.contains(h.name))
-        .map(|h| format!("bpf_{} (Linux {})", h.name, h.since))
-        .collect()
-}
+use support::{shape::KernelShape, *};
 
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
     assert_root();
-    let btf = vmlinux().expect("kernel BTF");
-    let known = kernel_helpers(&btf).expect("enum bpf_func_id in kernel BTF");
+    let shape = KernelShape::declared();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let (crash_missing, gpu_missing) = (lacking(&known, CRASH_HELPERS), lacking(&known, GPU_CALL_HELPERS));
-    eprintln!("kernel {}: lacks {crash_missing:?} {gpu_missing:?}", kernel.trim());
+    eprintln!("kernel {}: declared {shape:?}", kernel.trim());
 
     let out = Command::new(canaryscope()).args(["check", "--json"]).output().expect("run check");
     let report: Value = serde_json::from_slice(&out.stdout)
@@ -48,14 +37,13 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
             "crash" => {
                 assert_eq!(probe["attached"], true, "{probe}");
                 let fallback = probe["target"] == "signal_generate:stack";
-                assert_eq!(fallback, !crash_missing.is_empty(), "{probe}");
+                assert_eq!(fallback, !shape.find_vma, "{probe}");
                 // Kernels before the maple tree (6.1) keep a process's
                 // mappings in a tree the fallback walks at the fault itself,
                 // so an init crash is placed without racing userspace.
                 if fallback {
-                    let has_tree = member_offset(&btf, "mm_struct", "mm_rb").is_some();
                     let walks = probe["detail"].as_str().unwrap_or_default().contains("tree of mappings");
-                    assert_eq!(walks, has_tree, "{probe}");
+                    assert_eq!(walks, shape.mapping_tree, "{probe}");
                 }
             }
             // One line per GPU runtime file found on the node: probed on
@@ -65,7 +53,7 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
                 assert_eq!(probe["attached"], true, "{probe}");
                 let detail = probe["detail"].as_str().unwrap_or_default();
                 let per_function = detail.contains("a program pair per function");
-                assert_eq!(per_function, !gpu_missing.is_empty(), "{detail}");
+                assert_eq!(per_function, !shape.attach_cookies, "{detail}");
             }
             // Everything else attaches on every kernel of the matrix.
             _ => assert_eq!(probe["attached"], true, "{probe}"),

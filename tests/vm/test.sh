@@ -6,9 +6,13 @@
 #
 #   tests/vm/test.sh [--kernel FLAVOUR] [--repeat N] [--only TEST]... TEST_BINARY...
 #
-# --only TEST (repeatable) limits the binary that follows to the tests whose
-# names contain TEST: the kernels of the matrix that run one test per probe
-# family rather than whole suites.
+# --only TEST (repeatable) limits the binary that follows to the tests named
+# exactly TEST: the kernels of the matrix that run one test per probe family
+# rather than whole suites.
+#
+# CANARYSCOPE_KERNEL_SHAPE, when set, reaches the guest's tests: the kernel's
+# features as the matrix declares them (cargo xtask test sets it per boot);
+# the tests that expect a family's shape on this kernel refuse to run without it.
 #
 # The test binaries and the canaryscope binary they start are copied to
 # target/vm/run-<pid>/ first: a build on the host during the (long) VM run
@@ -95,4 +99,5 @@ echo 'done' >> "$guest"
 "$here/run.sh" --kernel "$kernel" --timeout "${CANARYSCOPE_VM_TEST_TIMEOUT:-$((1200 * repeat))}" -- \
     env CANARYSCOPE_IN_VM=1 CANARYSCOPE_FIXTURES="$repo/target/fixtures" CANARYSCOPE_BIN="$snap/canaryscope" \
     ${CANARYSCOPE_SKIPS:+"CANARYSCOPE_SKIPS=$CANARYSCOPE_SKIPS"} \
+    ${CANARYSCOPE_KERNEL_SHAPE:+"CANARYSCOPE_KERNEL_SHAPE=$CANARYSCOPE_KERNEL_SHAPE"} \
     sh "$guest"

@@ -85,6 +85,10 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     std::fs::create_dir_all(root().join("target/ci"))?;
     let _ = std::fs::remove_file(&skips);
     std::env::set_var("CANARYSCOPE_SKIPS", &skips);
+    // The host is CI's 6.18; a developer on another kernel declares its
+    // features in the same variable.
+    let host_shape = std::env::var(SHAPE_VAR).unwrap_or_else(|_| SHAPE_HOST.to_string());
+    integration.env(SHAPE_VAR, host_shape);
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
     // Every boot's test binaries, found before anything beside the boots
     // takes cargo's locks; and the host's column of the kernel matrix,
@@ -136,7 +140,8 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     if beside_vms {
         for (boot, args) in VM_BOOTS.iter().zip(&boot_args) {
             step(&format!("VM tests on {}: {}", boot.kernel_name, boot.why));
-            run(Command::new(root().join("tests/vm/test.sh")).args(["--kernel", boot.kernel]).args(args))?;
+            let mut vm = Command::new(root().join("tests/vm/test.sh"));
+            run(vm.args(["--kernel", boot.kernel]).args(args).env(SHAPE_VAR, boot.shape))?;
         }
         step("README.md: the kernel matrix from each kernel's `canaryscope check`");
         crate::matrix::write_readme()?;
@@ -152,6 +157,10 @@ struct Boot {
     kernel: &'static str,
     kernel_name: &'static str,
     why: &'static str,
+    /// What the kernel offers, declared here rather than read by the code
+    /// under test: the tests expect each family's shape from it
+    /// (observer/tests/support/shape.rs names the features).
+    shape: &'static str,
     /// Lists of suites, run one list after another.
     suites: &'static [&'static [Suite]],
 }
@@ -238,6 +247,17 @@ const ONE_PER_FAMILY: &[Suite] = &[
 ];
 const KFD_ONCE: &[Suite] = &[("vm_kfd", &["real_hip_runtime_kfd_ioctls_and_its_crash_are_seen"])];
 
+/// The kernels' features that decide each family's shape (attach cookies
+/// since 5.15, bpf_find_vma since 5.17, the tree of mappings until 6.1's
+/// maple tree, uprobe_multi links since 6.6), written down per kernel of the
+/// matrix from Debian's builds, so that a wrong table in the observer cannot
+/// move the tests' expectation with it.
+const SHAPE_HOST: &str = "attach_cookies,find_vma,uprobe_multi";
+const SHAPE_6_12: &str = "attach_cookies,find_vma,uprobe_multi";
+const SHAPE_6_1: &str = "attach_cookies,find_vma";
+const SHAPE_5_10: &str = "mapping_tree";
+const SHAPE_VAR: &str = "CANARYSCOPE_KERNEL_SHAPE";
+
 /// The matrix, one boot after another: emulated CPUs run no faster side by
 /// side on two cores, and starved guests report lockups of their own.
 const VM_BOOTS: &[Boot] = &[
@@ -245,6 +265,7 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "6.1",
         kernel_name: "Debian 12's 6.1",
         why: "every suite (kprobes, amdgpu, /dev/kfd; QEMU, software emulation)",
+        shape: SHAPE_6_1,
         suites: &[VM_SUITES, LATER_SUITES],
     },
     // A boot of its own, so the first-call runs (ten of each case, many
@@ -253,6 +274,7 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "6.1",
         kernel_name: "Debian 12's 6.1",
         why: "first GPU calls of never-seen libraries, default mode and --hold",
+        shape: SHAPE_6_1,
         suites: &[&[("first_call", &[])]],
     },
     // Debian 12's other kernel: the same programs as 6.1's and the host's,
@@ -263,6 +285,7 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "6.12",
         kernel_name: "Debian 12's 6.12",
         why: "check, and one test per probe family, KFD with amdgpu included",
+        shape: SHAPE_6_12,
         suites: &[KFD_ONCE, ONE_PER_FAMILY],
     },
     // Debian 11's 5.10: GPU calls through a program pair per function (no
@@ -272,6 +295,7 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "5.10",
         kernel_name: "Debian 11's 5.10",
         why: "check, and one test per probe family in the shapes older kernels get",
+        shape: SHAPE_5_10,
         // The slot programs read a version call's pointer too.
         suites: &[KFD_ONCE, ONE_PER_FAMILY, &[("gpu_cudart", CUDART_LAYERS)]],
     },
@@ -280,6 +304,7 @@ const VM_BOOTS: &[Boot] = &[
         kernel: "6.1-cloud",
         kernel_name: "Debian 12's 6.1 cloud flavour",
         why: "check, and one test per probe family (no amdgpu: KFD through its syscall fallback)",
+        shape: SHAPE_6_1,
         suites: &[ONE_PER_FAMILY],
     },
 ];
@@ -389,6 +414,18 @@ mod tests {
     }
 
     #[test]
+    /// A misspelt feature would declare less than the kernel has and fail
+    /// only in its boot, minutes later; the words are the tests' own.
+    #[test]
+    fn every_declared_kernel_shape_names_known_features() {
+        let known = std::fs::read_to_string(root().join("observer/tests/support/shape.rs")).unwrap();
+        for shape in VM_BOOTS.iter().map(|b| b.shape).chain([SHAPE_HOST]) {
+            for word in shape.split(',') {
+                assert!(known.contains(&format!("has(\"{word}\")")), "{word} in {shape}");
+            }
+        }
+    }
+
     fn every_kernel_of_the_matrix_runs_check_and_each_family_once_or_more() {
         // Every boot but the first-call suite's own.
         for boot in VM_BOOTS

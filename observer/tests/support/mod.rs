@@ -3,6 +3,7 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 pub mod k8s;
+pub mod shape;
 
 use std::{
     fs,
@@ -311,13 +312,6 @@ pub fn uprobe_multi_links(pid: u32) -> usize {
         })
         .count()
 }
-
-/// Whether this kernel makes `uprobe_multi` links (Linux 6.6 and later).
-pub fn kernel_has_uprobe_multi() -> bool {
-    fs::read_to_string("/proc/kallsyms")
-        .is_ok_and(|k| k.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_uprobe_multi_link_attach")))
-}
-
 /// Waits until process `pid` has exited, up to `limit`.
 pub fn wait_gone(pid: u32, limit: Duration) {
     let deadline = Instant::now() + limit;
