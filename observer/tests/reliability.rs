@@ -291,3 +291,124 @@ fn the_exporter_shows_no_command_line_environment_or_process_name() {
         assert!(!text.contains(leaked.as_str()), "{leaked} leaked into /metrics");
     }
 }
+
+/// A process's state letter from /proc/PID/stat ('T' while stopped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+}
+
+/// Events the kernel side dropped so far for want of ring-buffer room, read
+/// from the daemon's own counter map (readable while the daemon is frozen).
+fn kernel_lost(daemon: &Daemon) -> u64 {
+    use aya::maps::{Map, PerCpuArray};
+    let lost = PerCpuArray::<_, u64>::try_from(Map::PerCpuArray(daemon.bpf_map("EVENTS_LOST")))
+        .expect("EVENTS_LOST");
+    lost.get(&0, 0).map(|per_cpu| per_cpu.iter().sum()).unwrap_or(0)
+}
+
+/// A DaemonSet's rolling update or a node drain stops the daemon in the
+/// middle of its work: a flood of GPU failures (over 1,000 events a second)
+/// that has filled the ring buffer, processes held at a runtime file whose
+/// mapping records the full ring lost (so nothing but the stop can resume
+/// them before the hold's deadline), and scrapes in flight (one whose reply
+/// is not read, one whose request never ends). It stops cleanly, every held
+/// process runs on, and nothing stays loaded. How long the stop takes is
+/// measured by `cargo xtask bench` (stop).
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
+    use std::{io::Write, net::TcpStream, os::unix::process::CommandExt};
+    assert_root();
+    let baseline = settled_baseline();
+    let daemon = Daemon::start(&["--no-kubernetes", "--hold"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let _flood = k8s::Proc(
+        pod.command(&fixture("hip_loop")).args(["--fail", "1000000000"]).spawn().expect("hip_loop"),
+    );
+    let received = || {
+        daemon
+            .metrics()
+            .lines()
+            .filter(|l| {
+                l.starts_with("canaryscope_ring_events_total{")
+                    || l.starts_with("canaryscope_events_lost_total")
+            })
+            .map(metric_value)
+            .sum::<f64>()
+    };
+    let (first, t0) = (received(), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let rate = (received() - first) / t0.elapsed().as_secs_f64();
+    assert!(rate >= 1000.0, "the flood gives {rate:.0} events a second");
+
+    // Scrapes in flight: a reply nobody reads, and a request that never ends.
+    let mut unread = TcpStream::connect(("127.0.0.1", daemon.port)).expect("connect");
+    unread.write_all(b"GET /metrics/pods HTTP/1.1\r\nHost: x\r\n\r\n").expect("request");
+    let mut unfinished = TcpStream::connect(("127.0.0.1", daemon.port)).expect("connect");
+    unfinished.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").expect("half a request");
+
+    // Frozen, the daemon reads nothing: the flood fills the ring buffer,
+    // and the records of the mappings below are lost with the rest.
+    fixture("cuda_first");
+    let dir = k8s::scratch_dir();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGSTOP) };
+    let lost_at_freeze = kernel_lost(&daemon);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kernel_lost(&daemon) == lost_at_freeze {
+        assert!(Instant::now() < deadline, "the flood never filled the ring buffer");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let copy = dir.join(format!("copy-{i}/libcuda.so.1"));
+        std::fs::create_dir_all(copy.parent().expect("dir")).expect("mkdir");
+        std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &copy).expect("copy");
+        let mut late = pod.command(&fixture("gpu_dlopen"));
+        late.arg(&copy).stdout(std::process::Stdio::null());
+        // SAFETY: setsid is async-signal-safe; without a controlling
+        // terminal the process is holdable.
+        unsafe {
+            late.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        // Killed if the test fails: a stopped process would keep its pod's
+        // cgroup from going.
+        held.push(k8s::Proc(late.spawn().expect("gpu_dlopen")));
+    }
+    for process in &held {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while process_state(process.0.id()) != Some('T') {
+            assert!(Instant::now() < deadline, "pid {} was never held", process.0.id());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // The stop is taken the moment the daemon runs again.
+    // SAFETY: as above.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGCONT) };
+    let stopped = daemon.stop_within(Duration::from_secs(60));
+    assert!(stopped.success(), "SIGTERM under load ends the daemon cleanly: {stopped}");
+    for process in &mut held {
+        let pid = process.0.id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = process.0.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pid {pid} is still {:?} after the daemon stopped",
+                process_state(pid)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "a process held at the stop ran on: {status}");
+    }
+    drop((unread, unfinished));
+    wait_baseline(baseline);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -725,6 +725,27 @@ impl Daemon {
         self.child.wait().expect("wait")
     }
 
+    /// SIGTERM, and the exit status once it has stopped; a daemon still
+    /// running after `limit` is a hang the test reports (with what it said)
+    /// rather than waits out.
+    pub fn stop_within(mut self, limit: Duration) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let said = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                panic!("the daemon did not stop within {limit:?} of SIGTERM:\n{said}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
