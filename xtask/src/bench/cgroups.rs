@@ -40,6 +40,8 @@ fn v1_memory_root() -> Option<PathBuf> {
 
 pub(super) const BENCH_CGROUP: &str = "canaryscope-bench";
 pub(super) const LAUNCH_CGROUP: &str = "canaryscope-bench-launch";
+/// The flood a daemon is stopped under (stop.rs).
+pub(super) const STOP_FLOOD_CGROUP: &str = "canaryscope-bench-stop-flood";
 /// The scheduler case's two placements: one reported (as a pod's cgroup
 /// is, given to the daemon with `--cgroup`), one not (a system service's).
 pub(super) const SCHED_POD_CGROUP: &str = "canaryscope-bench-sched-pod";
@@ -86,6 +88,7 @@ pub(super) fn cleanup_stale_cgroups() {
             BENCH_CGROUP.to_string(),
             format!("{BENCH_CGROUP}-oom"),
             LAUNCH_CGROUP.to_string(),
+            STOP_FLOOD_CGROUP.to_string(),
             SCHED_POD_CGROUP.to_string(),
             SCHED_SYSTEM_CGROUP.to_string(),
         ];

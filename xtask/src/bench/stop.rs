@@ -25,7 +25,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{
-    daemon::Daemon,
+    cgroups::{own_cgroup, STOP_FLOOD_CGROUP},
+    daemon::{metric_sum, Daemon},
     div, median,
     process::{Proc, SIGINT, SIGTERM},
     sub, Env, Plan, Row, Target,
@@ -275,15 +276,19 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
         eprintln!(
             "    stop: {daemon_trials} SIGTERMs of the daemon with {DAEMON_FILES} runtime files probed"
         );
-        let mut took = Vec::new();
+        let (mut took, mut loaded) = (Vec::new(), Vec::new());
         for trial in 0..daemon_trials {
-            took.push(daemon_stop(env, &libcuda, trial)?);
+            took.push(daemon_stop(env, &libcuda, trial, Load::Idle)?);
+            loaded.push(daemon_stop(env, &libcuda, trial, Load::Flood)?);
         }
         let mut row = Row::new("daemon_stop_ms", "ms");
-        row.canaryscope = median(&took);
+        row.baseline = median(&took);
+        row.canaryscope = median(&loaded);
+        row.ratio("under a flood / idle", div(median(&loaded), median(&took)));
         row.samples.push((format!("{DAEMON_FILES} files"), took));
+        row.samples.push((format!("{DAEMON_FILES} files, a flood and a scrape in flight"), loaded));
         row.target = Some(Target::new(
-            &format!("SIGTERM to exit, {DAEMON_FILES} files probed"),
+            &format!("SIGTERM to exit, {DAEMON_FILES} files probed, under a flood"),
             DAEMON_STOP_TARGET_MS,
             row.canaryscope,
             " ms",
@@ -292,17 +297,39 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
             "the daemon releases its probes before it exits: one uprobe_multi link per program and file"
                 .into(),
         );
+        row.notes.push(
+            "under a flood: failing HIP calls as fast as one process makes them, and a /metrics request \
+             whose reply is not read, while SIGTERM comes"
+                .into(),
+        );
         out.push(row);
     }
     Ok(())
 }
 
+/// What the daemon is doing when SIGTERM comes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    Idle,
+    /// A process failing HIP calls as fast as it can (every failure an
+    /// event) and a scrape whose reply nobody reads.
+    Flood,
+}
+
 /// One SIGTERM of a daemon probing the host's HIP runtime and fresh
 /// `libcuda` copies, [`DAEMON_FILES`] files in all; ms until it exited.
-fn daemon_stop(env: &Env, libcuda: &Path, trial: usize) -> Result<f64> {
-    let dir = scratch_dir(&format!("daemon-stop-{trial}"))?;
+fn daemon_stop(env: &Env, libcuda: &Path, trial: usize, load: Load) -> Result<f64> {
+    let tag = if load == Load::Flood { "loaded-" } else { "" };
+    let dir = scratch_dir(&format!("daemon-stop-{tag}{trial}"))?;
+    // The flood's processes stand for a pod: the daemon reports their cgroup.
+    let flood_cgroup = match load {
+        Load::Flood => Some(own_cgroup(STOP_FLOOD_CGROUP)?),
+        Load::Idle => None,
+    };
     let result = (|| {
-        let daemon = Daemon::start(env, &format!("daemon-stop-{trial}"), &[])?;
+        let observed = format!("/{STOP_FLOOD_CGROUP}");
+        let extra: &[&str] = if flood_cgroup.is_some() { &["--cgroup", &observed] } else { &[] };
+        let daemon = Daemon::start(env, &format!("daemon-stop-{tag}{trial}"), extra)?;
         map_copies(env, libcuda, &dir, DAEMON_FILES - 1)?;
         let deadline = Instant::now() + Duration::from_secs(120);
         // Each copy by its own path: the host's HIP runtime was probed at start.
@@ -314,6 +341,30 @@ fn daemon_stop(env: &Env, libcuda: &Path, trial: usize) -> Result<f64> {
                 bail!("the daemon probed fewer than {DAEMON_FILES} files in 120 s; {}", daemon.output());
             }
             sleep(Duration::from_millis(20));
+        }
+        let mut _flood = None;
+        let mut _scrape = None;
+        if let Some((_, procs, _)) = &flood_cgroup {
+            let mut hip_loop = Command::new("sh");
+            hip_loop.args(["-c", "echo $$ > \"$0\" && exec \"$@\""]).arg(procs);
+            hip_loop.arg(env.fixture("hip_loop")).args(["--fail", "1000000000"]);
+            _flood = Some(Proc::spawn_silent("flood", &mut hip_loop, SIGTERM, Duration::from_secs(5))?);
+            let lost_or_read = |d: &Daemon| {
+                d.metrics()
+                    .map(|t| {
+                        metric_sum(&t, "canaryscope_ring_events_total", &[])
+                            + metric_sum(&t, "canaryscope_events_lost_total", &[])
+                    })
+                    .unwrap_or(0.0)
+            };
+            let before = lost_or_read(&daemon);
+            sleep(Duration::from_secs(1));
+            if lost_or_read(&daemon) - before < 1000.0 {
+                bail!("the flood gave under 1,000 events a second");
+            }
+            let mut scrape = std::net::TcpStream::connect(&daemon.addr)?;
+            std::io::Write::write_all(&mut scrape, b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+            _scrape = Some(scrape);
         }
         Ok(daemon.stop().as_secs_f64() * 1e3)
     })();
