@@ -64,6 +64,27 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     }
     assert!(!stable_calls.contains("pod=") && !stable_calls.contains("container="), "{stable_calls}");
     assert_eq!(metric_value(&stable_calls), 1000.0, "{stable_calls}");
+    // The stable revision fails too, in one way: a crash inside its
+    // library, which must be the stable pod's, and its only failure.
+    let out = stable_cg
+        .command(&fixture("cuda_app"))
+        .arg("--launch")
+        .env("ZLUDA_FIXTURE_HEALTHY", "1")
+        .env("ZLUDA_FIXTURE_CRASH", "1")
+        .output()
+        .expect("stable crash");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(11), "{out:?}");
+    let stable_crash = daemon.wait_metric("the stable pod's crash", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_native_crashes_total{") && l.contains("pod=\"infer-stablehash-fghij\"")
+    });
+    for label in ["track=\"stable\"", "revision=\"stablehash\"", "container=\"worker\""] {
+        assert!(stable_crash.contains(label), "{label} missing in {stable_crash}");
+    }
+    daemon.wait_metric("the stable pod's abnormal exit", Duration::from_secs(10), |l| {
+        l.starts_with("canaryscope_abnormal_exits_total{")
+            && l.contains("pod=\"infer-stablehash-fghij\"")
+            && l.contains("cause=\"fault\"")
+    });
 
     let line = daemon.wait_metric("canary init failure", Duration::from_secs(10), |l| {
         l.starts_with("canaryscope_gpu_init_failures_total{")
@@ -91,9 +112,14 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
                 || l.starts_with("canaryscope_gpu_api_call_failures_total{")
         })
         .collect();
-    assert!(
-        failures_of_stable.is_empty(),
-        "no failure series for the healthy stable pod: {failures_of_stable:#?}"
+    // Its crash, and the exit it caused; nothing of the canary's.
+    let mut families: Vec<&str> =
+        failures_of_stable.iter().map(|l| l.split('{').next().unwrap_or_default()).collect();
+    families.sort_unstable();
+    assert_eq!(
+        families,
+        ["canaryscope_abnormal_exits_total", "canaryscope_native_crashes_total"],
+        "the stable pod's failure series: {failures_of_stable:#?}"
     );
 
     // The exposition is valid by Prometheus' own linter.

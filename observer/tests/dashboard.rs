@@ -1,8 +1,16 @@
 //! The Grafana dashboard against real data: the Kubernetes end-to-end setup
 //! (stand-in API server, the real daemon, a real Prometheus scraping it)
-//! with a canary that fails its GPU runtime, is throttled and is OOM killed,
-//! beside a healthy stable pod. Every panel query of
-//! deploy/grafana/canaryscope.json runs against that Prometheus.
+//! with a canary that fails its GPU runtime, crashes in it, stalls in it, is
+//! throttled and is OOM killed, beside a stable pod that is healthy but for
+//! one crash in the library; and a second daemon whose series cap is spent
+//! and whose ring buffer overflowed. Every panel query of
+//! deploy/grafana/canaryscope.json runs against that Prometheus; each panel
+//! this machine can feed must show its data, the stable's one failure must
+//! show as the stable's, and the stable must show on no other failure panel.
+//!
+//! Two panels get no data here, for want of hardware: "KFD ioctl errors"
+//! needs /dev/kfd (the VM's KFD suite checks the events and counters behind
+//! it), and "GPU faults" a GPU that faults. Their queries are run all the same.
 mod support;
 
 use std::{
@@ -25,13 +33,38 @@ const CAUSED: &[&str] = &[
     "GPU init failures by function",
     "GPU call failures by function (cold tier)",
     "GPU call latency p99 (cold tier)",
+    "Stalled GPU calls",
+    "Native crashes by library",
     "OOM kills",
     "Abnormal exits by cause",
     "Throttled-period ratio",
     "Run-queue latency p99",
 ];
-/// Node-level panels: data from any running daemon.
-const NODE: &[&str] = &["Probes attached"];
+/// Node-level panels: the probes of both daemons, the second one's lost
+/// events and refused series.
+const NODE: &[&str] = &["Probes attached", "Events lost", "Series overflow"];
+/// The stable pod's one failure: a crash inside the library, which these
+/// panels must show as the stable's.
+const STABLE_FAILED: &[&str] = &["Native crashes by library", "Abnormal exits by cause"];
+/// Failure panels on which the stable, which failed nothing else, must not
+/// show.
+const STABLE_CLEAN: &[&str] = &[
+    "GPU init failures by function",
+    "GPU call failures by function (cold tier)",
+    "Stalled GPU calls",
+    "OOM kills",
+];
+
+/// Whether a panel's answer holds a series with a positive value for which
+/// `pick` holds.
+fn shows(answer: &Value, pick: impl Fn(&Value) -> bool) -> bool {
+    answer["data"]["result"].as_array().is_some_and(|r| {
+        r.iter().any(|s| {
+            let v: f64 = s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            pick(s) && v > 0.0
+        })
+    })
+}
 
 #[test]
 #[ignore = "needs root, python3 with grafana-foundation-sdk, and prometheus; run by `cargo xtask test`"]
@@ -68,20 +101,39 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     control(api_port, "POST", "/control/pods", &pods.to_string());
     let kubeconfig = write_kubeconfig(&dir, api_port);
     // As the DaemonSet runs it, without --hold: the canary's processes are
-    // held at its runtime file all the same.
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    // held at its runtime file all the same. A stall threshold of seconds
+    // rather than the default ten keeps the stalled call's wait short.
+    let daemon = Daemon::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf8"),
+        "--node-name",
+        "node-a",
+        "--stall-threshold",
+        "2s",
+    ]);
+    // A second node's daemon, capped at one cgroup's series, whose reader
+    // falls behind below.
+    let behind = Daemon::start(&["--no-kubernetes", "--max-cgroups", "1"]);
 
-    let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
+    let (_prom, prom_port) = start_prometheus_of(&dir, &[daemon.port, behind.port], None);
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape
-    // of the daemon, later a second round of the canary's failures.
+    // of both daemons, later a second round of the canary's failures.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !has_series(prom_port, "up{job=\"canaryscope\"} == 1") {
-        assert!(Instant::now() < deadline, "Prometheus never scraped the daemon");
+    while prom_query(prom_port, "up{job=\"canaryscope\"} == 1").len() < 2 {
+        assert!(Instant::now() < deadline, "Prometheus never scraped both daemons");
         thread::sleep(Duration::from_millis(200));
     }
+
+    // The second daemon's ring buffer overflows under a flood of failing
+    // calls from a pod of its own while it is frozen; every cgroup past the
+    // first is refused its series.
+    let noisy = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let flood =
+        Proc(noisy.command(&fixture("hip_loop")).args(["--fail", "1000000000"]).spawn().expect("flood"));
+    behind.overflow_ring_while_frozen();
+    drop(flood);
 
     // The stable pod is healthy; the canary fails its HIP runtime, runs
     // too many threads for its CPU limit while the test lasts, and
@@ -93,6 +145,17 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         .output()
         .expect("stable");
     assert!(out.status.success(), "{out:?}");
+    // A crash inside the library, in cuLaunchKernel.
+    let crash_in_launch = |pod: &PodCgroup, healthy: bool| {
+        let mut app = pod.command(&fixture("cuda_app"));
+        app.arg("--launch").env("ZLUDA_FIXTURE_CRASH", "1").stdout(Stdio::null());
+        if healthy {
+            app.env("ZLUDA_FIXTURE_HEALTHY", "1");
+        }
+        let out = app.output().expect("cuda_app --launch");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(11), "{out:?}");
+    };
+
     let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     canary.limit_cpu(cpus as f64 * 2.0 / 32.0);
     let _busy = Proc(
@@ -107,21 +170,41 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     let failing_round = || {
         let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
         assert!(out.status.success(), "{out:?}");
+        crash_in_launch(&canary, false);
+        // The stable's one kind of failure, which the checks below must
+        // find as its.
+        crash_in_launch(&stable, true);
         let out =
             canary.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
     };
     failing_round();
     // The first round's series are in Prometheus before the second round.
-    for family in ["canaryscope_gpu_init_failures_total", "canaryscope_oom_kills_total"] {
-        let q = format!("{family}{{track=\"canary\"}}");
+    let first_round = [
+        "canaryscope_gpu_init_failures_total{track=\"canary\"}",
+        "canaryscope_oom_kills_total{track=\"canary\"}",
+        "canaryscope_native_crashes_total{track=\"canary\"}",
+        "canaryscope_native_crashes_total{track=\"stable\"}",
+        "canaryscope_abnormal_exits_total{track=\"stable\"}",
+    ];
+    for q in first_round {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !has_series(prom_port, &q) {
+        while !has_series(prom_port, q) {
             assert!(Instant::now() < deadline, "Prometheus never stored {q}");
             thread::sleep(Duration::from_millis(200));
         }
     }
     failing_round();
+    // A call that hangs in the canary while the panels are read.
+    let _stalled = Proc(
+        canary
+            .command(&fixture("cuda_app"))
+            .arg("--sync")
+            .env("ZLUDA_FIXTURE_SYNC_SLEEP_MS", "120000")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("cuda_app --sync"),
+    );
 
     // Every target of every panel, with Grafana's variables filled in as a
     // person choosing the workload would.
@@ -141,38 +224,39 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         let answer = prom(prom_port, q);
         assert_eq!(answer["status"], "success", "{title}: {q}: {answer}");
     }
-    for title in CAUSED.iter().chain(NODE) {
+    for title in CAUSED.iter().chain(NODE).chain(STABLE_CLEAN) {
         assert!(queries.iter().any(|(t, _)| t == title), "no panel {title}");
     }
 
-    // The canary's series reach every panel of its failures (scraped each
+    // The canary's series reach every panel of its failures, the stable's
+    // its crash, and the second daemon's the node panels (scraped each
     // second; rates need two scrapes after the event).
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut missing: Vec<&str> = CAUSED.iter().chain(NODE).copied().collect();
+    let wanted = CAUSED
+        .iter()
+        .map(|t| (*t, "canary"))
+        .chain(STABLE_FAILED.iter().map(|t| (*t, "stable")))
+        .chain(NODE.iter().map(|t| (*t, "")));
+    let mut missing: Vec<(&str, &str)> = wanted.collect();
     while !missing.is_empty() {
-        missing.retain(|title| {
-            let node = NODE.contains(title);
+        missing.retain(|(title, track)| {
             !queries.iter().filter(|(t, _)| t == title).any(|(_, q)| {
-                prom(prom_port, q)["data"]["result"].as_array().is_some_and(|r| {
-                    r.iter().any(|s| {
-                        let v: f64 = s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-                        (node || s["metric"]["track"] == "canary") && v > 0.0
-                    })
-                })
+                shows(&prom(prom_port, q), |s| track.is_empty() || s["metric"]["track"] == *track)
             })
         });
         if Instant::now() >= deadline {
             let answers: Vec<String> = queries
                 .iter()
-                .filter(|(t, _)| missing.contains(&t.as_str()))
+                .filter(|(t, _)| missing.iter().any(|(m, _)| m == t))
                 .map(|(t, q)| format!("{t}: {q}\n  {}", prom(prom_port, q)["data"]["result"]))
                 .collect();
             panic!("panels without the canary's data: {missing:?}\n{}", answers.join("\n"));
         }
         thread::sleep(Duration::from_millis(500));
     }
-    // The healthy stable revision shows on no failure panel.
-    for (title, q) in queries.iter().filter(|(t, _)| t.contains("failures") || t == "OOM kills") {
+    // The stable revision, which crashed once and failed nothing else,
+    // shows on no other failure panel.
+    for (title, q) in queries.iter().filter(|(t, _)| STABLE_CLEAN.contains(&t.as_str())) {
         let result = prom(prom_port, q)["data"]["result"].clone();
         assert!(
             result.as_array().into_iter().flatten().all(|s| s["metric"]["track"] != "stable"),
@@ -182,7 +266,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     if let Some(out) = std::env::var_os("CANARYSCOPE_DASHBOARD_PICTURE") {
         picture(prom_port, &queries, std::path::Path::new(&out));
     }
-    drop(daemon);
+    drop((daemon, behind));
     let _ = fs::remove_dir_all(&dir);
 }
 

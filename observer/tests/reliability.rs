@@ -298,15 +298,6 @@ fn process_state(pid: u32) -> Option<char> {
     stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
 }
 
-/// Events the kernel side dropped so far for want of ring-buffer room, read
-/// from the daemon's own counter map (readable while the daemon is frozen).
-fn kernel_lost(daemon: &Daemon) -> u64 {
-    use aya::maps::{Map, PerCpuArray};
-    let lost = PerCpuArray::<_, u64>::try_from(Map::PerCpuArray(daemon.bpf_map("EVENTS_LOST")))
-        .expect("EVENTS_LOST");
-    lost.get(&0, 0).map(|per_cpu| per_cpu.iter().sum()).unwrap_or(0)
-}
-
 /// A DaemonSet's rolling update or a node drain stops the daemon in the
 /// middle of its work: a flood of GPU failures (over 1,000 events a second)
 /// that has filled the ring buffer, processes held at a runtime file whose
@@ -354,9 +345,9 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
     let dir = k8s::scratch_dir();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(daemon.pid() as i32, libc::SIGSTOP) };
-    let lost_at_freeze = kernel_lost(&daemon);
+    let lost_at_freeze = daemon.kernel_lost();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while kernel_lost(&daemon) == lost_at_freeze {
+    while daemon.kernel_lost() == lost_at_freeze {
         assert!(Instant::now() < deadline, "the flood never filled the ring buffer");
         std::thread::sleep(Duration::from_millis(10));
     }

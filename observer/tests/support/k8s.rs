@@ -149,7 +149,15 @@ pub fn control(port: u16, method: &str, path: &str, body: &str) -> String {
 /// every second, evaluating `rules` when given; its data lives in `dir`.
 /// Returns the process (stopped when dropped) and its HTTP port.
 pub fn start_prometheus(dir: &Path, daemon_port: u16, rules: Option<&Path>) -> (Proc, u16) {
+    start_prometheus_of(dir, &[daemon_port], rules)
+}
+
+/// A Prometheus scraping several daemons each second, as one scrapes a
+/// DaemonSet's pods.
+pub fn start_prometheus_of(dir: &Path, daemon_ports: &[u16], rules: Option<&Path>) -> (Proc, u16) {
     let port = free_port();
+    let targets: Vec<String> = daemon_ports.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
+    let targets = targets.join(", ");
     let config = dir.join("prometheus.yml");
     let rule_files = match rules {
         Some(r) => format!("  evaluation_interval: 1s\nrule_files:\n  - {}\n", r.display()),
@@ -158,7 +166,7 @@ pub fn start_prometheus(dir: &Path, daemon_port: u16, rules: Option<&Path>) -> (
     fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n{rule_files}scrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{daemon_port}']\n"
+            "global:\n  scrape_interval: 1s\n{rule_files}scrape_configs:\n  - job_name: canaryscope\n    honor_labels: true\n    static_configs:\n      - targets: [{targets}]\n"
         ),
     )
     .expect("prometheus.yml");

@@ -750,6 +750,34 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Events its kernel side dropped so far for want of ring-buffer room,
+    /// from its own counter map: readable while the daemon is frozen.
+    pub fn kernel_lost(&self) -> u64 {
+        use aya::maps::{Map, PerCpuArray};
+        let lost = PerCpuArray::<_, u64>::try_from(Map::PerCpuArray(self.bpf_map("EVENTS_LOST")))
+            .expect("EVENTS_LOST");
+        lost.get(&0, 0).map(|per_cpu| per_cpu.iter().sum()).unwrap_or(0)
+    }
+
+    /// Freezes the daemon while `flood` makes events, until its ring buffer
+    /// has overflowed; it runs again on return.
+    pub fn overflow_ring_while_frozen(&self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGSTOP) };
+        let before = self.kernel_lost();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.kernel_lost() == before {
+            if Instant::now() >= deadline {
+                // SAFETY: as above.
+                unsafe { libc::kill(self.pid() as i32, libc::SIGCONT) };
+                panic!("the ring buffer never overflowed in 10 s");
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGCONT) };
+    }
+
     /// One of the daemon's eBPF maps, by name, found through the map fds it
     /// holds (another canaryscope may run beside it).
     pub fn bpf_map(&self, name: &str) -> aya::maps::MapData {
