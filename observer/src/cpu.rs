@@ -5,7 +5,7 @@
 //! `nr_throttled`/`throttled_usec`, v1 `nr_throttled`/`throttled_time`.
 //! Only cgroups with a quota are read, once per tick.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -114,6 +114,9 @@ fn thread_state(tid: u32) -> Option<char> {
 pub struct CpuCgroup {
     /// Path below the hierarchy root; the same path names the cgroup2 cgroup.
     pub rel: String,
+    /// The cgroup2 cgroup's id (its directory's inode), read once when the
+    /// cgroup is first seen rather than on every sample; 0 if unknown.
+    pub cgroup_id: u64,
     pub quota_cores: f64,
     pub stat: CpuStat,
     pub runnable: u32,
@@ -134,15 +137,42 @@ pub enum CpuFinding {
     Oversubscribed { rel: String, runnable: u32, quota_cores: f64 },
 }
 
+/// How often the hierarchy is walked for limited cgroups and their quotas.
+/// Between walks only the known limited cgroups' `cpu.stat` is read: with a
+/// thousand pods a walk is thousands of directory and file reads (a pod's
+/// slice and its containers, two quota files each), most of an idle
+/// daemon's CPU, while a new pod's limit found five seconds later is
+/// throttling caught seconds later, on counters that lose nothing.
+const WALK_EVERY: Duration = Duration::from_secs(5);
+
+/// A limited cgroup found by the last walk.
+#[derive(Clone, Debug)]
+struct Limited {
+    dir: PathBuf,
+    rel: String,
+    quota_cores: f64,
+}
+
 pub struct CpuMonitor {
     hierarchy: Option<CpuHierarchy>,
+    /// Where cgroup ids are read: the cgroup2 mount.
+    cgroup2_root: Option<PathBuf>,
     cgroups: HashMap<String, CpuCgroup>,
     oversubscribed_after: Duration,
+    limited: Vec<Limited>,
+    last_walk: Option<Instant>,
 }
 
 impl CpuMonitor {
     pub fn new(cgroup2_root: Option<&Path>, oversubscribed_after: Duration) -> Self {
-        Self { hierarchy: CpuHierarchy::detect(cgroup2_root), cgroups: HashMap::new(), oversubscribed_after }
+        Self {
+            hierarchy: CpuHierarchy::detect(cgroup2_root),
+            cgroup2_root: cgroup2_root.map(Path::to_path_buf),
+            cgroups: HashMap::new(),
+            oversubscribed_after,
+            limited: Vec::new(),
+            last_walk: None,
+        }
     }
 
     /// The hierarchy sampled, if any cpu controller was found.
@@ -155,15 +185,13 @@ impl CpuMonitor {
         self.cgroups.values()
     }
 
-    /// Walks the hierarchy, samples limited cgroups, returns new findings.
-    pub fn sample(&mut self) -> Vec<CpuFinding> {
-        let Some(hierarchy) = self.hierarchy.clone() else { return Vec::new() };
-        let (root, v2) = match &hierarchy {
-            CpuHierarchy::V2(p) => (p.clone(), true),
-            CpuHierarchy::V1(p) => (p.clone(), false),
+    /// Every cgroup with a CPU quota under the hierarchy's root.
+    fn walk(hierarchy: &CpuHierarchy) -> Vec<Limited> {
+        let (root, v2) = match hierarchy {
+            CpuHierarchy::V2(p) => (p, true),
+            CpuHierarchy::V1(p) => (p, false),
         };
-        let mut seen = Vec::new();
-        let mut findings = Vec::new();
+        let mut limited = Vec::new();
         let mut stack = vec![root.clone()];
         while let Some(dir) = stack.pop() {
             if let Ok(entries) = fs::read_dir(&dir) {
@@ -179,18 +207,47 @@ impl CpuMonitor {
                 v1_quota(&dir)
             };
             let Some(quota_cores) = quota else { continue };
-            let Ok(stat_text) = fs::read_to_string(dir.join("cpu.stat")) else { continue };
-            let stat = parse_cpu_stat(&stat_text);
-            let rel = match dir.strip_prefix(&root) {
+            let rel = match dir.strip_prefix(root) {
                 Ok(p) if p.as_os_str().is_empty() => "/".to_string(),
                 Ok(p) => format!("/{}", p.display()),
                 Err(_) => continue,
             };
-            let runnable = runnable_threads(&dir, v2);
-            seen.push(rel.clone());
+            limited.push(Limited { dir, rel, quota_cores });
+        }
+        limited
+    }
+
+    /// Samples limited cgroups (walking the hierarchy for them when due),
+    /// returns new findings.
+    pub fn sample(&mut self) -> Vec<CpuFinding> {
+        let Some(hierarchy) = self.hierarchy.clone() else { return Vec::new() };
+        let v2 = matches!(hierarchy, CpuHierarchy::V2(_));
+        if self.last_walk.is_none_or(|t| t.elapsed() >= WALK_EVERY) {
+            self.limited = Self::walk(&hierarchy);
+            self.last_walk = Some(Instant::now());
+        }
+        // A set: with a thousand limited pods, a list's `contains` at the
+        // end was a million path comparisons per sample.
+        let mut seen = HashSet::new();
+        let mut findings = Vec::new();
+        for Limited { dir, rel, quota_cores } in &self.limited {
+            // Gone since the walk: dropped below, as if never found.
+            let Ok(stat_text) = fs::read_to_string(dir.join("cpu.stat")) else { continue };
+            let stat = parse_cpu_stat(&stat_text);
+            seen.insert(rel.as_str());
+            let known = self.cgroups.get(rel.as_str());
+            // CFS periods only advance while the cgroup has runnable
+            // threads: without new ones none ran, so none is runnable, and
+            // an idle pod costs one read.
+            let ran = known.is_none_or(|c| c.stat.nr_periods != stat.nr_periods);
+            let runnable = if ran { runnable_threads(dir, v2) } else { 0 };
+            let cgroup2_root = self.cgroup2_root.as_deref();
             let entry = self.cgroups.entry(rel.clone()).or_insert_with(|| CpuCgroup {
                 rel: rel.clone(),
-                quota_cores,
+                cgroup_id: cgroup2_root
+                    .and_then(|r| fs::metadata(r.join(rel.trim_start_matches('/'))).ok())
+                    .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m)),
+                quota_cores: *quota_cores,
                 stat,
                 runnable,
                 throttled_streak: 0,
@@ -198,41 +255,56 @@ impl CpuMonitor {
                 oversubscribed_since: None,
                 oversubscribed_reported: false,
             });
-            let new_throttled = stat.nr_throttled.saturating_sub(entry.stat.nr_throttled);
-            let new_periods = stat.nr_periods.saturating_sub(entry.stat.nr_periods);
-            let new_throttled_ns = stat.throttled_ns.saturating_sub(entry.stat.throttled_ns);
-            // Two samples in a row with several throttled periods is a
-            // pattern, not a blip; one event per episode.
-            if new_throttled >= 2 {
-                entry.throttled_streak += 1;
-                if entry.throttled_streak >= 2 && !entry.throttle_reported {
-                    entry.throttle_reported = true;
-                    findings.push(CpuFinding::Throttled {
-                        rel: rel.clone(),
-                        periods: new_throttled,
-                        total: new_periods,
-                        throttled_ns: new_throttled_ns,
-                    });
-                }
-            } else {
-                entry.throttled_streak = 0;
-                entry.throttle_reported = false;
-            }
-            if f64::from(runnable) > quota_cores {
-                let since = *entry.oversubscribed_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= self.oversubscribed_after && !entry.oversubscribed_reported {
-                    entry.oversubscribed_reported = true;
-                    findings.push(CpuFinding::Oversubscribed { rel: rel.clone(), runnable, quota_cores });
-                }
-            } else {
-                entry.oversubscribed_since = None;
-                entry.oversubscribed_reported = false;
-            }
-            entry.quota_cores = quota_cores;
-            entry.stat = stat;
-            entry.runnable = runnable;
+            findings.extend(entry.update(stat, runnable, *quota_cores, self.oversubscribed_after));
         }
-        self.cgroups.retain(|rel, _| seen.contains(rel));
+        self.cgroups.retain(|rel, _| seen.contains(rel.as_str()));
+        findings
+    }
+}
+
+impl CpuCgroup {
+    /// Takes a new sample; returns what a person should hear of it.
+    fn update(
+        &mut self,
+        stat: CpuStat,
+        runnable: u32,
+        quota_cores: f64,
+        oversubscribed_after: Duration,
+    ) -> Vec<CpuFinding> {
+        let mut findings = Vec::new();
+        let new_throttled = stat.nr_throttled.saturating_sub(self.stat.nr_throttled);
+        let new_periods = stat.nr_periods.saturating_sub(self.stat.nr_periods);
+        let new_throttled_ns = stat.throttled_ns.saturating_sub(self.stat.throttled_ns);
+        // Two samples in a row with several throttled periods is a
+        // pattern, not a blip; one event per episode.
+        if new_throttled >= 2 {
+            self.throttled_streak += 1;
+            if self.throttled_streak >= 2 && !self.throttle_reported {
+                self.throttle_reported = true;
+                findings.push(CpuFinding::Throttled {
+                    rel: self.rel.clone(),
+                    periods: new_throttled,
+                    total: new_periods,
+                    throttled_ns: new_throttled_ns,
+                });
+            }
+        } else {
+            self.throttled_streak = 0;
+            self.throttle_reported = false;
+        }
+        if f64::from(runnable) > quota_cores {
+            let since = *self.oversubscribed_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= oversubscribed_after && !self.oversubscribed_reported {
+                self.oversubscribed_reported = true;
+                findings.push(CpuFinding::Oversubscribed { rel: self.rel.clone(), runnable, quota_cores });
+            }
+        } else {
+            self.oversubscribed_since = None;
+            self.oversubscribed_reported = false;
+        }
+        self.quota_cores = quota_cores;
+        self.stat = stat;
+        self.runnable = runnable;
         findings
     }
 }

@@ -404,7 +404,7 @@ impl Pipeline {
         let Some(cpu) = &self.cpu else { return Vec::new() };
         cpu.cgroups()
             .map(|c| {
-                let id = self.attribution.cgroups().id_of(&c.rel).unwrap_or(0);
+                let id = c.cgroup_id;
                 let snapshot = CpuSnapshot {
                     periods: c.stat.nr_periods,
                     throttled_periods: c.stat.nr_throttled,
