@@ -413,7 +413,6 @@ mod tests {
         assert!(arrange(&[&[("hot_calls", &[])]], &paths).is_err(), "a missing binary is an error");
     }
 
-    #[test]
     /// A misspelt feature would declare less than the kernel has and fail
     /// only in its boot, minutes later; the words are the tests' own.
     #[test]
@@ -426,6 +425,7 @@ mod tests {
         }
     }
 
+    #[test]
     fn every_kernel_of_the_matrix_runs_check_and_each_family_once_or_more() {
         // Every boot but the first-call suite's own.
         for boot in VM_BOOTS

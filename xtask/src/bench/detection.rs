@@ -46,7 +46,8 @@ pub(super) fn detection_and_footprint_case(env: &Env, plan: &Plan, out: &mut Vec
         out.extend(oom_trials(env, plan, &d));
     }
     if let Some(idle) = idle {
-        footprint::idle_and_load(env, plan, &d, idle, out)?;
+        // The footprint stops this daemon itself, between its two loads.
+        return footprint::idle_and_load(env, plan, d, idle, out);
     }
     let took = d.stop();
     eprintln!("    canaryscope run took {took:.1?} to exit");
