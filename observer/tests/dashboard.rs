@@ -9,8 +9,8 @@
 //! show as the stable's, and the stable must show on no other failure panel.
 //!
 //! Two panels get no data here, for want of hardware: "KFD ioctl errors"
-//! needs /dev/kfd (the VM's KFD suite checks the events and counters behind
-//! it), and "GPU faults" a GPU that faults. Their queries are run all the same.
+//! needs /dev/kfd (vm_kfd.rs shows it data in the VM), and "GPU faults" a
+//! GPU that faults. Their queries are run all the same.
 mod support;
 
 use std::{
@@ -20,8 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Value};
-use support::{k8s::*, *};
+use serde_json::json;
+use support::{dashboard::*, k8s::*, *};
 
 /// Whether the query returns at least one series now.
 fn has_series(port: u16, query: &str) -> bool {
@@ -55,25 +55,11 @@ const STABLE_CLEAN: &[&str] = &[
     "OOM kills",
 ];
 
-/// Whether a panel's answer holds a series with a positive value for which
-/// `pick` holds.
-fn shows(answer: &Value, pick: impl Fn(&Value) -> bool) -> bool {
-    answer["data"]["result"].as_array().is_some_and(|r| {
-        r.iter().any(|s| {
-            let v: f64 = s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            pick(s) && v > 0.0
-        })
-    })
-}
-
 #[test]
 #[ignore = "needs root, python3 with grafana-foundation-sdk, and prometheus; run by `cargo xtask test`"]
 fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures() {
     assert_root();
-    let board: Value = serde_json::from_str(
-        &fs::read_to_string(repo().join("deploy/grafana/canaryscope.json")).expect("dashboard"),
-    )
-    .expect("dashboard JSON");
+    let board = dashboard();
 
     // The JSON loads back through the library that built it.
     let load = Command::new("python3")
@@ -208,17 +194,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
 
     // Every target of every panel, with Grafana's variables filled in as a
     // person choosing the workload would.
-    let mut queries = Vec::new();
-    for p in panels.iter().filter(|p| p["type"] != "row") {
-        for t in p["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().expect("a PromQL target");
-            let filled = expr
-                .replace("$namespace", NS)
-                .replace("$workload", "infer")
-                .replace("$__rate_interval", "2m");
-            queries.push((p["title"].as_str().unwrap_or("").to_string(), filled));
-        }
-    }
+    let queries = panel_queries(&board, NS, "infer");
     assert!(queries.len() >= 12, "{queries:#?}");
     for (title, q) in &queries {
         let answer = prom(prom_port, q);

@@ -2,11 +2,13 @@
 //! kprobes, /dev/kfd with one CPU-only node). The real HIP runtime issues
 //! real KFD ioctls, some of which fail, and then crashes in hipMalloc. Its
 //! entry in KFD's process table has a pasid and no GPU device: its VRAM
-//! reads as none, not as an error.
+//! reads as none, not as an error. The dashboard's KFD panel shows the
+//! failing ioctls from a real Prometheus.
 mod support;
 
 use std::{path::Path, process::Command, time::Duration};
 
+use serde_json::Value;
 use support::*;
 
 #[test]
@@ -101,4 +103,63 @@ fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
     assert_eq!(vram["ok"], true, "{vram}");
     let stranded = facility("vram_stranded").unwrap_or_else(|| panic!("no vram_stranded in {report:#}"));
     assert!(stranded["detail"].as_str().is_some_and(|d| d.contains("no GPU")), "{stranded}");
+}
+
+/// The dashboard's "KFD ioctl errors" panel, which no host without /dev/kfd
+/// can feed: a real Prometheus scrapes the daemon while a pod's real HIP
+/// runtime makes KFD ioctls that fail, twice (a rate needs a sample before
+/// the increase), and the panel, with the variables at Grafana's "All",
+/// must show the pod's failing ioctls with their errno.
+#[test]
+#[ignore = "needs root, /dev/kfd and prometheus; run in the VM by `cargo xtask test`"]
+fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
+    use support::{dashboard::*, k8s};
+    assert_root();
+    if !Path::new("/dev/kfd").exists() {
+        assert!(!in_vm(), "the VM must have /dev/kfd");
+        skip("the_dashboards_kfd_panel_shows_a_pods_failing_ioctls", "no /dev/kfd here; the VM runs it");
+        return;
+    }
+    let queries: Vec<(String, String)> = panel_queries(&dashboard(), ".*", ".*")
+        .into_iter()
+        .filter(|(title, _)| title == "KFD ioctl errors")
+        .collect();
+    assert!(!queries.is_empty(), "no KFD ioctl errors panel");
+    let dir = k8s::scratch_dir();
+    let daemon = Daemon::start(&["--no-kubernetes"]);
+    let (_prom, prom_port) = k8s::start_prometheus(&dir, daemon.port, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while k8s::prom_query(prom_port, "up{job=\"canaryscope\"} == 1").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "Prometheus never scraped the daemon");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let failing_ioctls = || {
+        // As in the test above: its init makes failing KFD ioctls, and
+        // its allocation crashes on a node without a GPU.
+        let out = pod.command(&fixture("hip_probe")).arg("--malloc").output().expect("hip_probe");
+        eprintln!("hip_probe: {} ({:?})", String::from_utf8_lossy(&out.stdout).trim(), out.status);
+    };
+    failing_ioctls();
+    let stored = "canaryscope_kfd_ioctls_total{result!=\"0\"}";
+    while k8s::prom_query(prom_port, stored).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "Prometheus never stored {stored}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    failing_ioctls();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let short = pod.short_container_id();
+    loop {
+        let answers: Vec<Value> = queries.iter().map(|(_, q)| k8s::prom(prom_port, q)).collect();
+        if answers.iter().any(|a| shows(a, |s| s["metric"]["ioctl"].is_string())) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the KFD ioctl errors panel never showed the pod ({short}): {answers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,6 +2,7 @@
 //! cgroups laid out as kubelet + containerd do, and the fixture programs.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod dashboard;
 pub mod k8s;
 pub mod shape;
 
