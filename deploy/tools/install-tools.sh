@@ -27,7 +27,11 @@ BIN="${CANARYSCOPE_TOOLS_BIN:-/usr/local/bin}"
 
 have_helm() { [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null || true)" = "$HELM_VERSION" ]; }
 have_kubectl() {
-    "$BIN/kubectl" version --client 2>/dev/null | grep -qx "Client Version: $KUBECTL_VERSION"
+    # Read whole: `grep -q` would quit at the first line, and kubectl,
+    # killed by SIGPIPE writing its second, fail the pipe under pipefail.
+    local said
+    said="$("$BIN/kubectl" version --client 2>/dev/null || true)"
+    grep -qx "Client Version: $KUBECTL_VERSION" <<<"$said"
 }
 have_readme_generator() {
     [ "$("$BIN/readme-generator" --version 2>/dev/null || true)" = "Version: $README_GENERATOR_VERSION" ]
