@@ -65,6 +65,14 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
     // An mmap refused by RLIMIT_AS (no signal: only the refusal counts).
     let refused = pod.command(&fixture("mmap_refused")).args(["0.01", "64"]).output().expect("mmap_refused");
     assert!(refused.status.success(), "{refused:?}");
+    // CPU limits are found by a walk of the hierarchy every few seconds
+    // and sampled each second: the pod's are there before the stall below,
+    // whose scrape must show them too.
+    let short = pod.short_container_id();
+    let container = format!("container=\"{short}\"");
+    daemon.wait_metric("the pod's CFS periods", WAIT, |l| {
+        l.starts_with("canaryscope_cpu_periods_total{") && l.contains(&container)
+    });
     // A synchronisation that hangs past the threshold, scraped while it hangs.
     let mut stalled = pod
         .command(&app)
@@ -93,8 +101,6 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
     };
     let _ = stalled.wait();
 
-    let short = pod.short_container_id();
-    let container = format!("container=\"{short}\"");
     // Without Kubernetes a pod's revision is unknown, and its own cgroup
     // stands for it in the series kept per revision.
     let pod_cgroup = pod.rel.rsplit_once('/').map(|(dir, _)| dir).expect("a container below its pod");
