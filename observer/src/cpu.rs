@@ -3,7 +3,8 @@
 //! `throttle_cfs_rq`, and no tracepoint exists for it (6.18), so the
 //! kernel's own counters in `cpu.stat` are the portable source: v2
 //! `nr_throttled`/`throttled_usec`, v1 `nr_throttled`/`throttled_time`.
-//! Only cgroups with a quota are read, once per tick.
+//! Only cgroups with a quota are read, each sample; the hierarchy is walked
+//! for them every few seconds.
 use std::{
     collections::{HashMap, HashSet},
     fs,
