@@ -69,7 +69,13 @@ impl SideJobs {
             }
             let text = fs::read_to_string(&job.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
-            for line in &lines[lines.len().saturating_sub(40)..] {
+            let tail_from = lines.len().saturating_sub(40);
+            // Why a case of the benchmark could not run is said where it
+            // happened, often above the tail: CI's log must show it.
+            for line in lines[..tail_from].iter().filter(|l| l.contains("could not run:")) {
+                eprintln!("    {line}");
+            }
+            for line in &lines[tail_from..] {
                 eprintln!("    {line}");
             }
             failed.push(format!(

@@ -75,7 +75,11 @@ fn runs_in(
             std::fs::create_dir_all(&dir)?;
             std::fs::copy(lib, dir.join(name)).with_context(|| format!("copy {}", lib.display()))?;
             let mut child = Command::new(env.fixture("gpu_dlopen"));
-            child.args(["--after", &delay_ms.to_string(), name]).env("LD_LIBRARY_PATH", &dir);
+            // Alive a second after its call: a tracer that lags (the suite
+            // runs this beside VM boots) reads a gone process's files from
+            // nowhere, and the copy would never be probed.
+            child.args(["--after", &delay_ms.to_string(), "--linger", "1000", name]);
+            child.env("LD_LIBRARY_PATH", &dir);
             let out = child.stdout(Stdio::piped()).stderr(Stdio::null()).output()?;
             if !out.status.success() {
                 bail!("gpu_dlopen {name} from {} failed: {}", dir.display(), out.status);
