@@ -20,21 +20,23 @@ use support::{k8s::*, *};
 fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     assert_root();
     let dir = scratch_dir();
+    let (mut api, api_port) = start_apiserver(&dir, None);
+    let kubeconfig = write_kubeconfig(&dir, api_port);
+    // The stable pod's ZLUDA-shaped library is found as a user's would be,
+    // when its process starts; --hold makes its first calls count too.
+    let daemon = node_daemon(&kubeconfig, "3s");
+
+    // Both revisions' pods are scheduled while the daemon runs: the API
+    // server has them, then the kubelet makes their cgroups.
     let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
     let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
-    let canary_cg = PodCgroup::new(&canary_uid, &canary_cid);
-    let stable_cg = PodCgroup::new(&stable_uid, &stable_cid);
-
-    let (mut api, api_port) = start_apiserver(&dir, None);
     let pods = json!([
         pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
         pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
     ]);
     control(api_port, "POST", "/control/pods", &pods.to_string());
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    // The stable pod's ZLUDA-shaped library is found as a user's would be,
-    // when its process starts; --hold makes its first calls count too.
-    let daemon = node_daemon(&kubeconfig, "3s");
+    let canary_cg = PodCgroup::new(&canary_uid, &canary_cid);
+    let stable_cg = PodCgroup::new(&stable_uid, &stable_cid);
 
     // The canary's HIP runtime fails to initialise; the stable one makes
     // real GPU calls that succeed.

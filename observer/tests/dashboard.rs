@@ -75,16 +75,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     );
 
     let dir = scratch_dir();
-    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
-    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
-    let mut canary = PodCgroup::new(&canary_uid, &canary_cid);
-    let stable = PodCgroup::new(&stable_uid, &stable_cid);
     let (_api, api_port) = start_apiserver(&dir, None);
-    let pods = json!([
-        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
-        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
-    ]);
-    control(api_port, "POST", "/control/pods", &pods.to_string());
     let kubeconfig = write_kubeconfig(&dir, api_port);
     // As the DaemonSet runs it, without --hold: the canary's processes are
     // held at its runtime file all the same. A stall threshold of seconds
@@ -102,6 +93,18 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     let behind = Daemon::start(&["--no-kubernetes", "--max-cgroups", "1"]);
 
     let (_prom, prom_port) = start_prometheus_of(&dir, &[daemon.port, behind.port], None);
+
+    // The rollout schedules both revisions' pods while the daemon runs:
+    // the API server has them, then the kubelet makes their cgroups.
+    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
+    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
+    let pods = json!([
+        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
+        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
+    ]);
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+    let mut canary = PodCgroup::new(&canary_uid, &canary_cid);
+    let stable = PodCgroup::new(&stable_uid, &stable_cid);
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape
