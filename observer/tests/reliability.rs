@@ -343,14 +343,7 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
     // and the records of the mappings below are lost with the rest.
     fixture("cuda_first");
     let dir = k8s::scratch_dir();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(daemon.pid() as i32, libc::SIGSTOP) };
-    let lost_at_freeze = daemon.kernel_lost();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.kernel_lost() == lost_at_freeze {
-        assert!(Instant::now() < deadline, "the flood never filled the ring buffer");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    daemon.freeze_until_ring_overflows();
     let mut held = Vec::new();
     for i in 0..3 {
         let copy = dir.join(format!("copy-{i}/libcuda.so.1"));
@@ -378,7 +371,7 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
         }
     }
     // The stop is taken the moment the daemon runs again.
-    // SAFETY: as above.
+    // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
     unsafe { libc::kill(daemon.pid() as i32, libc::SIGCONT) };
     let stopped = daemon.stop_within(Duration::from_secs(60));

@@ -11,13 +11,22 @@ use std::{path::Path, process::Command, time::Duration};
 use serde_json::Value;
 use support::*;
 
+/// Whether /dev/kfd is here; where it is not (any host of this kind), the
+/// test is noted as skipped, and the VM, which must have it, runs it.
+fn kfd_here(test: &str) -> bool {
+    if Path::new("/dev/kfd").exists() {
+        return true;
+    }
+    assert!(!in_vm(), "the VM must have /dev/kfd (amdgpu loaded)");
+    skip(test, "no /dev/kfd here; the VM runs it");
+    false
+}
+
 #[test]
 #[ignore = "needs root and /dev/kfd; run in the VM by `cargo xtask test`"]
 fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
     assert_root();
-    if !Path::new("/dev/kfd").exists() {
-        assert!(!in_vm(), "the VM must have /dev/kfd (amdgpu loaded)");
-        skip("real_hip_runtime_kfd_ioctls_and_its_crash_are_seen", "no /dev/kfd here; the VM runs it");
+    if !kfd_here("real_hip_runtime_kfd_ioctls_and_its_crash_are_seen") {
         return;
     }
     let probe = fixture("hip_probe");
@@ -81,9 +90,7 @@ fn real_hip_runtime_kfd_ioctls_and_its_crash_are_seen() {
 #[ignore = "needs root and amdgpu; run in the VM by `cargo xtask test`"]
 fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
     assert_root();
-    if !Path::new("/dev/kfd").exists() {
-        assert!(!in_vm(), "the VM must have /dev/kfd");
-        skip("check_lists_the_kfd_kprobe_and_hardware_hooks", "no /dev/kfd here; the VM runs it");
+    if !kfd_here("check_lists_the_kfd_kprobe_and_hardware_hooks") {
         return;
     }
     let out = Command::new(canaryscope()).args(["check", "--json"]).output().expect("check");
@@ -115,9 +122,7 @@ fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
 fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
     use support::{dashboard::*, k8s};
     assert_root();
-    if !Path::new("/dev/kfd").exists() {
-        assert!(!in_vm(), "the VM must have /dev/kfd");
-        skip("the_dashboards_kfd_panel_shows_a_pods_failing_ioctls", "no /dev/kfd here; the VM runs it");
+    if !kfd_here("the_dashboards_kfd_panel_shows_a_pods_failing_ioctls") {
         return;
     }
     let queries: Vec<(String, String)> = panel_queries(&dashboard(), ".*", ".*")

@@ -760,9 +760,9 @@ impl Daemon {
         lost.get(&0, 0).map(|per_cpu| per_cpu.iter().sum()).unwrap_or(0)
     }
 
-    /// Freezes the daemon while `flood` makes events, until its ring buffer
-    /// has overflowed; it runs again on return.
-    pub fn overflow_ring_while_frozen(&self) {
+    /// Freezes the daemon (SIGSTOP) and waits until, unread, its ring
+    /// buffer has overflowed under a flood the caller runs; it stays frozen.
+    pub fn freeze_until_ring_overflows(&self) {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.pid() as i32, libc::SIGSTOP) };
         let before = self.kernel_lost();
@@ -775,7 +775,12 @@ impl Daemon {
             }
             thread::sleep(Duration::from_millis(10));
         }
-        // SAFETY: as above.
+    }
+
+    /// As [`Self::freeze_until_ring_overflows`], then runs it again.
+    pub fn overflow_ring_while_frozen(&self) {
+        self.freeze_until_ring_overflows();
+        // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.pid() as i32, libc::SIGCONT) };
     }
 
