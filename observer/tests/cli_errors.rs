@@ -119,3 +119,58 @@ fn top_from_a_bad_or_unreachable_url_is_a_usage_error() {
     let (code, err) = run(&["top", "--json"]);
     assert_eq!(code, 2, "--json needs --once: {err}");
 }
+
+/// What `--help` says, against the text kept in tests/data/cli: scripts and
+/// runbooks quote it, so a change is made on purpose. `CANARYSCOPE_BLESS=1`
+/// rewrites the files after such a change.
+#[test]
+fn help_of_the_probing_commands_is_as_kept() {
+    let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cli");
+    for command in ["trace", "run", "top"] {
+        let out = Command::new(canaryscope())
+            .args([command, "--help"])
+            .env_remove("COLUMNS")
+            .output()
+            .expect("help");
+        assert_eq!(out.status.code(), Some(0));
+        let help = String::from_utf8(out.stdout).expect("utf-8");
+        let file = kept.join(format!("{command}-help.txt"));
+        if std::env::var_os("CANARYSCOPE_BLESS").is_some() {
+            std::fs::write(&file, &help).expect("write the kept help");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&file).expect("kept help");
+        assert!(help == expected, "{command} --help changed:\n{}", first_difference(&expected, &help));
+    }
+}
+
+/// The first line where two texts part, with its neighbours.
+fn first_difference(expected: &str, got: &str) -> String {
+    let (expected, got): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), got.lines().collect());
+    let at = expected.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(expected.len().min(got.len()));
+    let window = |lines: &[&str]| lines[at.saturating_sub(2)..(at + 3).min(lines.len())].join("\n");
+    format!("line {}\n--- kept\n{}\n--- now\n{}", at + 1, window(&expected), window(&got))
+}
+
+#[test]
+fn each_probing_command_refuses_a_bad_probe_value_in_its_own_words() {
+    // trace and top: clap's words; run: the words its config file's value
+    // gets too, since the two are checked after they are merged.
+    for (command, words) in [
+        ("trace", "invalid value 'ten' for '--stall-threshold <STALL_THRESHOLD>': `ten` is not a duration"),
+        ("top", "invalid value 'ten' for '--stall-threshold <STALL_THRESHOLD>': `ten` is not a duration"),
+        ("run", "canaryscope: --stall-threshold: `ten` is not a duration (try 10s, 500ms, 2m)\n"),
+    ] {
+        let (code, err) = run(&[command, "--stall-threshold", "ten"]);
+        assert_eq!(code, 2, "{command}: {err}");
+        assert!(err.contains(words), "{command}: {err}");
+    }
+    let config = std::env::temp_dir().join(format!("canaryscope-bad-probes-{}.toml", std::process::id()));
+    std::fs::write(&config, "probes = \"gpu,x\"\n").expect("write config");
+    let (code, err) = run(&["run", "--config", config.to_str().expect("utf-8")]);
+    let (flag_code, flag_err) = run(&["run", "--probes", "gpu,x"]);
+    let _ = std::fs::remove_file(&config);
+    assert_eq!((code, flag_code), (2, 2), "{err} {flag_err}");
+    assert_eq!(err, flag_err, "the file's value and the flag are refused alike");
+    assert!(err.contains("--probes: unknown probe family `x`"), "{err}");
+}

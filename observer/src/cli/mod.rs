@@ -114,8 +114,8 @@ mod tests {
         let parsed = Cli::try_parse_from(["canaryscope", "trace"]).expect("parses");
         let Some(Command::Trace(from_flags)) = parsed.command else { panic!("trace") };
         let default = crate::trace::Args::default();
-        assert_eq!(from_flags.stall_threshold, default.stall_threshold);
-        assert_eq!(from_flags.probes, default.probes);
+        assert_eq!(from_flags.probe, default.probe);
+        assert_eq!(default.probe.families().expect("all"), crate::config::Families::ALL);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::{
         kube::{self, PodCache, CONDITION_TYPE},
         rollouts::{self, canary_reason},
     },
-    config,
+    config::{self, ProbeArgs, ProbeOptionHelp},
     discovery::{hold_scope::PodHold, hot::Policy},
     error::{require_root, CliError},
     event_loop::{self, Schedule},
@@ -41,6 +41,23 @@ pub mod settings;
 const TICK: Duration = Duration::from_millis(100);
 
 #[derive(clap::Args, Debug, Clone, Default)]
+#[command(
+    probe_option(
+        "stall_threshold",
+        "max_cgroups",
+        config::with_default("A GPU call in flight longer than this counts as stalled", config::DEFAULT_STALL_THRESHOLD)
+    ),
+    probe_option("libs", "stall_threshold", "Also probe this GPU runtime library; repeatable"),
+    probe_option(
+        "probes",
+        "no_kubernetes",
+        config::with_default("Probe families to attach, comma-separated: gpu, kfd, cpu, exits", "all")
+    ),
+    // Checked with the config file's value, after the two are merged, so
+    // that either is refused in the same words.
+    mut_arg("stall_threshold", |a| a.value_parser(clap::value_parser!(String))),
+    mut_arg("probes", |a| a.value_parser(clap::value_parser!(String)))
+)]
 pub struct Args {
     /// Address of the Prometheus exporter (/metrics, /healthz, /readyz).
     #[arg(long, env = "CANARYSCOPE_LISTEN", help = config::with_default("Address of the Prometheus exporter (/metrics, /healthz, /readyz)", config::DEFAULT_LISTEN))]
@@ -63,18 +80,9 @@ pub struct Args {
     /// Most cgroups with series on this node; beyond it updates are counted, not exported.
     #[arg(long, help = config::with_default("Most cgroups with series on this node; beyond it updates are counted, not exported", config::DEFAULT_MAX_CGROUPS))]
     pub max_cgroups: Option<usize>,
-    /// A GPU call in flight longer than this counts as stalled.
-    #[arg(long, help = config::with_default("A GPU call in flight longer than this counts as stalled", config::DEFAULT_STALL_THRESHOLD))]
-    pub stall_threshold: Option<String>,
-    /// Also probe this GPU runtime library; repeatable.
-    #[arg(long = "lib", value_name = "PATH")]
-    pub libs: Vec<PathBuf>,
     /// Do not talk to the Kubernetes API even when a config is found.
     #[arg(long)]
     pub no_kubernetes: bool,
-    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
-    #[arg(long, value_name = "LIST", help = config::with_default("Probe families to attach, comma-separated: gpu, kfd, cpu, exits", "all"))]
-    pub probes: Option<String>,
     /// Stop a process that maps a GPU runtime file never seen before until
     /// its probes are attached, so its first call is seen (see README: the hold).
     #[arg(long)]
@@ -105,6 +113,9 @@ pub struct Args {
     /// NoRuntimeActivity; without it such a pod has no condition (unready).
     #[arg(long, value_name = "DURATION")]
     pub gate_timeout: Option<String>,
+    /// --lib, --probes and --stall-threshold, shown among the options above.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {

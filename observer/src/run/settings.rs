@@ -8,9 +8,9 @@ use crate::{
     attribution::kube::KubeOptions,
     config::{
         check_gpu_options, default_duration, parse_cgroup_prefix, parse_duration, parse_hot_calls,
-        parse_hot_detail, parse_hot_window, parse_listen, Families, HotCalls, HotDetail,
+        parse_hot_detail, parse_hot_window, parse_listen, Families, HotCalls, HotDetail, ProbeArgs,
         DEFAULT_HOT_DETAIL_RUN, DEFAULT_HOT_WINDOW, DEFAULT_LISTEN, DEFAULT_MAX_CGROUPS,
-        DEFAULT_SERIES_GRACE, DEFAULT_STALL_THRESHOLD, DEFAULT_TRACK_LABEL,
+        DEFAULT_SERIES_GRACE, DEFAULT_TRACK_LABEL,
     },
     error::CliError,
     run::Args,
@@ -99,11 +99,12 @@ impl Settings {
             args.series_grace.clone().or(file.series_grace),
             DEFAULT_SERIES_GRACE,
         )?;
-        let stall_threshold = flag_duration(
-            "--stall-threshold",
-            args.stall_threshold.clone().or(file.stall_threshold),
-            DEFAULT_STALL_THRESHOLD,
-        )?;
+        let probe = ProbeArgs {
+            libs: args.probe.libs.iter().chain(&file.libs).cloned().collect(),
+            probes: args.probe.probes.clone().or(file.probes),
+            stall_threshold: args.probe.stall_threshold.clone().or(file.stall_threshold),
+        };
+        let stall_threshold = probe.stall_threshold()?;
         let kube = kube_options(
             args,
             args.kubeconfig.clone().or(file.kubeconfig),
@@ -111,12 +112,8 @@ impl Settings {
             file.node_name,
             file.track_label,
         )?;
-        let mut libs = args.libs.clone();
-        libs.extend(file.libs);
-        let probes = match args.probes.clone().or(file.probes) {
-            Some(list) => Families::parse(&list).map_err(|e| CliError::usage(format!("--probes: {e}")))?,
-            None => Families::ALL,
-        };
+        let probes = probe.families()?;
+        let libs = probe.libs;
         let hold = args.hold || file.hold.unwrap_or(false);
         check_gpu_options(&libs, hold, probes)?;
         let (hot_calls, hot_window, hot_detail) = hot_call_settings(

@@ -42,13 +42,13 @@ impl Consumer for LocalTop {
 }
 
 pub async fn run(args: &Args) -> Result<ExitCode, CliError> {
-    let stall_ns = config::kernel_ns(args.stall_threshold);
+    let stall_ns = config::kernel_ns(args.probe.stall_threshold()?);
     // As the daemon's defaults: hot calls in cgroups with recent trouble.
     // Run-queue latency for the kubepods hierarchy, and for a cgroup
     // prefix the person filters on.
     let runq_prefixes = args.filter.starts_with('/').then(|| args.filter.clone()).into_iter().collect();
-    let options = Options::new(args.probes, stall_ns, Policy::daemon_default())
-        .libs(args.libs.clone())
+    let options = Options::new(args.probe.families()?, stall_ns, Policy::daemon_default())
+        .libs(args.probe.libs.clone())
         .runq_prefixes(runq_prefixes);
     let (mut pipeline, ring) = Pipeline::start(options)?;
     let recorder = Recorder::standalone(&pipeline, config::DEFAULT_MAX_CGROUPS);

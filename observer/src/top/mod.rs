@@ -10,7 +10,6 @@ pub mod table;
 
 use std::{
     io::Write,
-    path::PathBuf,
     process::ExitCode,
     time::{Duration, Instant},
 };
@@ -18,8 +17,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    config::Families,
-    config::{self, parse_duration},
+    config::{self, ProbeArgs, ProbeOptionHelp},
     error::CliError,
     event_loop::Flow,
     metrics::{exposition, fetch, server::PER_POD_PATH},
@@ -33,6 +31,13 @@ const REFRESH: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(100);
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(
+    probe_option("libs", "filter", "Also probe this GPU runtime library; repeatable (own probes only)"),
+    probe_option("probes", "libs", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits (own probes only)"),
+    mut_arg("probes", |a| a.default_value("all")),
+    probe_option("stall_threshold", "probes", "A GPU call in flight longer than this counts as stalled (own probes only)"),
+    mut_arg("stall_threshold", |a| a.default_value(config::DEFAULT_STALL_THRESHOLD))
+)]
 pub struct Args {
     /// Read a running daemon's metrics (e.g. http://127.0.0.1:9464; its
     /// per-pod view, /metrics/pods) instead of loading probes; needs no root.
@@ -51,15 +56,9 @@ pub struct Args {
     /// this (`/` edits it in the view).
     #[arg(long, value_name = "NAMESPACE|PREFIX", default_value = "")]
     pub filter: String,
-    /// Also probe this GPU runtime library; repeatable (own probes only).
-    #[arg(long = "lib", value_name = "PATH")]
-    pub libs: Vec<PathBuf>,
-    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits (own probes only).
-    #[arg(long, value_name = "LIST", value_parser = Families::parse, default_value = "all")]
-    pub probes: Families,
-    /// A GPU call in flight longer than this counts as stalled (own probes only).
-    #[arg(long, value_parser = parse_duration, default_value = config::DEFAULT_STALL_THRESHOLD)]
-    pub stall_threshold: Duration,
+    /// --lib, --probes and --stall-threshold, for its own probes.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -83,7 +82,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             runtime.block_on(remote(driver, target))
         }
         None => {
-            config::check_gpu_options(&args.libs, false, args.probes)?;
+            config::check_gpu_options(&args.probe.libs, false, args.probe.families()?)?;
             crate::error::require_root("canaryscope top")?;
             runtime.block_on(local::run(&args))
         }

@@ -11,8 +11,7 @@ use std::{
 use log::warn;
 
 use crate::{
-    config::Families,
-    config::{self, parse_duration},
+    config::{self, parse_duration, Families, ProbeArgs, ProbeOptionHelp},
     discovery::hot::Policy,
     error::{require_root, CliError},
     event_loop::{self, Consumer, Flow, Schedule},
@@ -28,6 +27,17 @@ const TICK: Duration = Duration::from_millis(250);
 const CPU_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(
+    probe_option(
+        "libs",
+        "comm",
+        "Also probe this GPU runtime library (libamdhip64.so*, libcuda.so*, libnvcuda.so*, libcudart*.so*); repeatable"
+    ),
+    probe_option("stall_threshold", "libs", "A GPU call in flight longer than this is reported as stalled (e.g. 10s, 500ms)"),
+    mut_arg("stall_threshold", |a| a.default_value(config::DEFAULT_STALL_THRESHOLD)),
+    probe_option("probes", "duration", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits"),
+    mut_arg("probes", |a| a.default_value("all"))
+)]
 pub struct Args {
     /// One JSON object per line instead of the table.
     #[arg(long)]
@@ -44,18 +54,9 @@ pub struct Args {
     /// Only events of processes with this command name (as in /proc/PID/comm).
     #[arg(long)]
     pub comm: Option<String>,
-    /// Also probe this GPU runtime library (libamdhip64.so*, libcuda.so*, libnvcuda.so*, libcudart*.so*); repeatable.
-    #[arg(long = "lib", value_name = "PATH")]
-    pub libs: Vec<PathBuf>,
-    /// A GPU call in flight longer than this is reported as stalled (e.g. 10s, 500ms).
-    #[arg(long, value_parser = parse_duration, default_value = config::DEFAULT_STALL_THRESHOLD)]
-    pub stall_threshold: Duration,
     /// Stop after this long (for scripts); runs until Ctrl-C / SIGTERM by default.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
-    #[arg(long, value_name = "LIST", value_parser = Families::parse, default_value = "all")]
-    pub probes: Families,
     /// Stop a process that maps a GPU runtime file never seen before until
     /// its probes are attached, so its first call is seen (see README: the hold).
     #[arg(long)]
@@ -82,6 +83,9 @@ pub struct Args {
     /// kernel has uprobe_multi links (the bench compares the two).
     #[arg(long, hide = true)]
     pub per_function_uprobes: bool,
+    /// --lib, --probes and --stall-threshold, shown among the options above.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 /// What `canaryscope` alone runs: the flags' defaults.
@@ -105,9 +109,9 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn from_args(args: &Args) -> Self {
+    pub fn from_args(args: &Args, stall_threshold: Duration) -> Self {
         Self {
-            slow_ns: args.stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64,
+            slow_ns: stall_threshold.as_nanos().min(u128::from(u64::MAX)) as u64,
             pids: args.pids.clone(),
             cgroup_prefix: args.cgroup.clone(),
             comm: args.comm.clone(),
@@ -143,21 +147,23 @@ impl Filter {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
-    config::check_gpu_options(&args.libs, args.hold, args.probes)?;
+    let families = args.probe.families()?;
+    let stall_threshold = args.probe.stall_threshold()?;
+    config::check_gpu_options(&args.probe.libs, args.hold, families)?;
     require_root("canaryscope trace")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::runtime(format!("cannot start the event loop: {e}")))?;
-    runtime.block_on(trace(args))
+    runtime.block_on(trace(args, families, stall_threshold))
 }
 
-async fn trace(args: Args) -> Result<ExitCode, CliError> {
-    let stall_ns = config::kernel_ns(args.stall_threshold);
+async fn trace(args: Args, families: Families, stall_threshold: Duration) -> Result<ExitCode, CliError> {
+    let stall_ns = config::kernel_ns(stall_threshold);
     let hot_policy =
         Policy::for_trace(args.hot_calls, &args.pids, args.comm.as_deref(), args.cgroup.as_deref());
-    let mut options = Options::new(args.probes, stall_ns, hot_policy)
-        .libs(args.libs.clone())
+    let mut options = Options::new(families, stall_ns, hot_policy)
+        .libs(args.probe.libs.clone())
         .hold(args.hold)
         .hot_detail(args.hot_detail);
     options.settings.gpu_emit_all = args.all;
@@ -168,7 +174,7 @@ async fn trace(args: Args) -> Result<ExitCode, CliError> {
     greet(&pipeline, &args);
     let mut printer = Printer {
         out: io::BufWriter::new(io::stdout().lock()),
-        filter: Filter::from_args(&args),
+        filter: Filter::from_args(&args, stall_threshold),
         json: args.json,
         lost_reported: 0,
         last_cpu_sample: std::time::Instant::now(),

@@ -6,6 +6,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use crate::error::CliError;
 
+mod probe_args;
+pub use probe_args::{families, ProbeArgs, ProbeOptionHelp};
+
 /// Where the daemon's exporter listens (`/metrics`, `/healthz`, `/readyz`).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9464";
 /// A GPU call in flight this long is a stall.
