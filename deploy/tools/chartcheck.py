@@ -8,7 +8,7 @@ Subcommands
   values          every value values.yaml documents (`## @param`) is typed by
                   values.schema.json and set by a case in REACH below, which renders the
                   chart with it and finds it in the manifests; the defaults are the
-                  daemon's own (observer/src/config.rs), and every flag the chart passes
+                  daemon's own (observer/src/config/mod.rs), and every flag the chart passes
                   is one `canaryscope run` / `judge` has (observer/src/*/mod.rs)
   refused         each case in REFUSED is refused by `helm template` (values.schema.json
                   or a `fail` in templates/_helpers.tpl) with a message naming the value
@@ -45,9 +45,11 @@ SCHEMA = os.path.join(CHART, "values.schema.json")
 README = os.path.join(CHART, "README.md")
 GOLDEN = os.path.join(dc.DEPLOY, "helm", "ci", "immutable-fields.yaml")
 REPO = os.path.dirname(dc.DEPLOY)
-CONFIG_RS = os.path.join(REPO, "observer", "src", "config.rs")
+CONFIG_RS = os.path.join(REPO, "observer", "src", "config", "mod.rs")
 RUN_RS = os.path.join(REPO, "observer", "src", "run", "mod.rs")
 JUDGE_RS = os.path.join(REPO, "observer", "src", "judge", "mod.rs")
+# Where an Args struct's `#[command(flatten)]` fields are defined.
+FLATTENED = {"ProbeArgs": os.path.join(REPO, "observer", "src", "config", "probe_args.rs")}
 
 
 # ---------------------------------------------------------------------------------
@@ -308,7 +310,8 @@ def schema_node(schema, path):
 
 def flags_of(path, struct="Args"):
     """The long flags of a clap Args struct (`--track-label`), read from its source: each
-    `#[arg(...)]` line with `long` (or `long = "name"`) before its `pub field:`."""
+    `#[arg(...)]` line with `long` (or `long = "name"`) before its `pub field:`, and the
+    flags of each struct flattened into it."""
     with open(path) as f:
         text = f.read()
     body = text[text.index("pub struct %s {" % struct):]
@@ -316,8 +319,16 @@ def flags_of(path, struct="Args"):
     flags, attr = set(), None
     for line in body.splitlines():
         line = line.strip()
-        if line.startswith("#[arg("):
+        if line.startswith("#[arg(") or line == "#[command(flatten)]":
             attr = line
+            continue
+        flattened = re.match(r"pub \w+: (\w+),", line)
+        if attr == "#[command(flatten)]" and flattened:
+            if flattened.group(1) not in FLATTENED:
+                raise ValueError("%s: %s is flattened into %s; say where it is defined"
+                                 % (rel(path), flattened.group(1), struct))
+            flags |= flags_of(FLATTENED[flattened.group(1)], flattened.group(1))
+            attr = None
             continue
         m = re.match(r"pub (\w+):", line)
         if m and attr is not None:
@@ -429,7 +440,7 @@ def check_values():
     }
     for key, daemon_default in want.items():
         if values.get(key) != daemon_default:
-            err("values.yaml %s: %r, the daemon's default is %r (observer/src/config.rs)"
+            err("values.yaml %s: %r, the daemon's default is %r (observer/src/config/mod.rs)"
                 % (key, values.get(key), daemon_default))
     with open(CONFIG_RS) as f:
         families = re.findall(r'^\s*\("(\w+)",', f.read().split("FAMILY_NAMES")[1].split("];")[0], re.M)
