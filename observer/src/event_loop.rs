@@ -3,7 +3,10 @@
 //! so. What happens to the events is the consumer's.
 use std::{sync::Arc, time::Duration};
 
-use tokio::{signal::unix::SignalKind, sync::Notify};
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::Notify,
+};
 
 use crate::{
     events::Event,
@@ -26,8 +29,34 @@ pub enum Flow {
 pub enum LoopError {
     #[error("ring buffer: {0}")]
     Ring(std::io::Error),
-    #[error("cannot handle SIGTERM: {0}")]
+    #[error("cannot handle Ctrl-C and SIGTERM: {0}")]
     Signal(std::io::Error),
+}
+
+/// Ctrl-C and SIGTERM, listened for from start to stop. A signal that comes
+/// while the loop is busy (printing to a full pipe, attaching a library)
+/// waits here for the next turn; tokio's `ctrl_c()`, made anew each turn,
+/// hears only signals that come while it is awaited, and would lose it.
+pub struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    pub fn new() -> Result<Self, LoopError> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).map_err(LoopError::Signal)?,
+            terminate: signal(SignalKind::terminate()).map_err(LoopError::Signal)?,
+        })
+    }
+
+    /// The next Ctrl-C or SIGTERM, or one that came since the last call.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
 
 /// What `trace`, `run` and `top` do with what the pipeline yields.
@@ -63,7 +92,7 @@ pub async fn run<C: Consumer>(
     schedule: Schedule,
 ) -> Result<(), C::Error> {
     let mut reader = RingReader::new(ring).map_err(LoopError::Ring)?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(LoopError::Signal)?;
+    let mut stop = StopSignals::new()?;
     let mut tick = tokio::time::interval(schedule.tick);
     let deadline = schedule.deadline.map(|d| tokio::time::Instant::now() + d);
     loop {
@@ -80,8 +109,7 @@ pub async fn run<C: Consumer>(
             }
         };
         let flow = tokio::select! {
-            _ = tokio::signal::ctrl_c() => Flow::Stop,
-            _ = sigterm.recv() => Flow::Stop,
+            _ = stop.recv() => Flow::Stop,
             _ = until_deadline => {
                 let events = pipeline.handle(&reader.drain());
                 consumer.events(pipeline, events)?;

@@ -396,3 +396,60 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
     wait_baseline(baseline);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The main thread's wait channel: where in the kernel it sleeps.
+fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+/// Ctrl-C pressed while `trace` is busy stops it: here the tracer prints a
+/// flood of GPU failures into a pipe its reader has stopped draining (a
+/// pager that is slow, a terminal on a slow link), so its loop sits in
+/// write() when the signal comes, not waiting for it.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn ctrl_c_while_trace_is_busy_printing_stops_it() {
+    use std::{io::Read, process::Stdio};
+    assert_root();
+    let baseline = settled_baseline();
+    let flood = k8s::Proc(
+        Command::new(fixture("hip_loop")).args(["--fail", "1000000000"]).spawn().expect("hip_loop"),
+    );
+    let mut tracer = Command::new(canaryscope())
+        .args(["trace", "--json", "--pid", &flood.0.id().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("trace");
+    let pid = tracer.id();
+    // Nobody reads yet: the flood fills the pipe and the tracer blocks
+    // writing the next event.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !wchan(pid).ends_with("pipe_write") {
+        assert!(tracer.try_wait().expect("wait").is_none(), "the tracer ended before the pipe filled");
+        assert!(Instant::now() < deadline, "the tracer never blocked on its full pipe: {}", wchan(pid));
+        std::thread::yield_now();
+    }
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    // Now drain, as the pager catching up does; the tracer must leave.
+    let mut stdout = tracer.stdout.take().expect("stdout");
+    let drain = std::thread::spawn(move || {
+        let mut sink = [0u8; 1 << 16];
+        while stdout.read(&mut sink).is_ok_and(|n| n > 0) {}
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = tracer.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = tracer.kill();
+            let _ = tracer.wait();
+            panic!("one Ctrl-C while trace was writing did not stop it within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = drain.join();
+    assert!(status.success(), "Ctrl-C ends trace cleanly: {status}");
+    wait_baseline(baseline);
+}

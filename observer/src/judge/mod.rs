@@ -34,7 +34,7 @@ use self::{
     request::{BadRequest, Params, Question},
     verdict::{Judgement, Outcome, Policy},
 };
-use crate::error::CliError;
+use crate::{error::CliError, event_loop::StopSignals};
 
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
@@ -134,6 +134,8 @@ async fn serve(addr: SocketAddr, judge: Arc<Judge>) -> Result<(), CliError> {
     let listener =
         TcpListener::bind(addr).await.map_err(|e| CliError::runtime(format!("--listen {addr}: {e}")))?;
     eprintln!("canaryscope judge: answering on http://{addr}/v1/judge, asking {}", judge.prometheus.url());
+    // SIGTERM too: a Deployment's rollout stops the judge with it.
+    let mut stop = StopSignals::new()?;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -150,7 +152,7 @@ async fn serve(addr: SocketAddr, judge: Arc<Judge>) -> Result<(), CliError> {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = stop.recv() => return Ok(()),
         }
     }
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::{
     config::{self, ProbeArgs, ProbeOptionHelp},
     error::CliError,
-    event_loop::Flow,
+    event_loop::{Flow, StopSignals},
     metrics::{exposition, fetch, server::PER_POD_PATH},
 };
 use screen::{Input, Screen};
@@ -100,14 +100,11 @@ fn parse_reading(text: &str) -> Result<Reading, exposition::ParseError> {
 }
 
 async fn remote(mut driver: Driver, target: fetch::Target) -> Result<ExitCode, CliError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigterm = signal(SignalKind::terminate())
-        .map_err(|e| CliError::runtime(format!("cannot handle SIGTERM: {e}")))?;
+    let mut stop = StopSignals::new()?;
     let mut tick = tokio::time::interval(TICK);
     loop {
         let flow = tokio::select! {
-            _ = tokio::signal::ctrl_c() => Flow::Stop,
-            _ = sigterm.recv() => Flow::Stop,
+            _ = stop.recv() => Flow::Stop,
             _ = tick.tick() => driver.step(&mut || read(&target))?,
         };
         if flow == Flow::Stop {
