@@ -28,15 +28,7 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
 
     // Both revisions' pods are scheduled while the daemon runs: the API
     // server has them, then the kubelet makes their cgroups.
-    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
-    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
-    let pods = json!([
-        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
-        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
-    ]);
-    control(api_port, "POST", "/control/pods", &pods.to_string());
-    let canary_cg = PodCgroup::new(&canary_uid, &canary_cid);
-    let stable_cg = PodCgroup::new(&stable_uid, &stable_cid);
+    let (pods, canary_cg, stable_cg) = schedule_canary_and_stable(api_port);
 
     // The canary's HIP runtime fails to initialise; the stable one makes
     // real GPU calls that succeed.

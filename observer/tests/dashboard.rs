@@ -20,7 +20,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
 use support::{dashboard::*, k8s::*, *};
 
 /// Whether the query returns at least one series now.
@@ -96,15 +95,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
 
     // The rollout schedules both revisions' pods while the daemon runs:
     // the API server has them, then the kubelet makes their cgroups.
-    let (canary_uid, stable_uid) = (random_pod_uid(), random_pod_uid());
-    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
-    let pods = json!([
-        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
-        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
-    ]);
-    control(api_port, "POST", "/control/pods", &pods.to_string());
-    let mut canary = PodCgroup::new(&canary_uid, &canary_cid);
-    let stable = PodCgroup::new(&stable_uid, &stable_cid);
+    let (_, mut canary, stable) = schedule_canary_and_stable(api_port);
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape

@@ -212,3 +212,18 @@ pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> super::Daemon {
         series_grace,
     ])
 }
+
+/// A rollout's two revisions scheduled while the daemon runs, as a rollout
+/// does: the API server has the pods first, then the kubelet makes their
+/// cgroups. Returns the pods as posted (to post again to an API server
+/// that restarts), the canary's cgroup and the stable's.
+pub fn schedule_canary_and_stable(api_port: u16) -> (Value, super::PodCgroup, super::PodCgroup) {
+    let (canary_uid, stable_uid) = (super::random_pod_uid(), super::random_pod_uid());
+    let (canary_cid, stable_cid) = (random_hex(64), random_hex(64));
+    let pods = json!([
+        pod("infer-canaryhash-abcde", &canary_uid, &canary_cid, "canary", "canaryhash"),
+        pod("infer-stablehash-fghij", &stable_uid, &stable_cid, "stable", "stablehash"),
+    ]);
+    control(api_port, "POST", "/control/pods", &pods.to_string());
+    (pods, super::PodCgroup::new(&canary_uid, &canary_cid), super::PodCgroup::new(&stable_uid, &stable_cid))
+}
