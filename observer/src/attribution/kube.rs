@@ -298,6 +298,25 @@ fn argo_rollout(pod: &Pod, labels: &BTreeMap<String, String>) -> Option<String> 
     (!rollout.is_empty()).then(|| rollout.to_owned())
 }
 
+/// Container IDs a pod's cached entry keeps at most: a crash loop's
+/// every instance, for as long as anyone still counts it, and a bound on
+/// what a pod restarting for weeks can cost.
+const REMEMBERED_CONTAINER_IDS: usize = 64;
+
+/// Carries the container IDs `old` knew into `meta`. The status names only
+/// the current instance of a container and the one before (`lastState`),
+/// while a crash-looping container's older instances may still have
+/// series whose cgroups the kubelet removed before the daemon read their
+/// ID: a name once learned is kept for the pod's life in the cache.
+fn remember_container_ids(meta: &mut PodMeta, old: &PodMeta) {
+    if meta.containers.len() + old.containers.len() > REMEMBERED_CONTAINER_IDS {
+        return;
+    }
+    for (id, name) in &old.containers {
+        meta.containers.entry(id.clone()).or_insert_with(|| name.clone());
+    }
+}
+
 /// The name of the container with this ID (bare, or with its runtime
 /// prefix), if it belongs to the pod.
 pub fn container_name<'a>(meta: &'a PodMeta, container_id: &str) -> Option<&'a str> {
@@ -466,8 +485,11 @@ impl PodCache {
         self.shared.pods.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn upsert(&self, key: String, meta: PodMeta) {
+    fn upsert(&self, key: String, mut meta: PodMeta) {
         let mut pods = self.write();
+        if let Some(old) = pods.get(&key) {
+            remember_container_ids(&mut meta, old);
+        }
         if pods.get(&key) != Some(&meta) {
             pods.insert(key, meta);
             self.changed();
@@ -481,8 +503,13 @@ impl PodCache {
         }
     }
 
-    fn replace_all(&self, new: HashMap<String, PodMeta>) {
+    fn replace_all(&self, mut new: HashMap<String, PodMeta>) {
         let mut pods = self.write();
+        for (key, meta) in &mut new {
+            if let Some(old) = pods.get(key) {
+                remember_container_ids(meta, old);
+            }
+        }
         if *pods != new {
             *pods = new;
             self.changed();
@@ -930,6 +957,46 @@ mod tests {
         assert_eq!(meta.workload, "kube-apiserver");
         assert_eq!(meta.uid, "8d7192a3-b4c5-4ef0-8123-456789abcdef");
         assert_eq!(cgroup_uid(&deployment_pod()).as_deref(), Some("1c0a2b3e-4f5d-6789-abcd-ef0123456789"));
+    }
+
+    /// A pod whose one container, `worker`, runs as `id`, with `previous`
+    /// in `lastState` as the kubelet reports a restart.
+    fn restarted_pod(id: &str, previous: Option<&str>) -> Pod {
+        let mut status = container_status("worker", Some(id));
+        if let Some(previous) = previous {
+            status["lastState"] =
+                serde_json::json!({"terminated": {"exitCode": 139, "containerID": previous}});
+        }
+        let mut json =
+            serde_json::json!({"metadata": {"name": "crashy-0", "namespace": "ml", "uid": "uid-c"}});
+        json["status"] = serde_json::json!({"containerStatuses": [status]});
+        pod(json)
+    }
+
+    #[test]
+    fn a_crash_loops_every_container_id_keeps_its_name() {
+        let cache = PodCache::default();
+        let mut applier =
+            watch::Relister::new(PodWatch { cache: cache.clone(), track_label: "track".into() });
+        applier.apply(Event::Init);
+        applier.apply(Event::InitApply(restarted_pod("containerd://aaa", None)));
+        applier.apply(Event::InitDone);
+        applier.apply(Event::Apply(restarted_pod("containerd://bbb", Some("containerd://aaa"))));
+        // The third instance: the status no longer names the first.
+        applier.apply(Event::Apply(restarted_pod("containerd://ccc", Some("containerd://bbb"))));
+        let meta = cache.get("uid-c").expect("cached");
+        for id in ["aaa", "bbb", "ccc"] {
+            assert_eq!(container_name(&meta, id), Some("worker"), "{id}");
+        }
+        // A relist keeps them too.
+        applier.apply(Event::Init);
+        applier.apply(Event::InitApply(restarted_pod("containerd://ddd", Some("containerd://ccc"))));
+        applier.apply(Event::InitDone);
+        let meta = cache.get("uid-c").expect("cached");
+        assert_eq!(container_name(&meta, "aaa"), Some("worker"));
+        // Deleted, the pod's names go with it.
+        applier.apply(Event::Delete(restarted_pod("containerd://ddd", None)));
+        assert!(cache.get("uid-c").is_none());
     }
 
     fn named_pod(name: &str, uid: &str) -> Pod {

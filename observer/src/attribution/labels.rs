@@ -33,19 +33,55 @@ pub enum Liveness {
     Gone,
 }
 
+/// How final a cgroup's labels are. kubelet reports a container's ID a
+/// second or so after the container starts (its PLEG relist), so a
+/// container that fails at once is seen before the API names it; its
+/// labels are provisional until then, and are bound again when the name
+/// comes, even after the cgroup is gone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Naming {
+    /// Only what the cgroup path says: the pod is not in the pod cache (no
+    /// Kubernetes, not listed yet, or deleted).
+    #[default]
+    Path,
+    /// The pod is known, its container not yet: the container label is
+    /// the 12-character short ID.
+    ShortId,
+    /// As final as it gets: the API named the container, or the cgroup is
+    /// no pod's (a systemd service), whose path is its name.
+    Named,
+}
+
+/// A cgroup's labels as resolved now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub labels: WorkloadLabels,
+    pub liveness: Liveness,
+    pub naming: Naming,
+}
+
+impl Resolved {
+    fn new(labels: WorkloadLabels, liveness: Liveness, naming: Naming) -> Self {
+        Self { labels, liveness, naming }
+    }
+}
+
 /// Labels for a cgroup path. `pods` is `None` without Kubernetes.
-pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> (WorkloadLabels, Liveness) {
-    let Some(path) = cgroup else { return (WorkloadLabels::default(), Liveness::Gone) };
+pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> Resolved {
+    let Some(path) = cgroup else {
+        return Resolved::new(WorkloadLabels::default(), Liveness::Gone, Naming::Path);
+    };
     let Some(PodRef { pod_uid, container, .. }) = parse_pod_cgroup(path) else {
         // Not a pod: a systemd service or a plain cgroup. Its path is the
         // most specific name there is.
-        return (WorkloadLabels { workload: path.to_string(), ..Default::default() }, Liveness::Live);
+        let labels = WorkloadLabels { workload: path.to_string(), ..Default::default() };
+        return Resolved::new(labels, Liveness::Live, Naming::Named);
     };
     let container_id = container.as_ref().map(|c| c.id.clone()).unwrap_or_default();
     if let Some(meta) = pods.and_then(|p| p.get(&pod_uid)) {
-        let container = container_name(&meta, &container_id)
-            .map(str::to_string)
-            .unwrap_or_else(|| short_id(&container_id));
+        let name = container_name(&meta, &container_id);
+        let naming = if name.is_some() { Naming::Named } else { Naming::ShortId };
+        let container = name.map(str::to_string).unwrap_or_else(|| short_id(&container_id));
         let labels = WorkloadLabels {
             namespace: meta.namespace.clone(),
             pod: meta.name.clone(),
@@ -54,7 +90,7 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> (WorkloadLab
             revision: meta.revision.clone(),
             track: meta.track.clone(),
         };
-        return (labels, Liveness::Live);
+        return Resolved::new(labels, Liveness::Live, naming);
     }
     let liveness = match pods {
         // The API is synced and does not know this pod: it was deleted.
@@ -66,10 +102,9 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> (WorkloadLab
     // keep this pod apart rather than pooling every unknown pod under
     // empty labels.
     let workload = pod_cgroup(path, &pod_uid).to_string();
-    (
-        WorkloadLabels { pod: pod_uid, container: short_id(&container_id), workload, ..Default::default() },
-        liveness,
-    )
+    let labels =
+        WorkloadLabels { pod: pod_uid, container: short_id(&container_id), workload, ..Default::default() };
+    Resolved::new(labels, liveness, Naming::Path)
 }
 
 /// The pod-level cgroup of a path inside a pod: up to the component that
@@ -99,7 +134,8 @@ mod tests {
     #[test]
     fn without_kubernetes_the_path_gives_what_it_can() {
         let path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1c0a2b3e_4f5d_6789_abcd_ef0123456789.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
-        let (l, live) = labels_for(Some(path), None);
+        let Resolved { labels: l, liveness: live, naming } = labels_for(Some(path), None);
+        assert_eq!(naming, Naming::Path);
         assert_eq!(l.pod, "1c0a2b3e-4f5d-6789-abcd-ef0123456789");
         assert_eq!(l.container, "0123456789ab");
         assert_eq!(
@@ -108,8 +144,9 @@ mod tests {
             "the pod's own cgroup stands for its unknown revision"
         );
         assert_eq!(live, Liveness::Live);
-        let (l, _) = labels_for(Some("/system.slice/solver.service"), None);
-        assert_eq!(l.workload, "/system.slice/solver.service");
-        assert_eq!(labels_for(None, None).1, Liveness::Gone);
+        let service = labels_for(Some("/system.slice/solver.service"), None);
+        assert_eq!(service.labels.workload, "/system.slice/solver.service");
+        assert_eq!(service.naming, Naming::Named, "a service's path is its final name");
+        assert_eq!(labels_for(None, None).liveness, Liveness::Gone);
     }
 }

@@ -25,7 +25,6 @@ use crate::{
         labels::{labels_for, Liveness},
     },
     events::{Detail, Event},
-    exit_cause::{self, SenderScope},
     gate::patcher::Summary as GateSummary,
     pipeline::{stalls::Stall, Pipeline},
     render,
@@ -87,7 +86,7 @@ impl Recorder {
     /// labels come from cgroup paths, as for `run --no-kubernetes`.
     pub fn standalone(pipeline: &Pipeline, max_cgroups: usize) -> Self {
         let mut metrics = Metrics::new(max_cgroups);
-        metrics.probes = pipeline.statuses();
+        metrics.node.probes = pipeline.statuses();
         Self::new(Arc::new(Mutex::new(Published::new(metrics))), Duration::from_secs(60))
     }
 
@@ -112,18 +111,9 @@ impl Recorder {
     }
 
     /// Counts a batch of events.
-    pub fn record(&mut self, events: &mut [Event], pods: Option<&PodCache>) {
+    pub fn record(&mut self, events: &[Event]) {
         let mut published = self.lock();
-        for event in events {
-            // A host kill of a pod's container: a liveness restart fails a
-            // canary, a rollout deleting the pod must not.
-            if let (Detail::Exit { sender: Some(sender), kill_reason, .. }, Some(pods)) =
-                (&mut event.detail, pods)
-            {
-                if sender.scope == SenderScope::Host {
-                    *kill_reason = exit_cause::kill_reason(event.origin.cgroup.as_deref(), pods);
-                }
-            }
+        for event in events.iter() {
             // A newly probed library is also logged with its reason.
             if let Detail::LibraryProbed { .. } = &event.detail {
                 eprintln!("canaryscope: probing {}", render::detail(event));
@@ -240,9 +230,15 @@ fn relabel(
     if removed.check_now {
         removed.found.clear();
     }
-    let mut purged = metrics.refresh_labels(series_grace, |id| {
+    // The pods the API lists here: a purged container's counts stay in its
+    // pod's series while the pod is on the node (a crash loop's back-off
+    // outlasts a series grace).
+    let listed: HashSet<(String, String)> = pods
+        .map(|p| p.classify(|m| (m.namespace.clone(), m.name.clone())).into_values().collect())
+        .unwrap_or_default();
+    let mut purged = metrics.refresh_labels(series_grace, &listed, |id| {
         let path = resolver.path(id);
-        let (labels, liveness) = labels_for(path.as_deref(), pods);
+        let mut resolved = labels_for(path.as_deref(), pods);
         // A removed cgroup is gone whatever the API says: a restarted
         // container leaves its old cgroup behind in a pod that lives on.
         let gone = if removed.check_now {
@@ -254,8 +250,10 @@ fn relabel(
         } else {
             removed.found.contains(&id)
         };
-        let liveness = if liveness == Liveness::Live && gone { Liveness::Gone } else { liveness };
-        (labels, liveness)
+        if gone {
+            resolved.liveness = Liveness::Gone;
+        }
+        resolved
     });
     // Kernel entries of cgroups that never got series (over the cap) and
     // are gone now: nobody else would ever remove them.

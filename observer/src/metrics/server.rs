@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn the_gzip_held_is_the_text_and_plain_clients_get_the_text() {
         let mut metrics = Metrics::new(10);
-        metrics.events_lost = 3;
+        metrics.node.events_lost = 3;
         let text = metrics.render(View::Scrape, 0);
         let mut published = Published::new(metrics);
         let gzip = published.scrape(true);

@@ -364,7 +364,7 @@ impl Attributor {
                     core_dumped: core_dumped(ev.exit_code),
                     cause,
                     sender,
-                    // Needs the pod's state: `run` fills it in.
+                    // Needs the pod's state: `kill_reasons` fills it in.
                     kill_reason: None,
                     vram,
                 },

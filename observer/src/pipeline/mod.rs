@@ -4,6 +4,7 @@
 //! out come events. Stall scans and CPU samples return data that each
 //! consumer turns into what it needs.
 pub mod attribute;
+pub mod kill_reasons;
 mod oom_groups;
 pub mod reader;
 pub mod runq_scope;
@@ -13,7 +14,7 @@ pub mod vram;
 use std::{collections::HashMap, path::PathBuf};
 
 use crate::{
-    attribution::CgroupResolver,
+    attribution::{kube::PodCache, CgroupResolver},
     config,
     config::Families,
     cpu::{CpuFinding, CpuMonitor, CpuSnapshot},
@@ -144,6 +145,8 @@ pub struct Pipeline {
     /// Programs started (exec records) per cgroup since the last
     /// [`Pipeline::take_process_starts`]: the judge's exposure.
     process_starts: std::collections::HashMap<u64, u64>,
+    /// Host kills of pods' containers waiting for their pod's state.
+    kill_reasons: kill_reasons::KillReasons,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -199,6 +202,7 @@ impl Pipeline {
             last_kfd_refresh: std::time::Instant::now(),
             runq_scope,
             process_starts: Default::default(),
+            kill_reasons: Default::default(),
             kernel,
         };
         // After the programs that follow new cgroups are attached, so that
@@ -249,6 +253,9 @@ impl Pipeline {
                             self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
                         }
                     }
+                    let now = std::time::Instant::now();
+                    let attributed: Vec<Event> = out.drain(first..).collect();
+                    out.extend(attributed.into_iter().filter_map(|e| self.kill_reasons.settle(e, now)));
                 }
             }
         }
@@ -258,7 +265,14 @@ impl Pipeline {
         // left behind within a tick of the reading that found it.
         out.extend(self.attribution.due_oom_kills());
         out.extend(self.attribution.due_vram_events());
+        out.extend(self.kill_reasons.due(std::time::Instant::now()));
         out
+    }
+
+    /// The node's pods, which say why the host killed a pod's container
+    /// (see `kill_reasons`).
+    pub fn set_pods(&mut self, pods: PodCache) {
+        self.kill_reasons.set_pods(pods);
     }
 
     /// A CUDA call's event gets the driver version its process was last

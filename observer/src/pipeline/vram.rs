@@ -487,6 +487,26 @@ mod tests {
     }
 
     #[test]
+    fn of_two_deaths_in_one_settle_window_the_abnormal_one_is_charged_first() {
+        let mut node = Node::new("vram-two-deaths");
+        node.start(100, POD, GIB);
+        node.start(101, POD, GIB);
+        node.used(DRIVER + 2 * GIB);
+        node.run(15);
+        // The clean exit leaves first; the crash a second later. One of
+        // the two gigabytes stays.
+        node.tree.exit(100);
+        node.run(1);
+        node.dies(101, Cause::Fault);
+        node.tree.exit(101);
+        node.used(DRIVER + GIB);
+        let found = node.run(SETTLE.as_secs() + 2);
+        let charged: Vec<(u32, u64, bool)> =
+            found.iter().map(|s| (s.pid, s.bytes, s.death.is_some())).collect();
+        assert_eq!(charged, vec![(101, GIB, true)], "the crash, not the earlier clean exit: {found:#?}");
+    }
+
+    #[test]
     fn the_daemons_own_entry_is_no_pods_and_its_memory_is_alive() {
         let mut node = Node::new("vram-own");
         node.start(DAEMON, POD, GIB);

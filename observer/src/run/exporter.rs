@@ -34,11 +34,11 @@ pub struct Exporter {
 impl Consumer for Exporter {
     type Error = CliError;
 
-    fn events(&mut self, pipeline: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
+    fn events(&mut self, pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
         if let Some(gate) = &mut self.gate {
             gate.events(pipeline, &events);
         }
-        self.recorder.record(&mut events, self.pods.as_ref());
+        self.recorder.record(&events);
         Ok(Flow::Continue)
     }
 
@@ -106,7 +106,7 @@ impl HeldPods {
 }
 
 fn readiness(metrics: &Metrics, pods: Option<&PodCache>) -> Option<String> {
-    if !metrics.probes.iter().any(|p| p.attached) {
+    if !metrics.node.probes.iter().any(|p| p.attached) {
         return Some("no probe attached".into());
     }
     if let Some(p) = pods {

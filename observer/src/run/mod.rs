@@ -154,11 +154,14 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
             None
         }
     };
+    if let Some(pods) = &pods {
+        pipeline.set_pods(pods.clone());
+    }
     let held_pods = hold_canaries(&settings, &mut pipeline, pods.as_ref()).await;
     let gate = start_gate(&settings, pods.as_ref()).await?;
 
     let mut metrics = Metrics::new(settings.max_cgroups);
-    metrics.probes = pipeline.statuses();
+    metrics.node.probes = pipeline.statuses();
     let published: SharedMetrics = Arc::new(Mutex::new(Published::new(metrics)));
     // Not ready until the loop has judged readiness once: a /readyz answered
     // before the first tick must not claim a synced pod cache.

@@ -22,8 +22,8 @@ struct LocalTop {
 impl Consumer for LocalTop {
     type Error = CliError;
 
-    fn events(&mut self, _pipeline: &mut Pipeline, mut events: Vec<Event>) -> Result<Flow, CliError> {
-        self.recorder.record(&mut events, None);
+    fn events(&mut self, _pipeline: &mut Pipeline, events: Vec<Event>) -> Result<Flow, CliError> {
+        self.recorder.record(&events);
         Ok(Flow::Continue)
     }
 
