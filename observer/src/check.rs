@@ -9,7 +9,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    attribution::{cgroups::cgroup2_root, kfd_memory},
+    attribution::{cgroups::cgroup2_root, vram_gpus},
     config::Families,
     discovery::hot::Policy,
     discovery::scan::host_libraries,
@@ -258,12 +258,12 @@ fn facilities(root: bool) -> Vec<Item> {
         kfd,
         if kfd { "/dev/kfd present" } else { "no /dev/kfd (amdgpu not loaded)" },
     ));
-    facilities.extend(vram_items(&kfd_memory::survey(&kfd_memory::KfdPaths::default())));
+    facilities.extend(vram_items(&vram_gpus::survey(&vram_gpus::KfdPaths::default())));
     facilities
 }
 
 /// What VRAM per pod and stranded VRAM read here, and what they cannot.
-fn vram_items(survey: &kfd_memory::Survey) -> Vec<Item> {
+fn vram_items(survey: &vram_gpus::Survey) -> Vec<Item> {
     let per_pod = match survey {
         s if !s.kfd_proc => "no /sys/class/kfd/kfd/proc (amdgpu not loaded): no VRAM per pod".to_string(),
         s if s.processes == 0 => {
@@ -287,10 +287,10 @@ fn vram_items(survey: &kfd_memory::Survey) -> Vec<Item> {
         .gpus
         .iter()
         .map(|g| match &g.used {
-            kfd_memory::UsedMemory::MemBank(p) | kfd_memory::UsedMemory::Amdgpu(p) => {
+            vram_gpus::UsedMemory::MemBank(p) | vram_gpus::UsedMemory::Amdgpu(p) => {
                 format!("GPU {} from {}", g.gpu_id, p.display())
             }
-            kfd_memory::UsedMemory::Unknown(why) => format!("GPU {}: not computed, {why}", g.gpu_id),
+            vram_gpus::UsedMemory::Unknown(why) => format!("GPU {}: not computed, {why}", g.gpu_id),
         })
         .collect();
     let any_used = survey.gpus.iter().any(|g| g.used.path().is_some());
@@ -460,24 +460,24 @@ mod tests {
 
     #[test]
     fn vram_items_say_what_is_read_and_what_cannot_be() {
-        let none = vram_items(&kfd_memory::Survey::default());
+        let none = vram_items(&vram_gpus::Survey::default());
         assert_eq!((none[0].ok, none[1].ok), (false, false));
         assert!(none[0].detail.contains("no /sys/class/kfd"), "{}", none[0].detail);
         assert!(none[1].detail.contains("no GPU"), "{}", none[1].detail);
         // The test VM: a process with /dev/kfd open, no GPU device.
-        let vm = kfd_memory::Survey { kfd_proc: true, processes: 1, ..Default::default() };
+        let vm = vram_gpus::Survey { kfd_proc: true, processes: 1, ..Default::default() };
         let items = vram_items(&vm);
         assert!(items[0].ok && items[0].detail.contains("pasid only"), "{}", items[0].detail);
         let gpus = vec![
-            kfd_memory::Gpu {
+            vram_gpus::Gpu {
                 gpu_id: 48879,
-                used: kfd_memory::UsedMemory::Amdgpu(
+                used: vram_gpus::UsedMemory::Amdgpu(
                     "/sys/class/drm/renderD128/device/mem_info_vram_used".into(),
                 ),
             },
-            kfd_memory::Gpu { gpu_id: 1234, used: kfd_memory::UsedMemory::Unknown("no file") },
+            vram_gpus::Gpu { gpu_id: 1234, used: vram_gpus::UsedMemory::Unknown("no file") },
         ];
-        let node = kfd_memory::Survey { kfd_proc: true, processes: 3, with_vram: 2, unreadable: 1, gpus };
+        let node = vram_gpus::Survey { kfd_proc: true, processes: 3, with_vram: 2, unreadable: 1, gpus };
         let items = vram_items(&node);
         assert!(
             items[0].detail.contains("3 processes, 2 with vram_<gpu_id> files, 1 gone"),

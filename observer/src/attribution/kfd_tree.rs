@@ -1,12 +1,12 @@
 //! A KFD, DRM and procfs tree in a temporary directory, laid out as the
-//! kernel lays out its own (see `kfd_memory` for the sources), for the
+//! kernel lays out its own (see `vram_gpus` for the sources), for the
 //! tests of what reads it.
 use std::{
     fs,
     path::{Path, PathBuf},
 };
 
-use super::{kfd_memory::KfdPaths, kfd_procs::KfdProcesses};
+use super::{vram_gpus::KfdPaths, vram_procs::KfdProcesses};
 
 pub struct Tree {
     pub dir: PathBuf,

@@ -4,14 +4,14 @@
 //! pod; with it, pod metadata is joined on the pod UID parsed from the path.
 pub mod cgroup_path;
 pub mod cgroups;
-pub mod kfd_memory;
-pub mod kfd_procs;
 #[cfg(test)]
 pub mod kfd_tree;
 pub mod kube;
 pub mod label_names;
 pub mod labels;
 pub mod rollouts;
+pub mod vram_gpus;
+pub mod vram_procs;
 pub mod watch;
 
 pub use cgroups::CgroupResolver;

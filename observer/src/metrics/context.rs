@@ -2,7 +2,7 @@
 //! series belong to (the label table, and per revision the owners) and
 //! which exposition is being written.
 use super::{
-    catalog::View,
+    decl::View,
     revision::{Owners, Retired},
     series::Series,
 };

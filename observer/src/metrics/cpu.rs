@@ -2,21 +2,46 @@
 //! kernel's histograms, and per pod the CFS numbers of `cpu.stat` and
 //! `cpu.max`: counters summed over a label set's cgroups, gauges the live
 //! cgroup's.
+use super::decl::{
+    decl,
+    Kind::{Counter, Gauge, Histogram},
+    MetricDecl,
+    Scope::{Revision, Workload},
+};
 use std::collections::BTreeMap;
 
 use observer_common::{sched::RunqHistogram, LatencyHistogram};
 
 use super::{
-    catalog::{
-        MetricDecl, CPU_PERIODS, CPU_QUOTA_CORES, CPU_RUNNABLE_THREADS, CPU_RUNQUEUE_LATENCY,
-        CPU_THROTTLED_PERIODS, CPU_THROTTLED_SECONDS,
-    },
     context::{workload_values, Render},
     families::FamilySet,
     revision::{owner_labels, revision_key, Retired},
     series::{OnNode, PodCounts, PodGauges},
 };
 use crate::{attribution::labels::WorkloadLabels, cpu::CpuSnapshot};
+
+pub const CPU_RUNQUEUE_LATENCY: MetricDecl = decl(
+    "cpu_runqueue_latency_seconds",
+    "Time runnable threads waited for a CPU, per revision on this node.",
+    Histogram,
+    Revision,
+    &[],
+);
+pub const CPU_PERIODS: MetricDecl =
+    decl("cpu_periods_total", "CFS bandwidth periods elapsed.", Counter, Workload, &[]);
+pub const CPU_THROTTLED_PERIODS: MetricDecl = decl(
+    "cpu_throttled_periods_total",
+    "CFS periods in which the cgroup was throttled.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const CPU_THROTTLED_SECONDS: MetricDecl =
+    decl("cpu_throttled_seconds_total", "Time the cgroup spent throttled.", Counter, Workload, &[]);
+pub const CPU_RUNNABLE_THREADS: MetricDecl =
+    decl("cpu_runnable_threads", "Threads of the cgroup that are runnable.", Gauge, Workload, &[]);
+pub const CPU_QUOTA_CORES: MetricDecl =
+    decl("cpu_quota_cores", "CPU quota of the cgroup in cores.", Gauge, Workload, &[]);
 
 /// The counters of `cpu.stat`, by family, with what one unit is worth.
 const COUNTERS: [(&MetricDecl, f64); 3] =

@@ -1,7 +1,7 @@
 //! The exit family's series: native crashes and abnormal exits per pod,
 //! counted as their events come.
+use super::decl::{decl, Kind::Counter, MetricDecl, Scope::Workload};
 use super::{
-    catalog::{ABNORMAL_EXITS, NATIVE_CRASHES},
     context::{workload_values, Render},
     families::FamilySet,
     series::{OnNode, PodCounts},
@@ -10,6 +10,21 @@ use crate::{
     attribution::labels::WorkloadLabels,
     events::{signal_label, Detail},
 };
+
+pub const NATIVE_CRASHES: MetricDecl = decl(
+    "native_crashes_total",
+    "Processes killed by a fault or abort in native code.",
+    Counter,
+    Workload,
+    &["signal", "library"],
+);
+pub const ABNORMAL_EXITS: MetricDecl = decl(
+    "abnormal_exits_total",
+    "Processes that died by a signal or exited with status 137, by cause (oom_kill, rlimit_cpu, fault, abort, sent, kernel, wrapped, unknown); for sent signals the sender's scope (self, same_container, same_pod, other_pod, host, unknown) and, for host kills with Kubernetes, why (pod_deleted, container_restart); none where a label does not apply.",
+    Counter,
+    Workload,
+    &["signal", "cause", "sender_scope", "kill_reason"],
+);
 
 /// An abnormal exit's label values after the workload's: signal, cause,
 /// sender scope, kill reason. All bounded; never a pid or a comm.

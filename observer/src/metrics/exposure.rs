@@ -7,6 +7,7 @@
 //! node, and the budget allows a revision four series, not a pod.
 //! Per-cgroup state lives only until its cgroup is purged; the revision's
 //! totals live while the revision has a pod here, so they never go down.
+use super::decl::{decl, Kind::Counter, MetricDecl, Scope::Revision};
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     time::Instant,
@@ -16,6 +17,35 @@ use observer_common::gpu::Api;
 
 use super::revision::{revision_key, RevisionKey};
 use crate::attribution::labels::WorkloadLabels;
+
+pub const GPU_STARTUPS: MetricDecl = decl(
+    "gpu_startups_total",
+    "Container starts whose processes called a GPU runtime's initialisation, per revision on this node, by the outermost API layer called (a start-up counts once per container start, whichever layers it went through): the exposure the canary judge weighs start-up failures against.",
+    Counter,
+    Revision,
+    &["api"],
+);
+pub const GPU_STARTUP_FAILURES: MetricDecl = decl(
+    "gpu_startup_failures_total",
+    "GPU start-ups (see gpu_startups_total) in which an initialisation call failed, per revision on this node; which call and why is in gpu_init_failures_total per pod.",
+    Counter,
+    Revision,
+    &["api"],
+);
+pub const POD_SECONDS: MetricDecl = decl(
+    "pod_seconds_total",
+    "Seconds the revision's pods were observed on this node, summed over its pods (updated in steps of about ten seconds): the exposure of crashes, OOM kills, abnormal exits and other events per pod-second.",
+    Counter,
+    Revision,
+    &[],
+);
+pub const PROCESS_STARTS: MetricDecl = decl(
+    "process_starts_total",
+    "Programs started (exec) in the revision's containers on this node, where the GPU family's discovery hooks run.",
+    Counter,
+    Revision,
+    &[],
+);
 
 /// Pod-seconds tick every refresh; the exposition is rendered again for
 /// them only when a revision's total crosses a multiple of this, so an idle

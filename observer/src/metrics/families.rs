@@ -5,7 +5,7 @@
 use observer_common::LatencyHistogram;
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 
-use super::catalog::{Kind, MetricDecl, View, CATALOG, PREFIX};
+use super::decl::{Kind, MetricDecl, View, PREFIX};
 
 /// The kernel's log2 buckets exported as Prometheus buckets, a fixed set
 /// (a set that changed between scrapes would break `rate()` and
@@ -137,15 +137,18 @@ pub struct FamilySet<'a> {
 }
 
 impl<'a> FamilySet<'a> {
-    pub fn new(view: View, chunk: usize, sink: &'a mut Sink<'a>) -> Self {
-        let fams: Vec<Family> = CATALOG.iter().map(|d| Family::new(d, view)).collect();
+    /// `catalog`: every family in exposition order (the crate's is
+    /// `catalog::CATALOG`; passed in, so that the families' own files can
+    /// build on this one).
+    pub fn new(catalog: &[&'static MetricDecl], view: View, chunk: usize, sink: &'a mut Sink<'a>) -> Self {
+        let fams: Vec<Family> = catalog.iter().map(|d| Family::new(d, view)).collect();
         let started = vec![false; fams.len()];
         Self { view, fams, started, chunk: chunk.max(1), sink }
     }
 
     pub fn get(&mut self, decl: &'static MetricDecl) -> &mut Family {
         // By name: a `const` has no single address, and names are unique
-        // (catalog test). A declaration missing from CATALOG still renders,
+        // (catalog test). A declaration missing from the catalog still renders,
         // last, which the test comparing rendered families with CATALOG
         // reports.
         let i = match self.fams.iter().position(|f| f.decl.name == decl.name) {
@@ -210,7 +213,7 @@ impl CloneHeader for MetricFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::catalog::Scope;
+    use crate::metrics::decl::Scope;
 
     const X: MetricDecl = MetricDecl {
         name: "x_seconds",

@@ -1,6 +1,12 @@
 //! The GPU call family's series: calls and durations per revision from the
 //! kernel's aggregates, failures, init failures, stalled calls and driver
 //! versions per pod.
+use super::decl::{
+    decl,
+    Kind::{Counter, Gauge, Histogram},
+    MetricDecl,
+    Scope::{Revision, Workload},
+};
 use std::collections::BTreeMap;
 
 use observer_common::{
@@ -9,11 +15,8 @@ use observer_common::{
 };
 
 use super::{
-    catalog::{
-        View, GPU_API_CALLS, GPU_API_CALL_DURATION, GPU_API_CALL_FAILURES, GPU_API_STALLED_CALLS,
-        GPU_DRIVER_VERSION, GPU_INIT_FAILURES,
-    },
     context::{workload_values, Render},
+    decl::View,
     families::FamilySet,
     revision::{owner_labels, revision_key, Retired},
     series::{OnNode, PodCounts, PodGauges},
@@ -22,6 +25,55 @@ use crate::{
     attribution::labels::WorkloadLabels,
     events::{function_name, result_name},
 };
+
+pub const GPU_API_CALLS: MetricDecl = decl(
+    "gpu_api_calls_total",
+    "GPU runtime API calls by result, per revision on this node (a failure's pod and container are in gpu_api_call_failures_total).",
+    Counter,
+    Revision,
+    &["api", "function", "result"],
+);
+/// Per tier, not per function: a start-up calls twenty or more cold
+/// functions, and a histogram each would cost a revision hundreds of series
+/// (the per-pod view keeps the function).
+pub const GPU_API_CALL_DURATION: MetricDecl = MetricDecl {
+    per_pod_extra: Some(&["api", "function"]),
+    ..decl(
+        "gpu_api_call_duration_seconds",
+        "Duration of GPU runtime API calls per revision on this node and tier (cold: init, allocation, synchronous copies and synchronisation; hot: launches, async copies), measured in the kernel; hot calls only where they are timed (--hot-detail timed).",
+        Histogram,
+        Revision,
+        &["api", "tier"],
+    )
+};
+pub const GPU_API_CALL_FAILURES: MetricDecl = decl(
+    "gpu_api_call_failures_total",
+    "GPU runtime API calls that returned an error, per pod and container, by result.",
+    Counter,
+    Workload,
+    &["api", "function", "result"],
+);
+pub const GPU_INIT_FAILURES: MetricDecl = decl(
+    "gpu_init_failures_total",
+    "GPU runtime initialisation calls that failed (hipInit, cuInit, the CUDA runtime's cudaGetDeviceCount and cudaSetDevice, device and context setup).",
+    Counter,
+    Workload,
+    &["api", "function", "result"],
+);
+pub const GPU_DRIVER_VERSION: MetricDecl = decl(
+    "gpu_driver_version",
+    "The CUDA version the GPU driver reported to the container's processes (cuDriverGetVersion or cudaDriverGetVersion), encoded as CUDA does: 1000 x major + 10 x minor, so 12020 is CUDA 12.2. Beside a cudaErrorInsufficientDriver init failure it tells a runtime newer than the driver from a missing device.",
+    Gauge,
+    Workload,
+    &[],
+);
+pub const GPU_API_STALLED_CALLS: MetricDecl = decl(
+    "gpu_api_stalled_calls",
+    "GPU calls in flight longer than the stall threshold.",
+    Gauge,
+    Workload,
+    &["api", "function"],
+);
 
 /// A failed call's (api, function, result) as the kernel numbers them.
 type CallKey = (u32, u32, i32);

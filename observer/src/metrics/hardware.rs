@@ -1,20 +1,63 @@
 //! The GPU hardware family's series: memory faults, resets and queue
 //! evictions, per pod where the driver named the workload's process, and
 //! per node otherwise (the driver's context is a kernel worker).
+use super::decl::{
+    decl,
+    Kind::Counter,
+    MetricDecl,
+    Scope::{Node, Workload},
+};
 use std::collections::BTreeMap;
 
 use observer_common::kfd::HwKind;
 
 use super::{
-    catalog::{
-        MetricDecl, GPU_MEMORY_FAULTS, GPU_QUEUE_EVICTIONS, GPU_RESETS, NODE_GPU_MEMORY_FAULTS,
-        NODE_GPU_QUEUE_EVICTIONS, NODE_GPU_RESETS,
-    },
     context::{workload_values, Render},
     families::FamilySet,
     series::{OnNode, PodCounts},
 };
 use crate::attribution::labels::WorkloadLabels;
+
+// Hardware events are reported from a driver worker: they count under the
+// workload whose process the driver names (by pasid or pid), and at node
+// level when it names none (a whole-device reset).
+pub const GPU_MEMORY_FAULTS: MetricDecl = decl(
+    "gpu_memory_faults_total",
+    "GPU memory faults of the workload's processes, found by their pasid.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const GPU_RESETS: MetricDecl = decl(
+    "gpu_resets_total",
+    "GPU resets the driver attributed to the workload's processes.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const GPU_QUEUE_EVICTIONS: MetricDecl = decl(
+    "gpu_queue_evictions_total",
+    "KFD queue evictions of the workload's processes.",
+    Counter,
+    Workload,
+    &[],
+);
+pub const NODE_GPU_MEMORY_FAULTS: MetricDecl = decl(
+    "node_gpu_memory_faults_total",
+    "GPU memory faults on this node that name no process canaryscope could find.",
+    Counter,
+    Node,
+    &[],
+);
+pub const NODE_GPU_RESETS: MetricDecl =
+    decl("node_gpu_resets_total", "GPU resets on this node that name no process.", Counter, Node, &[]);
+pub const NODE_GPU_QUEUE_EVICTIONS: MetricDecl = decl(
+    "node_gpu_queue_evictions_total",
+    "KFD queue evictions on this node that name no process.",
+    Counter,
+    Node,
+    &[],
+);
 
 /// Each kind with its per-pod and its node family.
 const KINDS: [(HwKind, &MetricDecl, &MetricDecl); 3] = [

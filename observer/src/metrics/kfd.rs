@@ -1,5 +1,11 @@
 //! The KFD family's series: ioctls and their durations per revision from
 //! the kernel's aggregates, failed ioctls per pod.
+use super::decl::{
+    decl,
+    Kind::{Counter, Histogram},
+    MetricDecl,
+    Scope::{Revision, Workload},
+};
 use std::collections::BTreeMap;
 
 use observer_common::{
@@ -8,13 +14,34 @@ use observer_common::{
 };
 
 use super::{
-    catalog::{KFD_IOCTLS, KFD_IOCTL_DURATION, KFD_IOCTL_FAILURES},
     context::{workload_values, Render},
     families::FamilySet,
     revision::{owner_labels, revision_key, Retired},
     series::{OnNode, PodCounts},
 };
 use crate::{attribution::labels::WorkloadLabels, events::kfd_ioctl_label, names::errno_name};
+
+pub const KFD_IOCTLS: MetricDecl = decl(
+    "kfd_ioctls_total",
+    "AMD KFD driver ioctls by result, per revision on this node.",
+    Counter,
+    Revision,
+    &["ioctl", "result"],
+);
+pub const KFD_IOCTL_FAILURES: MetricDecl = decl(
+    "kfd_ioctl_failures_total",
+    "AMD KFD driver ioctls that failed, per pod and container, by errno.",
+    Counter,
+    Workload,
+    &["ioctl", "result"],
+);
+pub const KFD_IOCTL_DURATION: MetricDecl = decl(
+    "kfd_ioctl_duration_seconds",
+    "Duration of AMD KFD driver ioctls per revision on this node.",
+    Histogram,
+    Revision,
+    &["ioctl"],
+);
 
 #[derive(Default)]
 pub struct Kfd {

@@ -8,6 +8,7 @@ pub mod catalog;
 mod context;
 pub mod contract;
 mod cpu;
+pub mod decl;
 mod exits;
 pub mod exposition;
 pub mod exposure;
@@ -390,7 +391,7 @@ impl Metrics {
     /// Every family in catalog order, passed to `sink` in parts of at most
     /// `chunk` series (see `FamilySet`).
     fn families_into<'s>(&self, view: View, chunk: usize, sink: &'s mut families::Sink<'s>) {
-        let mut fams = FamilySet::new(view, chunk, sink);
+        let mut fams = FamilySet::new(CATALOG, view, chunk, sink);
         let r = Render::new(&self.series, &self.retired, view);
         self.gpu.render_calls(&mut fams, &r);
         self.gpu.render_pod_state(&mut fams, &r);

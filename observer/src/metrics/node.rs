@@ -1,21 +1,92 @@
 //! The node's own series: probes, hot-call selection, the readiness gate,
 //! the pipeline's counters and the series budget.
+use super::decl::{
+    decl,
+    Kind::{Counter, Gauge},
+    MetricDecl,
+    Scope::Node,
+};
 use std::collections::BTreeMap;
 
-use super::{
-    catalog::{
-        DECODE_ERRORS, EVENTS_LOST, GPU_HOT_PROBED_PROCESSES, PROBE_ATTACHED, READINESS_GATE_ENABLED,
-        READINESS_GATE_PATCHES, READINESS_GATE_PENDING, READINESS_GATE_PODS, RING_EVENTS, SERIES_OVERFLOW,
-        TRACKED_CGROUPS,
-    },
-    families::FamilySet,
-    series::Series,
-};
+use super::{families::FamilySet, series::Series};
 use crate::{
     discovery::hot::{HotCounts, Reason},
     gate::patcher::Summary as GateSummary,
     probes::ProbeStatus,
 };
+
+pub const PROBE_ATTACHED: MetricDecl = decl(
+    "probe_attached",
+    "Whether a probe is attached (1) or could not be (0) on this node.",
+    Gauge,
+    Node,
+    &["probe", "target"],
+);
+pub const GPU_HOT_PROBED_PROCESSES: MetricDecl = decl(
+    "gpu_hot_probed_processes",
+    "Processes whose hot GPU calls (launches, asynchronous copies) are trapped, by why they were selected: canary, gpu_trouble (a GPU failure, stall or crash in their cgroup within the hot window) or all.",
+    Gauge,
+    Node,
+    &["reason"],
+);
+pub const READINESS_GATE_ENABLED: MetricDecl = decl(
+    "readiness_gate_enabled",
+    "Whether the daemon keeps the canaryscope.io/gpu-runtime condition of pods that declare that readiness gate (1) or not (0: no Kubernetes, or --no-readiness-gate).",
+    Gauge,
+    Node,
+    &[],
+);
+pub const READINESS_GATE_PODS: MetricDecl = decl(
+    "readiness_gate_pods",
+    "Pods on this node that declare the canaryscope.io/gpu-runtime readiness gate, by the condition the API server holds: true, false, or none (not set yet).",
+    Gauge,
+    Node,
+    &["condition"],
+);
+pub const READINESS_GATE_PENDING: MetricDecl = decl(
+    "readiness_gate_pending_patches",
+    "Gated pods whose condition in the API server differs from the daemon's judgement (a patch waits for the per-pod rate limit or is being retried).",
+    Gauge,
+    Node,
+    &[],
+);
+pub const READINESS_GATE_PATCHES: MetricDecl = decl(
+    "readiness_gate_patches_total",
+    "Patches of pods/status for the readiness gate, by result: ok or error (retried with backoff).",
+    Counter,
+    Node,
+    &["result"],
+);
+pub const EVENTS_LOST: MetricDecl = decl(
+    "events_lost_total",
+    "Events dropped in the kernel because the ring buffer was full.",
+    Counter,
+    Node,
+    &[],
+);
+pub const DECODE_ERRORS: MetricDecl = decl(
+    "decode_errors_total",
+    "Ring-buffer records that could not be decoded (a kernel/userspace layout mismatch); their events are lost.",
+    Counter,
+    Node,
+    &[],
+);
+pub const RING_EVENTS: MetricDecl = decl(
+    "ring_events_total",
+    "Records received from the kernel ring buffer, by kind.",
+    Counter,
+    Node,
+    &["kind"],
+);
+pub const SERIES_OVERFLOW: MetricDecl = decl(
+    "series_overflow_total",
+    "Updates dropped because the per-node cgroup cap was reached.",
+    Counter,
+    Node,
+    &[],
+);
+pub const TRACKED_CGROUPS: MetricDecl =
+    decl("tracked_cgroups", "Cgroups with series on this node.", Gauge, Node, &[]);
 
 #[derive(Default, PartialEq)]
 pub struct NodeState {

@@ -1,17 +1,27 @@
 //! The memory families' series per pod: OOM kills, counted as their events
 //! come, and allocations refused by a memory limit, from the kernel's
 //! counters.
+use super::decl::{decl, Kind::Counter, MetricDecl, Scope::Workload};
 use std::collections::BTreeMap;
 
 use observer_common::memlimit::{MemLimit, MemLimitKey};
 
 use super::{
-    catalog::{MEMORY_LIMIT_REFUSALS, OOM_KILLS},
     context::{workload_values, Render},
     families::FamilySet,
     series::{OnNode, PodCounts},
 };
 use crate::attribution::labels::WorkloadLabels;
+
+pub const OOM_KILLS: MetricDecl =
+    decl("oom_kills_total", "Processes killed by the OOM killer.", Counter, Workload, &["scope"]);
+pub const MEMORY_LIMIT_REFUSALS: MetricDecl = decl(
+    "memory_limit_refusals_total",
+    "mmap, mremap and brk calls refused because of the process's RLIMIT_AS (as) or RLIMIT_DATA (data), counted in the kernel; one allocation may count several times (glibc retries a refused mmap through brk and mmap again).",
+    Counter,
+    Workload,
+    &["limit"],
+);
 
 #[derive(Default)]
 pub struct Oom {

@@ -1,16 +1,53 @@
 //! The VRAM family's series: what each container holds on each GPU now
 //! (a gauge, the live cgroup's), what dead processes left behind per
 //! revision, and per GPU and node.
+use super::decl::{
+    decl,
+    Kind::{Counter, Gauge},
+    MetricDecl,
+    Scope::{Node, Revision, Workload},
+};
 use std::collections::{BTreeMap, HashSet};
 
 use super::{
-    catalog::{GPU_VRAM, GPU_VRAM_STRANDED, NODE_GPU_VRAM_STRANDED, NODE_GPU_VRAM_STRANDED_UNATTRIBUTED},
     context::{workload_values, Render},
     families::FamilySet,
     revision::{owner_labels, retired_owner, revision_key, RevisionKey},
     series::PodGauges,
 };
 use crate::attribution::labels::WorkloadLabels;
+
+// VRAM, read from KFD's and amdgpu's sysfs each second (README: stranded
+// VRAM): per container while its processes hold it; what dead processes
+// left per revision whose process died abnormally, else per node.
+pub const GPU_VRAM: MetricDecl = decl(
+    "gpu_vram_bytes",
+    "VRAM the container's live processes hold per GPU (gpu: KFD's gpu_id), summed from KFD's vram_<gpu_id> per process each second; 0 once they hold none.",
+    Gauge,
+    Workload,
+    &["gpu"],
+);
+pub const GPU_VRAM_STRANDED: MetricDecl = decl(
+    "gpu_vram_stranded_bytes_total",
+    "VRAM still held on a GPU, beyond its baseline, 30 s after a process of the revision that held it died abnormally (crash, OOM kill, a fatal signal), per revision on this node: each such death adds what it left, at most what it held.",
+    Counter,
+    Revision,
+    &[],
+);
+pub const NODE_GPU_VRAM_STRANDED: MetricDecl = decl(
+    "node_gpu_vram_stranded_bytes",
+    "VRAM on each GPU (gpu: KFD's gpu_id) that no live process holds, beyond the GPU's baseline, left by processes that are gone; only for GPUs whose used memory can be read.",
+    Gauge,
+    Node,
+    &["gpu"],
+);
+pub const NODE_GPU_VRAM_STRANDED_UNATTRIBUTED: MetricDecl = decl(
+    "node_gpu_vram_stranded_unattributed_bytes_total",
+    "Stranded VRAM put on no pod: left by a process that exited without an abnormal death, or whose pod is not known.",
+    Counter,
+    Node,
+    &[],
+);
 
 #[derive(Default)]
 pub struct Vram {

@@ -19,7 +19,7 @@ use observer_common::{
 
 use crate::{
     attribution::{
-        kfd_procs::{KfdProcess, KfdProcesses},
+        vram_procs::{KfdProcess, KfdProcesses},
         CgroupResolver,
     },
     clock::BootClock,
@@ -75,7 +75,7 @@ impl Attributor {
             records: BTreeMap::new(),
             decode_errors: 0,
             kfd: KfdProcesses::default(),
-            vram: VramWatch::new(crate::attribution::kfd_memory::KfdPaths::default()),
+            vram: VramWatch::new(crate::attribution::vram_gpus::KfdPaths::default()),
             stranded: Vec::new(),
         }
     }

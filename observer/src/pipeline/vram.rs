@@ -1,8 +1,8 @@
 //! VRAM per pod, and the VRAM a dead process leaves behind.
 //!
 //! Each second KFD's process table gives what every process holds per GPU
-//! (`attribution::kfd_procs`), and sysfs what each GPU holds in all
-//! (`attribution::kfd_memory`). Per GPU:
+//! (`attribution::vram_procs`), and sysfs what each GPU holds in all
+//! (`attribution::vram_gpus`). Per GPU:
 //!
 //! - **excess** = used memory − the VRAM of the live processes (alive and
 //!   not zombies; this daemon's own entry counts as live).
@@ -33,8 +33,8 @@ use std::{
 
 use crate::{
     attribution::{
-        kfd_memory::{self, Gpu, KfdPaths, Vram},
-        kfd_procs::Listed,
+        vram_gpus::{self, Gpu, KfdPaths, Vram},
+        vram_procs::Listed,
     },
     events::Origin,
     exit_cause::Cause,
@@ -213,7 +213,7 @@ impl VramWatch {
     /// One reading of KFD's table (`listed`) and of the GPUs' used memory.
     pub fn sample(&mut self, listed: &[Listed], now: Instant) {
         if self.gpus_read.is_none_or(|t| now.saturating_duration_since(t) >= TOPOLOGY_EVERY) {
-            self.gpus = kfd_memory::gpus(&self.paths);
+            self.gpus = vram_gpus::gpus(&self.paths);
             self.gpus_read = Some(now);
             let known: Vec<u32> =
                 self.gpus.iter().filter(|g| g.used.path().is_some()).map(|g| g.gpu_id).collect();
@@ -239,7 +239,7 @@ impl VramWatch {
         // Used memory after the processes' VRAM: an allocation between the
         // two reads shows as a rise for one sample, which the medians drop.
         for gpu in &self.gpus {
-            let (Some(ledger), Some(used)) = (self.ledgers.get_mut(&gpu.gpu_id), kfd_memory::read_used(gpu))
+            let (Some(ledger), Some(used)) = (self.ledgers.get_mut(&gpu.gpu_id), vram_gpus::read_used(gpu))
             else {
                 continue;
             };
@@ -325,7 +325,7 @@ fn share(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attribution::{kfd_procs::KfdProcesses, kfd_tree::Tree};
+    use crate::attribution::{kfd_tree::Tree, vram_procs::KfdProcesses};
 
     const GPU: u32 = 48879;
     const MINOR: u32 = 128;

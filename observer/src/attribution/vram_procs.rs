@@ -5,7 +5,7 @@
 //! its process died of it, so what was seen there is remembered for a while.
 //!
 //! The same walk reads what each listed process holds per GPU
-//! (`vram_<gpu_id>`, see `kfd_memory`) and whether it is still alive:
+//! (`vram_<gpu_id>`, see `vram_gpus`) and whether it is still alive:
 //! VRAM per pod, and the input of stranded VRAM.
 use std::{
     collections::HashMap,
@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::kfd_memory::{self, Vram};
+use super::vram_gpus::{self, Vram};
 
 /// KFD's per-process directory.
 pub const KFD_PROC: &str = "/sys/class/kfd/kfd/proc";
@@ -104,7 +104,7 @@ impl KfdProcesses {
                 let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
                     continue;
                 };
-                let (alive, vram) = (self.alive(pid), kfd_memory::process_vram(&entry.path()));
+                let (alive, vram) = (self.alive(pid), vram_gpus::process_vram(&entry.path()));
                 let seen = match self.by_pid.entry(pid) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
@@ -153,7 +153,7 @@ impl KfdProcesses {
     /// (KFD removes it only after the exit), else the last reading. `None`
     /// for a process KFD never listed: it had no `/dev/kfd` open.
     pub fn vram_at_exit(&mut self, pid: u32) -> Option<Vram> {
-        if let Some(vram) = kfd_memory::process_vram(&self.kfd_proc.join(pid.to_string())) {
+        if let Some(vram) = vram_gpus::process_vram(&self.kfd_proc.join(pid.to_string())) {
             if let Some(seen) = self.by_pid.get_mut(&pid) {
                 seen.vram = Some(vram.clone());
             }
