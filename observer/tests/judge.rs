@@ -297,7 +297,7 @@ fn judge_recorded(dir: &std::path::Path, series: &[Recorded]) -> Value {
         thread::sleep(Duration::from_millis(200));
     }
     let (_judge, judge_port) = start_judge(prom_port, &[]);
-    ask(judge_port, "canary", "stable", &format!("&window=20m&interval=5m&end={end}"))
+    ask(judge_port, "canary", "stable", &format!("&window=30m&interval=5m&end={end}"))
 }
 
 #[test]

@@ -60,12 +60,27 @@ pub struct Args {
     /// Pod-seconds the canary must reach before it can pass.
     #[arg(long, default_value_t = verdict::DEFAULT_MIN_POD_SECONDS, value_name = "SECONDS")]
     pub min_pod_seconds: f64,
+    /// How far back the baseline's GPU start-ups are read on the canary's
+    /// nodes, when the canary's own span holds too few of them.
+    #[arg(long, default_value = "7d", value_name = "DURATION", value_parser = parse_lookback)]
+    pub startup_lookback: Duration,
+    /// Every answer within this: the queries run at once, and what has not
+    /// answered by then makes the answer `inconclusive`, named. Below the
+    /// AnalysisTemplate's `timeoutSeconds` (20).
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_lookback)]
+    pub deadline: Duration,
     /// Print the simulated false-rollback and detection rates as JSON and exit.
     #[arg(long, hide = true)]
     pub simulate: bool,
     /// The canary's share of the exposure in the simulation.
     #[arg(long, hide = true, default_value_t = 0.25)]
     pub canary_share: f64,
+}
+
+fn parse_lookback(text: &str) -> Result<Duration, String> {
+    request::parse_duration(text)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{text:?} is not a duration such as 10s, 30m or 7d"))
 }
 
 fn parse_override(text: &str) -> Result<(String, f64), String> {
@@ -107,6 +122,8 @@ impl Args {
 struct Judge {
     prometheus: Prometheus,
     policy: Policy,
+    startup_lookback: Duration,
+    deadline: Duration,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -126,7 +143,15 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::runtime(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(serve(addr, Arc::new(Judge { prometheus, policy })))?;
+    runtime.block_on(serve(
+        addr,
+        Arc::new(Judge {
+            prometheus,
+            policy,
+            startup_lookback: args.startup_lookback,
+            deadline: args.deadline,
+        }),
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -223,22 +248,48 @@ impl Answer {
     }
 }
 
-async fn decide(judge: &Judge, question: Question) -> Answer {
+/// How many earlier looks are replayed for a failure that stays one.
+const REPLAYED_LOOKS: u32 = 240;
+
+/// An answer that is `inconclusive` for `reason`, before any look.
+fn inconclusive(question: Question, reason: String) -> Answer {
+    Answer { verdict: Outcome::Inconclusive, reason, look: 0, question, signals: Vec::new() }
+}
+
+async fn decide(judge: &Judge, mut question: Question) -> Answer {
     let end = question.end.unwrap_or_else(unix_now);
-    let inconclusive = |question: Question, reason: String| Answer {
-        verdict: Outcome::Inconclusive,
-        reason,
-        look: 0,
-        question,
-        signals: Vec::new(),
+    let reading = signals::Reading {
+        question: &question,
+        end,
+        startup_lookback: judge.startup_lookback.as_secs_f64(),
+        min_startups: judge.policy.min_startups,
+        deadline: tokio::time::Instant::now() + judge.deadline,
     };
-    let collected = match signals::collect(&judge.prometheus, &question, end).await {
+    let collected = match signals::collect(&judge.prometheus, &reading).await {
         Ok(c) => c,
+        Err(e @ prometheus::PromError::Deadline(_)) => {
+            let reason = format!("no answer within the deadline of {}s: {e}", judge.deadline.as_secs_f64());
+            return inconclusive(question, reason);
+        }
         Err(e) => return inconclusive(question, e.to_string()),
     };
-    if !collected.canary_seen {
-        let reason =
-            format!("no data for the canary {:?} in namespace {:?}", question.canary, question.namespace);
+    if let Some(revision) = &collected.canary_revision {
+        question.canary.revision = Some(revision.clone());
+    }
+    let window = question.window.as_secs_f64();
+    let Some(first_data) = collected.first_data else {
+        let reason = format!(
+            "no data for the canary {:?} in namespace {:?} in the {}s window ending at {end:.0} \
+             (a window that ends before the canary's first data sees none of it)",
+            question.canary, question.namespace, window
+        );
+        return inconclusive(question, reason);
+    };
+    if collected.began_before_window {
+        let reason = format!(
+            "the canary's data began before the {window}s window, whose counts would leave out its earlier \
+             events: ask with a window that covers its whole try"
+        );
         return inconclusive(question, reason);
     }
     if !collected.baseline_seen {
@@ -246,8 +297,18 @@ async fn decide(judge: &Judge, question: Question) -> Answer {
             format!("no data for the baseline {:?} in namespace {:?}", question.baseline, question.namespace);
         return inconclusive(question, reason);
     }
-    let look = signals::look(collected.canary_first_seen, end, question.interval.as_secs_f64());
-    Answer::new(question, look, verdict::judge(&collected.signals, &judge.policy, look))
+    let interval = question.interval.as_secs_f64();
+    let look = signals::look(Some(first_data), end, interval);
+    let current = verdict::judge(&collected.signals_at(end), &judge.policy, look);
+    // The earlier looks replayed from the same samples; a long analysis
+    // asked often replays its first REPLAYED_LOOKS, where most is spent.
+    let earlier = (1..look.min(REPLAYED_LOOKS + 1))
+        .map(|k| {
+            let signals = collected.signals_at(first_data + f64::from(k) * interval);
+            (k, verdict::judge_for_failure(&signals, &judge.policy, k))
+        })
+        .find(|(_, j)| j.outcome == Outcome::Fail);
+    Answer::new(question, look, verdict::stays_failed(current, look, earlier))
 }
 
 fn unix_now() -> f64 {

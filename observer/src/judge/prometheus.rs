@@ -1,6 +1,8 @@
-//! The judge's Prometheus client: instant queries over the HTTP API
-//! (`/api/v1/query`), HTTP/1.0 so that no server chunks its answer.
-use std::{collections::BTreeMap, time::Duration};
+//! The judge's Prometheus client: queries over the HTTP API
+//! (`/api/v1/query`), HTTP/1.0 so that no server chunks its answer. An
+//! instant query answers a vector; a range selector (`metric[10m]`)
+//! answers a matrix of the raw samples, which the judge counts itself.
+use std::collections::BTreeMap;
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -9,9 +11,6 @@ use tokio::{
 
 use super::http::percent_encode;
 
-/// A query slower than this makes the answer `inconclusive`, not a hang
-/// of the AnalysisRun that asked.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Prometheus' answers to the judge's queries are small; more is an error.
 const MAX_ANSWER: usize = 32 << 20;
 
@@ -32,15 +31,9 @@ pub enum PromError {
     Status(String),
     #[error("Prometheus refused the query: {0}")]
     Query(String),
-    #[error("Prometheus took longer than {}s", QUERY_TIMEOUT.as_secs())]
-    Timeout,
-}
-
-/// One series of an instant vector: its labels and value.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
+    /// The queries still unanswered when the answer's deadline passed.
+    #[error("Prometheus did not answer in time: {}", .0.join(", "))]
+    Deadline(Vec<String>),
 }
 
 impl Prometheus {
@@ -55,12 +48,14 @@ impl Prometheus {
         format!("http://{}:{}{}", self.host, self.port, self.prefix)
     }
 
-    /// The instant vector of `query` evaluated at `at` (Unix seconds).
-    pub async fn instant(&self, query: &str, at: f64) -> Result<Vec<Sample>, PromError> {
-        let path = format!("{}/api/v1/query?query={}&time={at:.3}", self.prefix, percent_encode(query));
-        let body =
-            tokio::time::timeout(QUERY_TIMEOUT, self.get(&path)).await.map_err(|_| PromError::Timeout)??;
-        parse_vector(&body)
+    /// The raw samples of a range selector `query` (`metric{..}[600s]`)
+    /// evaluated at `at`: a matrix, every sample Prometheus holds in the range.
+    pub async fn samples(&self, query: &str, at: f64) -> Result<Vec<Series>, PromError> {
+        parse_matrix(&self.get(&self.query_path(query, at)).await?)
+    }
+
+    fn query_path(&self, query: &str, at: f64) -> String {
+        format!("{}/api/v1/query?query={}&time={at:.3}", self.prefix, percent_encode(query))
     }
 
     async fn get(&self, path: &str) -> Result<String, PromError> {
@@ -83,30 +78,59 @@ impl Prometheus {
     }
 }
 
-/// The `data.result` of an instant-vector answer.
-fn parse_vector(body: &str) -> Result<Vec<Sample>, PromError> {
-    let answer: serde_json::Value =
+/// One series of a matrix: its labels and raw samples `(unix seconds,
+/// value)`, oldest first, as Prometheus stores them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    pub samples: Vec<(f64, f64)>,
+}
+
+/// The `data.result` of a successful answer of `kind`.
+fn result_of(body: &str, kind: &str) -> Result<Vec<serde_json::Value>, PromError> {
+    let mut answer: serde_json::Value =
         serde_json::from_str(body).map_err(|e| PromError::Query(format!("answer is not JSON ({e})")))?;
     if answer["status"] != "success" {
         return Err(PromError::Query(answer["error"].as_str().unwrap_or("unknown error").to_string()));
     }
-    if answer["data"]["resultType"] != "vector" {
-        return Err(PromError::Query(format!("expected a vector, got {}", answer["data"]["resultType"])));
+    if answer["data"]["resultType"] != kind {
+        return Err(PromError::Query(format!("expected a {kind}, got {}", answer["data"]["resultType"])));
     }
-    let mut samples = Vec::new();
-    for series in answer["data"]["result"].as_array().into_iter().flatten() {
-        let labels = series["metric"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
-            .collect();
-        let value = series["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
-        if value.is_finite() {
-            samples.push(Sample { labels, value });
+    match answer["data"]["result"].take() {
+        serde_json::Value::Array(result) => Ok(result),
+        _ => Ok(Vec::new()),
+    }
+}
+
+fn labels_of(series: &serde_json::Value) -> BTreeMap<String, String> {
+    series["metric"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// A `[time, "value"]` pair; `None` unless both are finite numbers.
+fn point(pair: &serde_json::Value) -> Option<(f64, f64)> {
+    let t = pair[0].as_f64()?;
+    let v: f64 = pair[1].as_str()?.parse().ok()?;
+    (t.is_finite() && v.is_finite()).then_some((t, v))
+}
+
+/// The `data.result` of a range-selector answer. Samples that are not
+/// finite numbers are dropped; the rest are put in time order.
+fn parse_matrix(body: &str) -> Result<Vec<Series>, PromError> {
+    let mut matrix = Vec::new();
+    for series in result_of(body, "matrix")? {
+        let mut samples: Vec<(f64, f64)> =
+            series["values"].as_array().into_iter().flatten().filter_map(point).collect();
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if !samples.is_empty() {
+            matrix.push(Series { labels: labels_of(&series), samples });
         }
     }
-    Ok(samples)
+    Ok(matrix)
 }
 
 /// `value` quoted for a PromQL label matcher.
@@ -128,16 +152,18 @@ mod tests {
     }
 
     #[test]
-    fn vectors_errors_and_non_finite_values() {
-        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[
-            {"metric":{"node":"a"},"value":[1,"3"]},{"metric":{"node":"b"},"value":[1,"NaN"]}]}}"#;
-        let v = parse_vector(ok).expect("vector");
-        assert_eq!(v.len(), 1);
-        assert_eq!(v[0].labels["node"], "a");
-        assert_eq!(v[0].value, 3.0);
+    fn matrices_keep_every_sample_in_time_order() {
+        let ok = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"node":"a"},"values":[[20,"5"],[10,"3"],[30,"NaN"]]},
+            {"metric":{"node":"b"},"values":[]}]}}"#;
+        let m = parse_matrix(ok).expect("matrix");
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].samples, vec![(10.0, 3.0), (20.0, 5.0)]);
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert!(matches!(parse_matrix(vector), Err(PromError::Query(m)) if m.contains("matrix")));
         let err = r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#;
-        assert!(matches!(parse_vector(err), Err(PromError::Query(m)) if m == "parse error"));
-        assert!(parse_vector("<html>").is_err());
+        assert!(matches!(parse_matrix(err), Err(PromError::Query(m)) if m == "parse error"));
+        assert!(parse_matrix("<html>").is_err());
     }
 
     #[test]

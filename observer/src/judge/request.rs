@@ -41,6 +41,11 @@ const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 /// rollout's.
 const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
 
+/// The shortest interval between looks: a scrape or two. Looks counted at a
+/// shorter one would spend the false-rollback budget on samples that
+/// cannot have changed.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(30);
+
 /// A request the judge cannot read: status 400 with this one line.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum BadRequest {
@@ -50,6 +55,10 @@ pub enum BadRequest {
     Invalid(&'static str, String),
     #[error("body is not a JSON object ({0})")]
     NotJson(String),
+    #[error("`interval` {0}s is below {min}s: looks that close spend alpha on unchanged counts", min = MIN_INTERVAL.as_secs())]
+    IntervalTooShort(f64),
+    #[error("`baseline` is the canary itself ({0}): there is nothing to compare")]
+    SameSides(String),
 }
 
 /// Named parameters from the query string and a JSON object body (the
@@ -104,7 +113,7 @@ pub fn from_argo(p: &Params) -> Result<Question, BadRequest> {
     let side = |name: &'static str| -> Result<Side, BadRequest> {
         Ok(Side { workload: workload.to_string(), revision: Some(p.require(name)?.to_string()) })
     };
-    Ok(Question {
+    checked(Question {
         namespace: p.require("namespace")?.to_string(),
         canary: side("canary")?,
         baseline: side("baseline")?,
@@ -114,13 +123,29 @@ pub fn from_argo(p: &Params) -> Result<Question, BadRequest> {
     })
 }
 
+/// What a question cannot ask, whatever Prometheus holds.
+fn checked(q: Question) -> Result<Question, BadRequest> {
+    if q.interval < MIN_INTERVAL {
+        return Err(BadRequest::IntervalTooShort(q.interval.as_secs_f64()));
+    }
+    if q.canary == q.baseline {
+        let name = match &q.canary.revision {
+            Some(r) => format!("{} revision {r}", q.canary.workload),
+            None => q.canary.workload.clone(),
+        };
+        return Err(BadRequest::SameSides(name));
+    }
+    Ok(q)
+}
+
 /// Flagger: its payload names the Canary (`name`, `namespace`); the canary
-/// pods are its target Deployment (`metadata.workload`, else the Canary's
-/// name) and the baseline `<target>-primary`, as Flagger names them.
+/// pods are its target Deployment's current revision (`metadata.workload`,
+/// else the Canary's name; the revision is found in Prometheus, see
+/// `signals`) and the baseline `<target>-primary`, as Flagger names them.
 /// `window` and `interval` may come in the webhook's metadata.
 pub fn from_flagger(p: &Params) -> Result<Question, BadRequest> {
     let target = p.get("workload").unwrap_or(p.require("name")?).to_string();
-    Ok(Question {
+    checked(Question {
         namespace: p.require("namespace")?.to_string(),
         canary: Side { workload: target.clone(), revision: None },
         baseline: Side { workload: format!("{target}-primary"), revision: None },

@@ -239,7 +239,7 @@ impl Track {
     }
 
     fn data(&self) -> SignalData {
-        SignalData { name: self.name.clone(), kind: self.kind, strata: self.strata.clone() }
+        SignalData::new(&self.name, self.kind, self.strata.clone())
     }
 }
 
@@ -452,8 +452,9 @@ mod tests {
         let case = |name: &str| report.cases.iter().find(|c| c.name == name).expect("case").clone();
         let equal = case("pod_seconds_equal_rates");
         assert!(equal.failed_share <= 0.02, "{equal:?}");
-        // Equal rates pass at the last look, when the minimum is reached.
-        assert_eq!(equal.median_looks_to_decision, Some(10.0), "{equal:?}");
+        // No analysis passes before the canary reaches its minimum exposure
+        // at the last look.
+        assert!(equal.median_looks_to_decision.is_none_or(|l| l >= 10.0), "{equal:?}");
         let detect = case("pod_seconds_detection");
         assert!(detect.failed_share >= 0.85, "{detect:?}");
         assert!(case("startups_equal_rates").failed_share <= 0.02);

@@ -199,6 +199,13 @@ impl Conditional {
         self.tail(self.observed)
     }
 
+    /// `P(S <= observed)` under the null: small when the canary's count is
+    /// low for it (the test run the other way). Taken as the complement of
+    /// the tail above, which loses nothing at the thresholds it is held to.
+    pub fn lower_tail(&self) -> f64 {
+        (1.0 - self.tail(self.observed + 1)).clamp(0.0, 1.0)
+    }
+
     /// `P(S = max)`: every event the canary's.
     pub fn min_attainable(&self) -> f64 {
         self.varying.iter().map(|n| n.ln_pmf(n.support().1)).sum::<f64>().exp().min(1.0)

@@ -58,14 +58,51 @@
 //! against 0 of 20 (one-sided p = 0.0016) fails at look 1, whose budget is
 //! 0.05 · 0.2 = 0.01, even beside five other signals each able to fail.
 //!
-//! # Exposure
+//! # Pass: shown no worse
 //!
-//! `pass` needs every signal that applies to have reached the minimum
-//! canary exposure on shared nodes (start-ups or pod-seconds) and none to
-//! have failed; below it the answer is `inconclusive`. A `fail` needs no
-//! minimum: strong early evidence is enough. A signal with no exposure of
-//! either revision on any node (no GPU start-ups in a CPU-only workload)
-//! does not apply and does not block a pass.
+//! "No test rejected" is not evidence that the canary is no worse, so a
+//! signal passes on one of two rules, and only once the canary reached the
+//! minimum exposure on shared nodes (start-ups or pod-seconds):
+//!
+//! - `no_canary_events`: the canary had none of the signal's events on any
+//!   node, those without the baseline included. There is nothing in which it
+//!   could be worse; a canary worse by any ratio that still shows no event
+//!   in the minimum exposure is what this rule lets through.
+//! - `shown_no_worse`: the same exact conditional test run the other way,
+//!   `H0: rate_c/rate_b >= r` at the tolerated ratio r, rejects: the
+//!   one-sided upper confidence bound of the rate ratio is below r. Its
+//!   p-value `P(S <= s)` is held to `alpha · w_k` at look k, the weights of
+//!   `fail`'s spending, so that a canary worse than r passes at some look
+//!   with probability at most alpha. An overall pass needs every signal to
+//!   pass, so the worse signal alone must pass: no split over signals is
+//!   needed. Failures per start-up use the Poisson form with start-ups as
+//!   the exposure (r the tolerated ratio of their failure proportions), which
+//!   is close for rare failures.
+//!
+//! Otherwise the signal is `inconclusive` with `exposure_needed`: the
+//! canary exposure still to come before either rule could pass it at the
+//! rates seen so far (none when the canary's rate is not below r). A
+//! `fail` needs no minimum: strong early evidence is enough. A signal with
+//! no exposure of either revision on any node (no GPU start-ups in a
+//! CPU-only workload) does not apply and does not block a pass.
+//!
+//! # Nodes without the baseline
+//!
+//! Events on nodes where the baseline does not run cannot be compared
+//! node by node, and pooling them against the baseline's other nodes would
+//! blame a node-wide fault on the canary. They are reported in every
+//! answer (counts, exposure, nodes, and the reason), and a signal with any
+//! is never `pass`: it is `inconclusive` (`canary_only_events`) unless its
+//! shared nodes fail it.
+//!
+//! # A fail stays failed
+//!
+//! The service is asked again after a `fail` (Argo's dry runs, a person
+//! retrying). The thresholds differ by look, so the same counts could fail
+//! at look 1 and not at look 5. The judge replays the earlier looks from
+//! the same samples (the counts as they were at each look's end), and an
+//! analysis that failed at any of them stays failed. This is the
+//! sequential procedure the alpha spending bounds, so it costs no alpha.
 use serde::Serialize;
 
 use super::stats::{Attainable, Conditional, Counts};
@@ -122,12 +159,35 @@ fn positive(x: f64) -> bool {
     x.is_finite() && x > 0.0
 }
 
-/// One signal, as queried from Prometheus: its name (as reported) and per-node counts.
+/// The time each side's counts cover: `(from, to]`, Unix seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Span {
+    pub from: f64,
+    pub to: f64,
+}
+
+/// One signal, as queried from Prometheus: its name (as reported),
+/// per-node counts, and the span each side was read over.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SignalData {
     pub name: String,
     pub kind: SignalKind,
     pub strata: Vec<Stratum>,
+    pub canary_span: Span,
+    pub baseline_span: Span,
+}
+
+impl SignalData {
+    /// A signal read over no particular span (the simulation, unit tests).
+    pub fn new(name: &str, kind: SignalKind, strata: Vec<Stratum>) -> Self {
+        SignalData {
+            name: name.into(),
+            kind,
+            strata,
+            canary_span: Span::default(),
+            baseline_span: Span::default(),
+        }
+    }
 }
 
 /// What the judge tolerates and how much it must see before it passes.
@@ -246,9 +306,10 @@ pub struct SignalReport {
     pub name: String,
     pub kind: SignalKind,
     pub verdict: SignalVerdict,
-    /// Which rule decided: `fisher_exact_stratified`,
-    /// `poisson_exact_cond_stratified`, `below_min_exposure`,
-    /// `no_shared_node` or `no_exposure`.
+    /// Which rule decided: a failure by `fisher_exact_stratified` or
+    /// `poisson_exact_cond_stratified`; a pass by `no_canary_events` or
+    /// `shown_no_worse`; or `below_min_exposure`, `not_shown_no_worse`,
+    /// `canary_only_events`, `no_shared_node`, `no_exposure`.
     pub rule: &'static str,
     pub canary_events: u64,
     pub canary_exposure: f64,
@@ -266,12 +327,32 @@ pub struct SignalReport {
     pub min_attainable_p: Option<f64>,
     /// What the p-value was compared with at this look.
     pub threshold: f64,
+    /// `P(S <= s)` at the tolerated ratio: small when the canary is shown
+    /// no worse than it (the `shown_no_worse` rule).
+    pub no_worse_p_value: Option<f64>,
+    /// What `no_worse_p_value` is compared with at this look.
+    pub pass_threshold: f64,
     /// The canary exposure needed before a pass.
     pub min_exposure: f64,
+    /// For an inconclusive signal, the canary exposure still to come before
+    /// it could pass at the rates seen so far; absent when it could not.
+    pub exposure_needed: Option<f64>,
     pub nodes_used: Vec<String>,
     /// Nodes with data of one revision only: reported, never used to blame.
     pub nodes_not_used: Vec<String>,
+    /// What the canary did on nodes where the baseline does not run.
+    pub canary_only: CanaryOnly,
+    pub canary_span: Span,
+    pub baseline_span: Span,
     pub note: String,
+}
+
+/// The canary's events and exposure on nodes the baseline does not run on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CanaryOnly {
+    pub events: u64,
+    pub exposure: f64,
+    pub nodes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -283,6 +364,16 @@ pub struct Judgement {
 
 /// Judges every signal at look `look` (1-based; 0 is taken as 1).
 pub fn judge(signals: &[SignalData], policy: &Policy, look: u32) -> Judgement {
+    judge_explained(signals, policy, look, true)
+}
+
+/// As [`judge`], without the exposure an inconclusive signal still needs:
+/// for the replay of earlier looks, where only a failure matters.
+pub fn judge_for_failure(signals: &[SignalData], policy: &Policy, look: u32) -> Judgement {
+    judge_explained(signals, policy, look, false)
+}
+
+fn judge_explained(signals: &[SignalData], policy: &Policy, look: u32, explain: bool) -> Judgement {
     if let Some(why) = policy.invalid() {
         return Judgement {
             outcome: Outcome::Inconclusive,
@@ -291,22 +382,43 @@ pub fn judge(signals: &[SignalData], policy: &Policy, look: u32) -> Judgement {
         };
     }
     let look = look.max(1);
-    let mut assessed: Vec<(SignalReport, Option<Conditional>)> =
-        signals.iter().map(|s| assess(s, policy)).collect();
+    let mut assessed: Vec<Assessed> = signals.iter().map(|s| assess(s, policy)).collect();
     let budget = policy.alpha * look_weight(look);
     let tests: Vec<Tested> = assessed
         .iter()
-        .filter_map(|(r, t)| {
-            Some(Tested { test: t.as_ref()?, p_value: r.p_value?, min: r.min_attainable_p? })
+        .filter_map(|a| {
+            Some(Tested {
+                test: a.test.as_ref()?,
+                p_value: a.report.p_value?,
+                min: a.report.min_attainable_p?,
+            })
         })
         .collect();
     let threshold = threshold(&tests, budget);
-    for (report, test) in &mut assessed {
-        decide(report, test.is_some(), threshold);
+    for a in &mut assessed {
+        decide(a, threshold, budget, explain);
     }
-    let reports: Vec<SignalReport> = assessed.into_iter().map(|(r, _)| r).collect();
+    let reports: Vec<SignalReport> = assessed.into_iter().map(|a| a.report).collect();
     let (outcome, reason) = overall(&reports, look, threshold);
     Judgement { outcome, reason, signals: reports }
+}
+
+/// `current`, unless an earlier look (`earlier`, in order) failed: a
+/// failure stays one (see the module's documentation).
+pub fn stays_failed(current: Judgement, look: u32, earlier: Option<(u32, Judgement)>) -> Judgement {
+    match earlier {
+        Some((at, failed)) if current.outcome != Outcome::Fail && failed.outcome == Outcome::Fail => {
+            Judgement {
+                outcome: Outcome::Fail,
+                reason: format!(
+                    "look {look}: failed at look {at}, and a failure stays one ({})",
+                    failed.reason
+                ),
+                signals: current.signals,
+            }
+        }
+        _ => current,
+    }
 }
 
 /// How many attainable p-values of one test are weighed exactly; beyond
@@ -365,20 +477,33 @@ fn tarone_count(min_attainable: &[f64], budget: f64) -> usize {
         .unwrap_or(min_attainable.len().max(1))
 }
 
-/// The counts and exact test of one signal, before the threshold is known.
-fn assess(signal: &SignalData, policy: &Policy) -> (SignalReport, Option<Conditional>) {
+/// One signal's report, with its tests kept until the threshold is known.
+struct Assessed {
+    report: SignalReport,
+    /// The failure test, when any node runs both revisions.
+    test: Option<Conditional>,
+    used: Vec<Stratum>,
+    ratio: f64,
+}
+
+/// The counts and exact tests of one signal, before the threshold is known.
+fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
     let (used, not_used): (Vec<&Stratum>, Vec<&Stratum>) = signal.strata.iter().partition(|s| s.shared());
     let sum = |f: fn(&Stratum) -> f64| used.iter().map(|s| f(s)).sum::<f64>();
     let applies = signal.strata.iter().any(has_data);
     let counts: Vec<Counts> = used.iter().map(|s| s.counts()).collect();
+    let ratio = policy.ratio_for(&signal.name);
     let (test, tolerated_ratio, rule) = match signal.kind {
         SignalKind::PerStartup => (Conditional::fisher(&counts), None, "fisher_exact_stratified"),
         SignalKind::PerPodSecond => {
-            let r = policy.ratio_for(&signal.name);
-            (Conditional::poisson(&counts, r), Some(r), "poisson_exact_cond_stratified")
+            (Conditional::poisson(&counts, ratio), Some(ratio), "poisson_exact_cond_stratified")
         }
     };
-    let test = (applies && !used.is_empty()).then_some(test);
+    let tested = applies && !used.is_empty();
+    let no_worse = tested.then(|| Conditional::poisson(&counts, ratio));
+    let test = tested.then_some(test);
+    let alone: Vec<&&Stratum> =
+        not_used.iter().filter(|s| positive(s.canary_exposure) || s.canary_events > 0).collect();
     let report = SignalReport {
         name: signal.name.clone(),
         kind: signal.kind,
@@ -393,12 +518,22 @@ fn assess(signal: &SignalData, policy: &Policy) -> (SignalReport, Option<Conditi
         p_value: test.as_ref().map(Conditional::p_value),
         min_attainable_p: test.as_ref().map(Conditional::min_attainable),
         threshold: 0.0,
+        no_worse_p_value: no_worse.as_ref().map(Conditional::lower_tail),
+        pass_threshold: 0.0,
         min_exposure: policy.min_exposure(signal.kind),
+        exposure_needed: None,
         nodes_used: used.iter().map(|s| s.node.clone()).collect(),
         nodes_not_used: not_used.iter().filter(|s| has_data(s)).map(|s| s.node.clone()).collect(),
+        canary_only: CanaryOnly {
+            events: alone.iter().map(|s| s.canary_events).sum(),
+            exposure: alone.iter().map(|s| s.canary_exposure).sum(),
+            nodes: alone.iter().map(|s| s.node.clone()).collect(),
+        },
+        canary_span: signal.canary_span,
+        baseline_span: signal.baseline_span,
         note: String::new(),
     };
-    (report, test)
+    Assessed { report, test, used: used.into_iter().cloned().collect(), ratio }
 }
 
 fn has_data(s: &Stratum) -> bool {
@@ -418,15 +553,17 @@ fn mantel_haenszel_ratio(used: &[&Stratum]) -> Option<f64> {
 }
 
 /// The signal's verdict, its rule and a note saying why.
-fn decide(report: &mut SignalReport, tested: bool, threshold: f64) {
+fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) {
+    let report = &mut a.report;
     report.threshold = threshold;
+    report.pass_threshold = pass_threshold;
     let unit = report.kind.unit();
     if report.rule == "no_exposure" {
         report.verdict = SignalVerdict::NotApplicable;
         report.note = format!("no {unit} of either revision on any node: does not apply");
         return;
     }
-    let Some(p_value) = report.p_value.filter(|_| tested) else {
+    let Some(p_value) = report.p_value.filter(|_| a.test.is_some()) else {
         report.verdict = SignalVerdict::Inconclusive;
         report.rule = "no_shared_node";
         report.note = format!(
@@ -449,22 +586,106 @@ fn decide(report: &mut SignalReport, tested: bool, threshold: f64) {
         report.verdict = SignalVerdict::Fail;
         report.note = compared;
     } else if report.canary_exposure < report.min_exposure * (1.0 - EXPOSURE_SLACK) {
-        report.verdict = SignalVerdict::Inconclusive;
         report.rule = "below_min_exposure";
+        report.exposure_needed = Some(report.min_exposure - report.canary_exposure);
         report.note = format!(
             "canary {} {unit} on shared nodes, below the minimum {} ({compared})",
             short(report.canary_exposure),
             short(report.min_exposure)
         );
-    } else {
+    } else if report.canary_only.events > 0 {
+        report.rule = "canary_only_events";
+        report.note = format!(
+            "{} canary event(s) in {} {unit} on nodes without the baseline ({}), not compared ({compared})",
+            report.canary_only.events,
+            short(report.canary_only.exposure),
+            report.canary_only.nodes.join(", ")
+        );
+    } else if report.canary_events == 0 {
         report.verdict = SignalVerdict::Pass;
+        report.rule = "no_canary_events";
         report.note = compared;
+    } else {
+        pass_if_shown_no_worse(a, pass_threshold, compared, explain);
     }
+}
+
+/// The `shown_no_worse` rule for a signal the canary has events of.
+fn pass_if_shown_no_worse(a: &mut Assessed, pass_threshold: f64, compared: String, explain: bool) {
+    let report = &mut a.report;
+    let no_worse = report.no_worse_p_value.unwrap_or(1.0);
+    let against = format!("no-worse p = {} against {}", short(no_worse), short(pass_threshold));
+    if no_worse <= pass_threshold {
+        report.verdict = SignalVerdict::Pass;
+        report.rule = "shown_no_worse";
+        report.note = format!("{compared}; {against}");
+        return;
+    }
+    report.rule = "not_shown_no_worse";
+    if !explain {
+        return;
+    }
+    report.exposure_needed = exposure_needed(&a.used, a.ratio, pass_threshold);
+    let needed = match report.exposure_needed {
+        Some(more) => format!("about {} more canary {} at these rates", short(more), report.kind.unit()),
+        None => format!("its rate is not below {} times the baseline's", a.ratio),
+    };
+    report.note = format!("{compared}; not shown no worse ({against}): {needed}");
+}
+
+/// The canary exposure still to come before the `shown_no_worse` rule
+/// could pass at the rates seen so far: every count and exposure scaled by
+/// the smallest factor (up to 1024) at which the test rejects.
+fn exposure_needed(used: &[Stratum], ratio: f64, pass_threshold: f64) -> Option<f64> {
+    let rejects = |f: f64| {
+        let scaled: Vec<Counts> = used
+            .iter()
+            .map(|s| Counts {
+                canary_events: (s.canary_events as f64 * f).round() as u64,
+                canary_exposure: s.canary_exposure * f,
+                baseline_events: (s.baseline_events as f64 * f).round() as u64,
+                baseline_exposure: s.baseline_exposure * f,
+            })
+            .collect();
+        Conditional::poisson(&scaled, ratio).lower_tail() <= pass_threshold
+    };
+    let mut high = 2.0;
+    while !rejects(high) {
+        high *= 2.0;
+        if high > 1024.0 {
+            return None;
+        }
+    }
+    let mut low = high / 2.0;
+    for _ in 0..12 {
+        let mid = 0.5 * (low + high);
+        if rejects(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    let exposure: f64 = used.iter().map(|s| s.canary_exposure).sum();
+    Some(exposure * (high - 1.0))
 }
 
 /// The analysis's outcome from its signals': any failure fails it; a pass
 /// needs every applicable signal to pass, and at least one to apply.
 fn overall(reports: &[SignalReport], look: u32, threshold: f64) -> (Outcome, String) {
+    let (outcome, mut reason) = outcome_and_reason(reports, look, threshold);
+    // Whatever the outcome, what the canary did where it was not compared.
+    let alone: Vec<String> = reports
+        .iter()
+        .filter(|r| r.canary_only.events > 0 && r.rule != "canary_only_events")
+        .map(|r| format!("{} {} on {}", r.name, r.canary_only.events, r.canary_only.nodes.join(", ")))
+        .collect();
+    if !alone.is_empty() {
+        reason.push_str(&format!("; canary events on nodes without the baseline: {}", alone.join(", ")));
+    }
+    (outcome, reason)
+}
+
+fn outcome_and_reason(reports: &[SignalReport], look: u32, threshold: f64) -> (Outcome, String) {
     let with = |v: SignalVerdict| -> Vec<String> {
         reports.iter().filter(|r| r.verdict == v).map(|r| format!("{}: {}", r.name, r.note)).collect()
     };
@@ -485,7 +706,8 @@ fn overall(reports: &[SignalReport], look: u32, threshold: f64) -> (Outcome, Str
         .map(|r| r.name.as_str())
         .collect();
     let mut reason = format!(
-        "look {look}: no signal failed (threshold {}) and every signal reached its minimum exposure",
+        "look {look}: no signal failed (threshold {}); each reached its minimum exposure with no canary \
+         event or was shown no worse than tolerated",
         short(threshold)
     );
     if !idle.is_empty() {
@@ -523,7 +745,7 @@ mod tests {
     }
 
     fn signal(name: &str, kind: SignalKind, strata: Vec<Stratum>) -> SignalData {
-        SignalData { name: name.into(), kind, strata }
+        SignalData::new(name, kind, strata)
     }
 
     /// The service's signal set: start-up failures and five per-pod-second
@@ -578,17 +800,70 @@ mod tests {
     fn a_healthy_canary_past_the_minimum_exposure_passes_and_not_before() {
         let at = |x: f64| {
             service_signals(
-                vec![stratum("a", 1, 12.0 * x, 2, 36.0 * x)],
-                vec![stratum("a", 1, 700.0 * x, 3, 2100.0 * x)],
+                vec![stratum("a", 0, 12.0 * x, 2, 36.0 * x)],
+                vec![stratum("a", 0, 700.0 * x, 3, 2100.0 * x)],
                 &[("a", 700.0 * x, 2100.0 * x)],
             )
         };
         let j = judge(&at(1.0), &Policy::default(), 3);
         assert_eq!(j.outcome, Outcome::Pass, "{j:#?}");
         assert!(j.signals.iter().all(|s| s.verdict == SignalVerdict::Pass), "{j:#?}");
+        assert_eq!(find(&j, "native_crashes").rule, "no_canary_events");
         let j = judge(&at(0.5), &Policy::default(), 3);
         assert_eq!(j.outcome, Outcome::Inconclusive, "{j:#?}");
         assert!(j.reason.contains("below the minimum"), "{}", j.reason);
+        assert_eq!(find(&j, "native_crashes").exposure_needed, Some(250.0));
+    }
+
+    #[test]
+    fn a_pass_needs_evidence_that_the_canary_is_no_worse() {
+        let crashes =
+            |c, cx, b, bx| service_signals(vec![], vec![stratum("a", c, cx, b, bx)], &[("a", cx, bx)]);
+        // One event against none: no evidence either way, at any look.
+        for look in 1..=10 {
+            let j = judge(&crashes(1, 1200.0, 0, 3600.0), &Policy::default(), look);
+            assert_eq!(j.outcome, Outcome::Inconclusive, "look {look}: {j:#?}");
+            let s = find(&j, "native_crashes");
+            assert_eq!((s.rule, s.exposure_needed), ("not_shown_no_worse", None), "{s:#?}");
+        }
+        // Eight against none at equal exposure never passes.
+        for look in 1..=10 {
+            assert_ne!(
+                judge(&crashes(8, 1200.0, 0, 1200.0), &Policy::default(), look).outcome,
+                Outcome::Pass
+            );
+        }
+        // Far fewer than the baseline's: shown no worse.
+        let j = judge(&crashes(2, 1200.0, 60, 1200.0), &Policy::default(), 2);
+        assert_eq!(j.outcome, Outcome::Pass, "{j:#?}");
+        let s = find(&j, "native_crashes");
+        assert_eq!(s.rule, "shown_no_worse");
+        assert!(s.no_worse_p_value.is_some_and(|p| p <= s.pass_threshold), "{s:#?}");
+        // Equal rates, few events: not yet, and how much more it needs.
+        let j = judge(&crashes(10, 1200.0, 10, 1200.0), &Policy::default(), 2);
+        let s = find(&j, "native_crashes");
+        assert_eq!((j.outcome, s.rule), (Outcome::Inconclusive, "not_shown_no_worse"), "{j:#?}");
+        let more = s.exposure_needed.expect("reachable at equal rates");
+        let scale = 1.0 + more / 1200.0;
+        let later = |f: f64| {
+            let n = (10.0 * f).round() as u64;
+            judge(&crashes(n, 1200.0 * f, n, 1200.0 * f), &Policy::default(), 2)
+        };
+        assert_eq!(later(scale * 1.01).outcome, Outcome::Pass, "{more}");
+        assert_ne!(later(scale * 0.9).outcome, Outcome::Pass, "{more}");
+    }
+
+    #[test]
+    fn a_failure_at_an_earlier_look_stays_one() {
+        let signals = service_signals(vec![], vec![stratum("a", 5, 300.0, 0, 840.0)], &[("a", 300.0, 840.0)]);
+        let first = judge(&signals, &Policy::default(), 1);
+        assert_eq!(first.outcome, Outcome::Fail, "{first:#?}");
+        let fifth = judge(&signals, &Policy::default(), 5);
+        assert_ne!(fifth.outcome, Outcome::Fail, "the fifth look's threshold is smaller");
+        let kept = stays_failed(fifth.clone(), 5, Some((1, first)));
+        assert_eq!(kept.outcome, Outcome::Fail);
+        assert!(kept.reason.starts_with("look 5: failed at look 1"), "{}", kept.reason);
+        assert_eq!(stays_failed(fifth, 5, None).outcome, Outcome::Inconclusive);
     }
 
     #[test]
@@ -653,12 +928,21 @@ mod tests {
         let crashes = vec![stratum("a", 6, 1200.0, 0, 0.0), stratum("b", 0, 1200.0, 0, 3600.0)];
         let signals = service_signals(vec![], crashes, &[("a", 1200.0, 0.0), ("b", 1200.0, 3600.0)]);
         let j = judge(&signals, &Policy::default(), 1);
-        assert_ne!(j.outcome, Outcome::Fail, "{j:#?}");
+        assert_eq!(j.outcome, Outcome::Inconclusive, "never a pass: {j:#?}");
         let s = find(&j, "native_crashes");
         assert_eq!(
             (s.nodes_used.clone(), s.nodes_not_used.clone()),
             (vec!["b".to_string()], vec!["a".to_string()])
         );
+        assert_eq!(s.rule, "canary_only_events");
+        assert_eq!(s.canary_only, CanaryOnly { events: 6, exposure: 1200.0, nodes: vec!["a".into()] });
+        assert!(j.reason.contains("6 canary event(s) in 1200 pod-seconds on nodes without the baseline (a)"));
+        // Told in the reason whatever else decides: here a failure on b.
+        let crashes = vec![stratum("a", 6, 1200.0, 0, 0.0), stratum("b", 9, 1200.0, 0, 3600.0)];
+        let signals = service_signals(vec![], crashes, &[("a", 1200.0, 0.0), ("b", 1200.0, 3600.0)]);
+        let j = judge(&signals, &Policy::default(), 1);
+        assert_eq!(j.outcome, Outcome::Fail, "{j:#?}");
+        assert!(j.reason.contains("nodes without the baseline: native_crashes 6 on a"), "{}", j.reason);
     }
 
     #[test]
@@ -718,7 +1002,7 @@ mod tests {
         assert_eq!(judge(&signals, &Policy::default(), 2).outcome, Outcome::Fail);
         let lenient = Policy { ratio_overrides: vec![("native_crashes".into(), 5.0)], ..Policy::default() };
         let j = judge(&signals, &lenient, 2);
-        assert_eq!(j.outcome, Outcome::Pass, "{j:#?}");
+        assert_ne!(j.outcome, Outcome::Fail, "{j:#?}");
         assert_eq!(find(&j, "native_crashes").tolerated_ratio, Some(5.0));
     }
 
