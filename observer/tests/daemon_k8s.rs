@@ -28,18 +28,22 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
 
     // Both revisions' pods are scheduled while the daemon runs: the API
     // server has them, then the kubelet makes their cgroups.
-    let (pods, canary_cg, stable_cg) = schedule_canary_and_stable(api_port);
+    // The kubelet names each container half a second after its start.
+    let rollout = schedule_canary_and_stable(api_port, Duration::from_millis(500));
+    let (canary_cg, stable_cg) = (&rollout.canary_cg, &rollout.stable_cg);
 
     // The canary's HIP runtime fails to initialise; the stable one makes
-    // real GPU calls that succeed.
-    let out = canary_cg.command(&fixture("hip_probe")).output().expect("canary");
+    // real GPU calls that succeed. They are their containers' first
+    // processes.
+    let out = rollout.canary.output(canary_cg, &mut canary_cg.command(&fixture("hip_probe")));
     assert!(out.status.success());
-    let out = stable_cg
-        .command(&fixture("cuda_app"))
-        .args(["--version-loop", "1000"])
-        .env("ZLUDA_FIXTURE_HEALTHY", "1")
-        .output()
-        .expect("stable");
+    let out = rollout.stable.output(
+        stable_cg,
+        stable_cg
+            .command(&fixture("cuda_app"))
+            .args(["--version-loop", "1000"])
+            .env("ZLUDA_FIXTURE_HEALTHY", "1"),
+    );
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=0 "), "a healthy runtime: {out:?}");
     // Successful calls are counted per revision on the node, not per pod.
@@ -179,12 +183,13 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     assert_eq!(value(&fill("stablehash")), 0.0, "analysis must pass the stable revision");
 
     // The API server goes away and comes back: the exporter keeps serving.
+    let pods = control(api_port, "GET", "/control/pods", "");
     drop(api);
     thread::sleep(Duration::from_secs(2));
     assert!(daemon.get("/metrics").is_some_and(|(c, _)| c == 200), "exporter alive while the API is down");
     let (api2, _) = start_apiserver(&dir, Some(api_port));
     api = api2;
-    control(api_port, "POST", "/control/pods", &pods.to_string());
+    control(api_port, "POST", "/control/pods", &pods);
 
     // Deleting the canary pod drops its series after the grace period.
     control(api_port, "DELETE", &format!("/control/pods/{NS}/infer-canaryhash-abcde"), "");
@@ -209,69 +214,117 @@ fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// A worker in `cg` that sleeps before crashing, started as the
+/// container's process; returns it and its pid.
+fn sleeping_worker(pod: &NodePod, cg: &PodCgroup) -> (std::process::Child, u64) {
+    let mut command = cg.command(&fixture("segv_app"));
+    command.args(["--sleep-before", "30000"]).stdout(Stdio::piped());
+    let mut worker = pod.spawn(cg, &mut command);
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(worker.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("pid line");
+    (worker, out_pid(line.as_bytes()))
+}
+
+/// SIGKILL from the host, as the kubelet and the runtime send it (this
+/// test stands in for them: outside every pod).
+fn host_kill(pid: u64) {
+    let status = Command::new("/bin/kill").args(["-9", &pid.to_string()]).status();
+    assert!(status.expect("kill").success());
+}
+
+/// Host kills while the daemon runs: of a live pod's container (a
+/// restart), and of the containers of two pods a rollout deletes. The
+/// deletion reaches the daemon as a watch update (the deletion timestamp)
+/// while the kubelet kills the container at about the same time: once the
+/// update first, the kill right behind it; once the kill first, before the
+/// update can have reached the daemon. Then the kubelet removes the
+/// container's cgroup and the pod. Either order is `pod_deleted`.
 #[test]
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
 fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted() {
     assert_root();
     let dir = scratch_dir();
-    let (live_uid, deleting_uid) = (random_pod_uid(), random_pod_uid());
-    let (live_cid, deleting_cid) = (random_hex(64), random_hex(64));
-    let live_cg = PodCgroup::new(&live_uid, &live_cid);
-    let deleting_cg = PodCgroup::new(&deleting_uid, &deleting_cid);
     let (_api, api_port) = start_apiserver(&dir, None);
-    let live = pod("infer-canaryhash-live1", &live_uid, &live_cid, "canary", "canaryhash");
-    // A rollout deleting the pod: the API server sets the deletion timestamp
-    // first, then the kubelet stops the containers.
-    let mut deleting = pod("infer-canaryhash-gone1", &deleting_uid, &deleting_cid, "canary", "canaryhash");
-    deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    deleting["metadata"]["deletionGracePeriodSeconds"] = json!(30);
-    control(api_port, "POST", "/control/pods", &json!([live, deleting]).to_string());
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    // Ready means the pod cache is synced.
     let daemon =
         Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
-    for (cg, pod_name, reason) in [
-        (&live_cg, "infer-canaryhash-live1", "container_restart"),
-        (&deleting_cg, "infer-canaryhash-gone1", "pod_deleted"),
-    ] {
-        // The worker, killed by the host (this test stands in for the
-        // kubelet and the runtime: outside every pod).
-        let mut worker = cg
-            .command(&fixture("segv_app"))
-            .args(["--sleep-before", "30000"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("worker");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(worker.stdout.as_mut().expect("stdout")),
-            &mut line,
-        )
-        .expect("pid line");
-        let status = Command::new("/bin/kill").args(["-9", &out_pid(line.as_bytes()).to_string()]).status();
-        assert!(status.expect("kill").success());
-        let _ = worker.wait();
+    let specs = vec![
+        scheduled_pod("infer-canaryhash-live1", &random_pod_uid(), "canary", "canaryhash"),
+        scheduled_pod("infer-canaryhash-gone1", &random_pod_uid(), "canary", "canaryhash"),
+        scheduled_pod("infer-canaryhash-gone2", &random_pod_uid(), "canary", "canaryhash"),
+    ];
+    let pods = NodePod::schedule_all(api_port, specs, Duration::from_millis(700));
+    let running: Vec<_> = pods
+        .iter()
+        .map(|pod| {
+            let cg = pod.create("worker");
+            let (worker, pid) = sleeping_worker(pod, &cg);
+            (cg, worker, pid)
+        })
+        .collect();
+    // The pods run, named in their status, before anything kills them.
+    for pod in &pods {
+        pod.reported();
+    }
+    let mut running = running.into_iter();
+    let (live, gone1, gone2) = (&pods[0], &pods[1], &pods[2]);
+
+    // The live pod's container is killed and restarted.
+    let (cg, mut worker, pid) = running.next().expect("live");
+    host_kill(pid);
+    let status = worker.wait().expect("wait");
+    let _restarted = live.restart(cg, status);
+
+    // The rollout deletes gone1, and the kubelet kills it right away.
+    let (cg, mut worker, pid) = running.next().expect("gone1");
+    gone1.terminate();
+    host_kill(pid);
+    let status = worker.wait().expect("wait");
+    gone1.exited(&cg, status);
+    drop(cg);
+    gone1.remove();
+
+    // gone2's container is killed before its deletion reaches the daemon.
+    let (cg, mut worker, pid) = running.next().expect("gone2");
+    host_kill(pid);
+    gone2.terminate();
+    let status = worker.wait().expect("wait");
+    gone2.exited(&cg, status);
+    drop(cg);
+    gone2.remove();
+
+    for (pod, reason) in [(live, "container_restart"), (gone1, "pod_deleted"), (gone2, "pod_deleted")] {
+        // Waits for the reason, not the first line: a reason bound late
+        // may change once.
         let exit = daemon.wait_metric(reason, Duration::from_secs(10), |l| {
-            l.starts_with("canaryscope_abnormal_exits_total{") && l.contains(&format!("pod=\"{pod_name}\""))
+            l.starts_with("canaryscope_abnormal_exits_total{")
+                && l.contains(&format!("pod=\"{}\"", pod.name))
+                && l.contains(&format!("kill_reason=\"{reason}\""))
         });
         for label in [
             "signal=\"SIGKILL\"",
             "cause=\"sent\"",
             "sender_scope=\"host\"",
+            "container=\"worker\"",
             &format!("kill_reason=\"{reason}\""),
         ] {
-            assert!(exit.contains(label), "{label} missing in {exit}");
+            assert!(exit.contains(label), "{}: {label} missing in {exit}", pod.name);
         }
     }
     let _ = fs::remove_dir_all(&dir);
 }
 
 /// A healthy worker (its runtime starts: no GPU trouble) paused before it
-/// exits, in a pod's cgroup.
-fn healthy_worker(cg: &PodCgroup) -> Stepped {
+/// exits, as the first process of its pod's container.
+fn healthy_worker(pod: &NodePod, cg: &PodCgroup) -> Stepped {
     let mut command = cg.command(&fixture("cuda_app"));
     command.args(["--pause-before", "exit"]).env("ZLUDA_FIXTURE_HEALTHY", "1");
     let mut worker = Stepped::spawn(command);
+    pod.started(cg);
     let init = worker.wait_line("cuInit=");
     assert!(init.starts_with("cuInit=0 "), "a healthy runtime: {init}");
     worker
@@ -283,11 +336,6 @@ fn canary_pods_get_hot_call_probes_by_track_label_or_argo_revision() {
     assert_root();
     let dir = scratch_dir();
     let wait = Duration::from_secs(20);
-    let (labelled_uid, argo_new_uid, argo_old_uid) = (random_pod_uid(), random_pod_uid(), random_pod_uid());
-    let (labelled_cid, argo_new_cid, argo_old_cid) = (random_hex(64), random_hex(64), random_hex(64));
-    let labelled_cg = PodCgroup::new(&labelled_uid, &labelled_cid);
-    let argo_new_cg = PodCgroup::new(&argo_new_uid, &argo_new_cid);
-    let argo_old_cg = PodCgroup::new(&argo_old_uid, &argo_old_cid);
     let (_api, api_port) = start_apiserver(&dir, None);
     // Rollout `infer`: revision oldhash is stable, newhash is being rolled
     // out. Only the first pod carries a canary track label.
@@ -299,12 +347,6 @@ fn canary_pods_get_hot_call_probes_by_track_label_or_argo_revision() {
         .to_string()
     };
     control(api_port, "POST", "/control/rollouts", &rollout("oldhash"));
-    let pods = json!([
-        pod("infer-newhash-label", &labelled_uid, &labelled_cid, "canary", "newhash"),
-        pod("infer-newhash-argo1", &argo_new_uid, &argo_new_cid, "", "newhash"),
-        pod("infer-oldhash-argo2", &argo_old_uid, &argo_old_cid, "", "oldhash"),
-    ]);
-    control(api_port, "POST", "/control/pods", &pods.to_string());
     let kubeconfig = write_kubeconfig(&dir, api_port);
     let daemon = Daemon::start(&[
         "--hold",
@@ -313,12 +355,24 @@ fn canary_pods_get_hot_call_probes_by_track_label_or_argo_revision() {
         "--node-name",
         "node-a",
     ]);
+    // The pods are scheduled while the daemon runs; a busy kubelet names
+    // their containers 1.5 s after their start.
+    let specs = vec![
+        scheduled_pod("infer-newhash-label", &random_pod_uid(), "canary", "newhash"),
+        scheduled_pod("infer-newhash-argo1", &random_pod_uid(), "", "newhash"),
+        scheduled_pod("infer-oldhash-argo2", &random_pod_uid(), "", "oldhash"),
+    ];
+    let pods = NodePod::schedule_all(api_port, specs, Duration::from_millis(1500));
+    let (labelled_pod, argo_new_pod, argo_old_pod) = (&pods[0], &pods[1], &pods[2]);
+    let labelled_cg = labelled_pod.create("worker");
+    let argo_new_cg = argo_new_pod.create("worker");
+    let argo_old_cg = argo_old_pod.create("worker");
 
     // The stable pod's worker starts first, so it is known before the
     // canaries are probed; no worker fails anything.
-    let mut stable = healthy_worker(&argo_old_cg);
-    let mut labelled = healthy_worker(&labelled_cg);
-    let mut argo_new = healthy_worker(&argo_new_cg);
+    let mut stable = healthy_worker(argo_old_pod, &argo_old_cg);
+    let mut labelled = healthy_worker(labelled_pod, &labelled_cg);
+    let mut argo_new = healthy_worker(argo_new_pod, &argo_new_cg);
     wait_trapped(labelled.pid(), true, wait);
     wait_trapped(argo_new.pid(), true, wait);
     daemon.wait_metric("two canary processes", wait, |l| {

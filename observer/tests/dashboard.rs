@@ -95,7 +95,10 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
 
     // The rollout schedules both revisions' pods while the daemon runs:
     // the API server has them, then the kubelet makes their cgroups.
-    let (_, mut canary, stable) = schedule_canary_and_stable(api_port);
+    // The kubelet names each container a second after its start.
+    let rollout = schedule_canary_and_stable(api_port, Duration::from_secs(1));
+    let Rollout { canary: canary_pod, stable: stable_pod, canary_cg: mut canary, stable_cg: stable } =
+        rollout;
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape
@@ -118,12 +121,13 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     // The stable pod is healthy; the canary fails its HIP runtime, runs
     // too many threads for its CPU limit while the test lasts, and
     // outgrows its memory limit: twice, as a crash-looping canary would.
-    let out = stable
-        .command(&fixture("cuda_app"))
-        .args(["--version-loop", "100"])
-        .env("ZLUDA_FIXTURE_HEALTHY", "1")
-        .output()
-        .expect("stable");
+    let out = stable_pod.output(
+        &stable,
+        stable
+            .command(&fixture("cuda_app"))
+            .args(["--version-loop", "100"])
+            .env("ZLUDA_FIXTURE_HEALTHY", "1"),
+    );
     assert!(out.status.success(), "{out:?}");
     // A crash inside the library, in cuLaunchKernel.
     let crash_in_launch = |pod: &PodCgroup, healthy: bool| {
@@ -138,14 +142,10 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
 
     let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     canary.limit_cpu(cpus as f64 * 2.0 / 32.0);
-    let _busy = Proc(
-        canary
-            .command(&fixture("busy_threads"))
-            .args([&cpus.to_string(), "120"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("busy_threads"),
-    );
+    let _busy = Proc(canary_pod.spawn(
+        &canary,
+        canary.command(&fixture("busy_threads")).args([&cpus.to_string(), "120"]).stdout(Stdio::null()),
+    ));
     canary.limit_memory(50 << 20);
     let failing_round = || {
         let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");

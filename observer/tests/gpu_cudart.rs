@@ -77,7 +77,26 @@ impl Copies {
     fn probe(&self, pod: &PodCgroup) -> (u64, Value) {
         let mut cmd = pod.command(&fixture("cudart_probe"));
         cmd.arg(&self.runtime).env("LD_LIBRARY_PATH", &self.driver_dir);
-        let out = detached(cmd);
+        Self::printed(detached(cmd))
+    }
+
+    /// [`Self::probe`] as the first process of the container of `cg` in
+    /// `pod`, whose start the kubelet reports.
+    fn probe_in(&self, pod: &support::k8s::NodePod, cg: &PodCgroup) -> (u64, Value) {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = cg.command(&fixture("cudart_probe"));
+        cmd.arg(&self.runtime).env("LD_LIBRARY_PATH", &self.driver_dir);
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        Self::printed(pod.output(cg, &mut cmd))
+    }
+
+    fn printed(out: std::process::Output) -> (u64, Value) {
         assert!(out.status.success(), "{out:?}");
         let printed: Value = serde_json::from_slice(&out.stdout).expect("cudart_probe prints JSON");
         (printed["pid"].as_u64().expect("pid"), printed)
@@ -228,7 +247,8 @@ fn each_layer_counts_its_own_init_failure() {
 
 /// A gated canary pod as the DaemonSet sees it (Kubernetes, no `--hold`),
 /// in a rollout's order: the daemon runs, the pod is scheduled (Pending),
-/// its cgroup appears, it turns Running and its worker starts at once. The
+/// its container's cgroup appears and its worker starts at once; the
+/// kubelet names the container 0.2 s later. The
 /// worker's runtime is newer than the node's driver. The pod is kept out of
 /// traffic with the call the application made, the runtime's error and the
 /// version the driver reported.
@@ -238,9 +258,8 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
     use support::k8s::*;
     assert_root();
     let dir = scratch_dir();
-    let (uid, cid) = (random_pod_uid(), random_hex(64));
     let name = "infer-canaryhash-cudart1";
-    let mut spec = pod(name, &uid, &cid, "canary", "canaryhash");
+    let mut spec = scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash");
     spec["spec"]["readinessGates"] = serde_json::json!([{"conditionType": GATE}]);
     let (_api, api_port) = start_apiserver_with(&dir, None, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
@@ -254,12 +273,9 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
     ]);
     let copies = Copies::new("CUDART13");
     // Scheduled: no container yet.
-    let mut pending = spec.clone();
-    pending["status"] = serde_json::json!({"phase": "Pending"});
-    control(api_port, "POST", "/control/pods", &serde_json::json!([pending]).to_string());
-    let pod_cgroup = PodCgroup::new(&uid, &cid);
-    control(api_port, "POST", "/control/pods", &serde_json::json!([spec]).to_string());
-    let printed = copies.probe(&pod_cgroup).1;
+    let node_pod = NodePod::schedule(api_port, spec, Duration::from_millis(200));
+    let pod_cgroup = node_pod.create("worker");
+    let printed = copies.probe_in(&node_pod, &pod_cgroup).1;
     assert_eq!(printed["device_count_rc"], 35, "{printed}");
     let version = printed["driver_version"].as_i64().expect("the driver's version");
     let want = format!(

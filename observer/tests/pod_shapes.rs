@@ -81,9 +81,9 @@ impl Drop for Node {
 }
 
 /// A canary pod of node-a (track canary, revision `canaryhash`) with these
-/// containers, each `(name, containerID)`.
-fn canary_pod(name: &str, uid: &str, containers: &[(&str, String)]) -> Value {
-    with_containers(pod(name, uid, "unused", "canary", "canaryhash"), containers)
+/// containers, waiting to be created.
+fn canary_pod(name: &str, containers: &[&str]) -> Value {
+    with_containers(scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash"), containers)
 }
 
 /// The value of label `name` in an exposition line.
@@ -108,24 +108,27 @@ fn detached(mut command: Command) -> Command {
     command
 }
 
-/// `gpu_dlopen LIB` in `cg` without a terminal: it maps the runtime file
-/// and calls `cuInit` at once. Returns its pid.
-fn dlopen_at_once(cg: &PodCgroup, lib: &Path) -> u64 {
+/// `gpu_dlopen LIB` in `cg` without a terminal, a process of the
+/// container in `pod`: it maps the runtime file and calls `cuInit` at once.
+/// Returns its exit status.
+fn dlopen_at_once(pod: &NodePod, cg: &PodCgroup, lib: &Path) -> std::process::ExitStatus {
     let mut command = cg.command(&fixture("gpu_dlopen"));
     command.arg(lib);
-    let out = detached(command).output().expect("gpu_dlopen");
+    let out = pod.output(cg, &mut detached(command));
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("init=101"), "cuInit fails without a GPU: {stdout}");
-    out_pid(&out.stdout)
+    out.status
 }
 
 /// Runs `command` to its end as its parent, told of every stop and
 /// continue as a shell's job control is (`waitpid` with `WUNTRACED |
 /// WCONTINUED`): its wait status and how many times it was stopped.
+/// `started` runs once it is spawned.
 #[expect(clippy::zombie_processes, reason = "reaped by the waitpid here, which std cannot see")]
-fn run_counting_stops(mut command: Command) -> (i32, usize) {
+fn run_counting_stops(mut command: Command, started: impl FnOnce()) -> (i32, usize) {
     let child = command.stdout(Stdio::null()).spawn().expect("spawn");
+    started();
     let pid = child.id() as libc::pid_t;
     let mut stops = 0;
     loop {
@@ -156,32 +159,31 @@ fn run_counting_stops(mut command: Command) -> (i32, usize) {
 fn a_sidecar_beside_a_gpu_container_gets_no_gpu_series_and_is_never_held() {
     assert_root();
     let node = Node::start();
-    let (uid, worker_id, sidecar_id) = (random_pod_uid(), random_hex(64), random_hex(64));
     let name = "infer-canaryhash-sidecar";
     // The sidecar comes first in the spec, as injected sidecars often do.
-    let spec = canary_pod(
-        name,
-        &uid,
-        &[("sidecar", format!("containerd://{sidecar_id}")), ("worker", format!("containerd://{worker_id}"))],
+    // The kubelet names each container 0.4 s after its start.
+    let pod = NodePod::schedule(
+        node.api_port,
+        canary_pod(name, &["sidecar", "worker"]),
+        Duration::from_millis(400),
     );
-    add_pods(node.api_port, &[&spec]);
     let runtime = node.fresh_runtime("sidecar-pod");
     // Dropped in reverse: the worker's cgroup made the pod's.
-    let worker = PodCgroup::new(&uid, &worker_id);
-    let sidecar = PodCgroup::new(&uid, &sidecar_id);
+    let worker = pod.create("worker");
+    let sidecar = pod.create("sidecar");
 
     // The sidecar starts as the worker does: a dynamically linked program
     // loading its libraries, then running to its end.
     let mut shipper = sidecar.command(Path::new("/usr/bin/python3"));
     shipper.args(["-c", "import json, ssl, zlib, sqlite3; print(json.dumps({'shipped': 1}))"]);
-    let (status, stops) = run_counting_stops(detached(shipper));
+    let (status, stops) = run_counting_stops(detached(shipper), || pod.started(&sidecar));
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "the sidecar's wait status {status:#x}"
     );
     assert_eq!(stops, 0, "the sidecar was stopped {stops} times");
 
-    dlopen_at_once(&worker, &runtime);
+    dlopen_at_once(&pod, &worker, &runtime);
     let announced = node.announcement(&runtime);
     assert!(announced.contains("held until probed"), "the canary's worker was not held: {announced}");
 
@@ -208,32 +210,35 @@ fn a_sidecar_beside_a_gpu_container_gets_no_gpu_series_and_is_never_held() {
     drop(worker);
 }
 
-/// One pod of the layouts test: its name, uid, worker container and layout.
+/// One pod of the layouts test: its name and layout, and the pod once
+/// scheduled.
 struct LayoutPod {
     name: String,
-    uid: String,
-    worker_id: String,
     layout: Layout,
+    pod: Option<NodePod>,
 }
 
 impl LayoutPod {
     fn new(track: &str, tag: &str, layout: Layout) -> Self {
         let name = format!("infer-{track}hash-{tag}");
-        Self { name, uid: random_pod_uid(), worker_id: random_hex(64), layout }
+        Self { name, layout, pod: None }
     }
 
     /// Its Pod: a `sidecar` container listed first, then `worker`.
     fn spec(&self, track: &str) -> Value {
-        let containers = [
-            ("sidecar", self.layout.container_id_uri(&random_hex(64))),
-            ("worker", self.layout.container_id_uri(&self.worker_id)),
-        ];
-        with_containers(pod(&self.name, &self.uid, "unused", track, &format!("{track}hash")), &containers)
+        with_containers(
+            scheduled_pod(&self.name, &random_pod_uid(), track, &format!("{track}hash")),
+            &["sidecar", "worker"],
+        )
+    }
+
+    fn pod(&self) -> &NodePod {
+        self.pod.as_ref().expect("scheduled")
     }
 
     /// Its worker's cgroup, as the layout names it.
     fn cgroup(&self) -> PodCgroup {
-        PodCgroup::with_layout(self.layout, &self.uid, &self.worker_id)
+        self.pod().create("worker")
     }
 
     /// Asserts that its worker's one failing cuInit is counted as its own.
@@ -263,18 +268,24 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
         ("cgroupfs", Layout::CgroupfsContainerd),
         ("cgroupfs-crio", Layout::CgroupfsCrio),
     ];
-    let canaries: Vec<LayoutPod> = layouts.iter().map(|(tag, l)| LayoutPod::new("canary", tag, *l)).collect();
-    let stables: Vec<LayoutPod> = layouts.iter().map(|(tag, l)| LayoutPod::new("stable", tag, *l)).collect();
-    // One request, the stable pods first: their watch events come first.
+    let mut canaries: Vec<LayoutPod> =
+        layouts.iter().map(|(tag, l)| LayoutPod::new("canary", tag, *l)).collect();
+    let mut stables: Vec<LayoutPod> =
+        layouts.iter().map(|(tag, l)| LayoutPod::new("stable", tag, *l)).collect();
+    // One request, the stable pods first: their watch events come first. A
+    // busy kubelet names each container 1.5 s after its start.
     let specs: Vec<Value> =
         stables.iter().map(|p| p.spec("stable")).chain(canaries.iter().map(|p| p.spec("canary"))).collect();
-    add_pods(node.api_port, &specs.iter().collect::<Vec<_>>());
+    let scheduled = NodePod::schedule_all(node.api_port, specs, Duration::from_millis(1500));
+    for (layout_pod, pod) in stables.iter_mut().chain(canaries.iter_mut()).zip(scheduled) {
+        layout_pod.pod = Some(pod.with_layout(layout_pod.layout));
+    }
 
     let mut cgroups = LastFirst(Vec::new());
     for canary in &canaries {
         let cg = canary.cgroup();
         let runtime = node.fresh_runtime(&canary.name);
-        dlopen_at_once(&cg, &runtime);
+        dlopen_at_once(canary.pod(), &cg, &runtime);
         let announced = node.announcement(&runtime);
         assert!(
             announced.contains("held until probed"),
@@ -296,6 +307,7 @@ fn crio_and_cgroupfs_layouts_attribute_a_failing_init_to_its_pod_and_container()
         let mut command = cg.command(&fixture("gpu_dlopen"));
         command.arg("--pause").arg(&runtime);
         let mut worker = Stepped::spawn(detached(command));
+        stable.pod().started(&cg);
         worker.wait_line("loaded");
         let announced = node.announcement(&runtime);
         assert!(
@@ -350,22 +362,18 @@ fn stat_field(pid: u64, index: usize) -> String {
 fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
     assert_root();
     let node = Node::start();
-    let (uid, worker_id, shell_id) = (random_pod_uid(), random_hex(64), random_hex(64));
     let name = "infer-canaryhash-tty";
-    let mut spec = canary_pod(
-        name,
-        &uid,
-        &[("worker", format!("containerd://{worker_id}")), ("shell", format!("containerd://{shell_id}"))],
-    );
+    let mut spec = canary_pod(name, &["worker", "shell"]);
     spec["spec"]["containers"][1]["tty"] = json!(true);
     spec["spec"]["containers"][1]["stdin"] = json!(true);
-    add_pods(node.api_port, &[&spec]);
-    let worker = PodCgroup::new(&uid, &worker_id);
-    let shell = PodCgroup::new(&uid, &shell_id);
+    // A quiet kubelet: each container named as soon as it starts.
+    let pod = NodePod::schedule(node.api_port, spec, Duration::ZERO);
+    let worker = pod.create("worker");
+    let shell = pod.create("shell");
 
     // Without a terminal, the pod's process is held: the pod is in scope.
     let runtime = node.fresh_runtime("tty-worker");
-    dlopen_at_once(&worker, &runtime);
+    dlopen_at_once(&pod, &worker, &runtime);
     let announced = node.announcement(&runtime);
     assert!(announced.contains("held until probed"), "the worker was not held: {announced}");
 
@@ -373,6 +381,7 @@ fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
     let mut command = shell.command(Path::new("/usr/bin/python3"));
     command.args(["-c", WITH_A_TTY]).arg(fixture("gpu_dlopen")).arg("--pause").arg(&runtime);
     let mut process = Stepped::spawn(detached(command));
+    pod.started(&shell);
     let pid: u64 = field(&process.wait_line("loaded"), "pid").parse().expect("pid");
     assert_ne!(stat_field(pid, 4), "0", "pid {pid} has no controlling terminal");
     let announced = node.announcement(&runtime);
@@ -399,8 +408,9 @@ fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
     drop(worker);
 }
 
-/// Waits until pod `name`'s gate condition has this status and reason.
-fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Value {
+/// Waits until pod `name`'s gate condition has this status, reason and
+/// message start.
+fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str, message: &str) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
@@ -410,13 +420,16 @@ fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Valu
             .and_then(|c| c.iter().find(|c| c["type"] == GATE))
             .cloned();
         if let Some(c) = &condition {
-            if c["status"] == status && c["reason"] == reason {
+            if c["status"] == status
+                && c["reason"] == reason
+                && c["message"].as_str().is_some_and(|m| m.starts_with(message))
+            {
                 return c.clone();
             }
         }
         assert!(
             Instant::now() < deadline,
-            "{name}: no {GATE} condition {status}/{reason} within {WAIT:?}; conditions: {}",
+            "{name}: no {GATE} condition {status}/{reason} {message:?} within {WAIT:?}; conditions: {}",
             pod["status"]["conditions"]
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -434,46 +447,31 @@ fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Valu
 fn a_restarted_container_in_a_new_cgroup_turns_the_gate_true() {
     assert_root();
     let node = Node::start();
-    let (uid, first_id, second_id) = (random_pod_uid(), random_hex(64), random_hex(64));
     let name = "infer-canaryhash-restart";
-    let mut spec = canary_pod(name, &uid, &[("worker", format!("containerd://{first_id}"))]);
+    let mut spec = canary_pod(name, &["worker"]);
     spec["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
-    add_pods(node.api_port, &[&spec]);
+    // The kubelet names each container 0.6 s after its start.
+    let pod = NodePod::schedule(node.api_port, spec, Duration::from_millis(600));
 
-    let first = PodCgroup::new(&uid, &first_id);
+    let first = pod.create("worker");
     let runtime = node.fresh_runtime("restart");
-    dlopen_at_once(&first, &runtime);
-    let failed = wait_condition(node.api_port, name, "False", "InitFailed");
+    let exited = dlopen_at_once(&pod, &first, &runtime);
+    let failed = wait_condition(node.api_port, name, "False", "InitFailed", "container worker: ");
     assert_eq!(
         failed["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
         "{failed}"
     );
 
-    // The kubelet's restart: the container exits, its cgroup goes, the
-    // pod's status moves on to the new container, a new cgroup is made.
-    let stored = control(node.api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
-    let mut restarted: Value = serde_json::from_str(&stored).expect("a Pod");
-    restarted["status"]["containerStatuses"][0] = json!({
-        "name": "worker", "containerID": format!("containerd://{second_id}"), "image": "worker:1",
-        "imageID": "", "ready": false, "restartCount": 1, "started": true, "state": {"running": {}},
-        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
-                                     "containerID": format!("containerd://{first_id}")}}
-    });
-    let second = first.restarted(&second_id);
-    add_pods(node.api_port, &[&restarted]);
-
+    // The kubelet's restart: the container exits, its cgroup goes, a new
+    // cgroup is made, and the pod's status moves on to the new container
+    // once it runs, the old one in its last state.
+    let second = pod.restart(first, exited);
     let mut worker = second.command(&fixture("cuda_app"));
     worker.arg("--alloc").env("ZLUDA_FIXTURE_HEALTHY", "1");
-    let out = detached(worker).output().expect("the restarted worker");
+    let out = pod.output(&second, &mut detached(worker));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("cuInit=0 ") && stdout.contains("cuMemAlloc=0"), "a healthy start-up: {out:?}");
-    let ready = wait_condition(node.api_port, name, "True", "RuntimeReady");
-    assert!(
-        ready["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("container worker: cuInit, cuDeviceGetCount")),
-        "{ready}"
-    );
+    wait_condition(node.api_port, name, "True", "RuntimeReady", "container worker: cuInit, cuDeviceGetCount");
     let calls = node.daemon.wait_pod_metric("the restarted container's cuInit", WAIT, |l| {
         l.starts_with("canaryscope_gpu_api_calls_total{")
             && l.contains(&format!("pod=\"{name}\""))

@@ -16,35 +16,34 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// A test pod of the canary (`track` canary) or stable revision; `gated`
 /// pods declare the readiness gate.
-fn test_pod(name: &str, uid: &str, cid: &str, gated: bool, canary: bool) -> Value {
+fn test_pod(name: &str, gated: bool, canary: bool) -> Value {
     let (track, hash) = if canary { ("canary", "canaryhash") } else { ("stable", "stablehash") };
-    let mut p = pod(name, uid, cid, track, hash);
+    let mut p = scheduled_pod(name, &random_pod_uid(), track, hash);
     if gated {
         p["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
     }
     p
 }
 
-/// One pod's cgroup and identity.
+/// One pod scheduled to the node while the daemon runs, and its `worker`
+/// container's cgroup, made by the kubelet.
 struct TestPod {
     name: String,
+    pod: NodePod,
     cg: PodCgroup,
-    json: Value,
 }
 
 impl TestPod {
-    /// A pod of the canary revision.
-    fn new(name: &str, gated: bool) -> Self {
-        Self::of_revision(name, gated, true)
+    /// A pod of the canary revision whose container the kubelet names
+    /// `report_after` after its start.
+    fn new(api_port: u16, name: &str, gated: bool, report_after: Duration) -> Self {
+        Self::of_revision(api_port, name, gated, true, report_after)
     }
 
-    fn of_revision(name: &str, gated: bool, canary: bool) -> Self {
-        let (uid, cid) = (random_pod_uid(), random_hex(64));
-        Self {
-            name: name.into(),
-            cg: PodCgroup::new(&uid, &cid),
-            json: test_pod(name, &uid, &cid, gated, canary),
-        }
+    fn of_revision(api_port: u16, name: &str, gated: bool, canary: bool, report_after: Duration) -> Self {
+        let pod = NodePod::schedule(api_port, test_pod(name, gated, canary), report_after);
+        let cg = pod.create("worker");
+        Self { name: name.into(), pod, cg }
     }
 
     /// The ZLUDA-shaped worker; `healthy` makes its start-up succeed.
@@ -57,9 +56,10 @@ impl TestPod {
         command
     }
 
-    /// Runs a worker whose cuInit fails, to its end.
+    /// Runs a worker whose cuInit fails, to its end, as a process of the
+    /// container (the first one has the kubelet name it).
     fn fail_init(&self) {
-        let out = self.worker(false).output().expect("worker");
+        let out = self.pod.output(&self.cg, &mut self.worker(false));
         assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=101 "), "no GPU here: {out:?}");
     }
 }
@@ -92,19 +92,26 @@ fn patches_of(api_port: u16, name: &str) -> Vec<Value> {
     all["items"].as_array().into_iter().flatten().filter(|p| p["name"] == name).cloned().collect()
 }
 
-/// Waits until pod `name`'s gate condition has this status and reason.
-fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str) -> Value {
+/// The start of the gate's message about the pod's `worker` container.
+const NAMED: &str = "container worker: ";
+
+/// Waits until pod `name`'s gate condition has this status and reason,
+/// its message starting with `message`.
+fn wait_condition(api_port: u16, name: &str, status: &str, reason: &str, message: &str) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let pod = get_pod(api_port, name);
         if let Some(c) = gate_condition(&pod) {
-            if c["status"] == status && c["reason"] == reason {
+            if c["status"] == status
+                && c["reason"] == reason
+                && c["message"].as_str().is_some_and(|m| m.starts_with(message))
+            {
                 return pod;
             }
         }
         assert!(
             Instant::now() < deadline,
-            "{name}: no {GATE} condition {status}/{reason} within {WAIT:?}; conditions: {}; patches: {:#?}",
+            "{name}: no {GATE} condition {status}/{reason} {message:?} within {WAIT:?}; conditions: {}; patches: {:#?}",
             pod["status"]["conditions"],
             patches_of(api_port, name)
         );
@@ -162,13 +169,13 @@ fn cuinit_failures(text: &str, name: &str) -> f64 {
 fn a_gated_canary_whose_cuinit_fails_gets_false_init_failed_and_keeps_the_kubelet_conditions() {
     assert_root();
     let dir = scratch_dir();
-    let canary = TestPod::new("infer-canaryhash-gate1", true);
-    let plain = TestPod::new("infer-canaryhash-plain1", false);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json, plain.json])));
+    let (_api, api_port) = start_apiserver(&dir, None);
     let daemon = daemon(&dir, api_port, &[]);
+    let canary = TestPod::new(api_port, "infer-canaryhash-gate1", true, Duration::from_millis(300));
+    let _plain = TestPod::new(api_port, "infer-canaryhash-plain1", false, Duration::from_millis(300));
 
     canary.fail_init();
-    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed");
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed", NAMED);
     let condition = gate_condition(&pod).expect("condition");
     assert_eq!(
         condition["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
@@ -202,17 +209,19 @@ fn a_gated_canary_whose_cuinit_fails_gets_false_init_failed_and_keeps_the_kubele
 fn a_gated_pod_whose_runtime_starts_up_gets_true_from_its_first_calls_despite_conflicts() {
     assert_root();
     let dir = scratch_dir();
-    let worker = TestPod::new("infer-canaryhash-gate2", true);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([worker.json])));
+    let (_api, api_port) = start_apiserver(&dir, None);
     // The first two patches meet a conflict; the daemon must retry.
     control(api_port, "POST", "/control/patch-failures", r#"{"code": 409, "count": 2}"#);
     // The worker's first GPU calls are its start-up: seen thanks to --hold.
     let _daemon = daemon(&dir, api_port, &[]);
+    // A quiet kubelet names the container as soon as it starts: the
+    // condition is written once, named.
+    let worker = TestPod::new(api_port, "infer-canaryhash-gate2", true, Duration::ZERO);
 
-    let out = worker.worker(true).output().expect("worker");
+    let out = worker.pod.output(&worker.cg, &mut worker.worker(true));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("cuInit=0 ") && stdout.contains("cuMemAlloc=0"), "a healthy start-up: {out:?}");
-    let pod = wait_condition(api_port, &worker.name, "True", "RuntimeReady");
+    let pod = wait_condition(api_port, &worker.name, "True", "RuntimeReady", NAMED);
     let condition = gate_condition(&pod).expect("condition");
     assert!(
         condition["message"]
@@ -223,6 +232,42 @@ fn a_gated_pod_whose_runtime_starts_up_gets_true_from_its_first_calls_despite_co
     assert_kubelet_conditions(&pod);
     let codes: Vec<Value> = patches_of(api_port, &worker.name).iter().map(|p| p["code"].clone()).collect();
     assert_eq!(codes, [json!(409), json!(409), json!(200)], "conflicts are retried until the patch lands");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A gated canary whose worker fails `cuInit` before the kubelet has named
+/// its container: the gate can only name it by its short ID, and writes so.
+/// Once the pod's status names the container, the gate reads the pod cache
+/// again and rewrites the condition with the name, its status and reason
+/// (and so its transition time) unchanged. The kubelet's report is made to
+/// come after that first patch, which is the order this test is about.
+#[test]
+#[ignore = "needs root and python3; run by `cargo xtask test`"]
+fn a_condition_written_before_the_kubelet_named_the_container_is_rewritten_with_its_name() {
+    assert_root();
+    let dir = scratch_dir();
+    let (_api, api_port) = start_apiserver(&dir, None);
+    let _daemon = daemon(&dir, api_port, &[]);
+    // The kubelet's report waits for the test, below.
+    let canary = TestPod::new(api_port, "infer-canaryhash-unnamed", true, REPORTED_BY_THE_TEST);
+    canary.fail_init();
+
+    let short = canary.cg.short_container_id();
+    let unnamed = format!("container {short}: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE");
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed", &unnamed);
+    let first = gate_condition(&pod).expect("condition");
+    assert_eq!(first["message"], unnamed.as_str(), "{first}");
+
+    // The kubelet's relist names the container.
+    canary.pod.report(&canary.cg);
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed", NAMED);
+    let named = gate_condition(&pod).expect("condition");
+    assert_eq!(
+        named["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+        "{named}"
+    );
+    assert_eq!(named["lastTransitionTime"], first["lastTransitionTime"], "the status did not change");
+    assert_kubelet_conditions(&pod);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -245,7 +290,7 @@ fn dlopen_fresh_copy(daemon: &Daemon, dir: &std::path::Path, pod: &TestPod) -> S
             Ok(())
         });
     }
-    let out = command.output().expect("gpu_dlopen");
+    let out = pod.pod.output(&pod.cg, &mut command);
     assert!(out.status.success(), "{out:?}");
     daemon.wait_stderr_line(&format!("probing {}", copy.display()), Duration::from_secs(30))
 }
@@ -255,12 +300,12 @@ fn dlopen_fresh_copy(daemon: &Daemon, dir: &std::path::Path, pod: &TestPod) -> S
 fn without_hold_a_canary_or_gated_pods_process_is_held_at_a_new_runtime_file_and_a_stable_ones_is_not() {
     assert_root();
     let dir = scratch_dir();
-    let stable_gated = TestPod::of_revision("infer-stablehash-gated", true, false);
-    let canary = TestPod::new("infer-canaryhash-plain", false);
-    let stable = TestPod::of_revision("infer-stablehash-plain", false, false);
-    let pods = json!([stable_gated.json, canary.json, stable.json]);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&pods));
+    let (_api, api_port) = start_apiserver(&dir, None);
     let daemon = daemon(&dir, api_port, &[]);
+    let after = Duration::from_millis(1000);
+    let stable_gated = TestPod::of_revision(api_port, "infer-stablehash-gated", true, false, after);
+    let canary = TestPod::new(api_port, "infer-canaryhash-plain", false, after);
+    let stable = TestPod::of_revision(api_port, "infer-stablehash-plain", false, false, after);
     let free = dlopen_fresh_copy(&daemon, &dir, &stable);
     assert!(!free.contains("held"), "a stable, ungated pod's process was held: {free}");
     for pod in [&stable_gated, &canary] {
@@ -275,16 +320,16 @@ fn without_hold_a_canary_or_gated_pods_process_is_held_at_a_new_runtime_file_and
 fn an_ungated_pod_on_the_node_is_never_patched() {
     assert_root();
     let dir = scratch_dir();
-    let gated = TestPod::new("infer-canaryhash-gate3", true);
-    let plain = TestPod::new("infer-canaryhash-plain", false);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([gated.json, plain.json])));
+    let (_api, api_port) = start_apiserver(&dir, None);
     let daemon = daemon(&dir, api_port, &[]);
+    let gated = TestPod::new(api_port, "infer-canaryhash-gate3", true, Duration::from_millis(100));
+    let plain = TestPod::new(api_port, "infer-canaryhash-plain", false, Duration::from_millis(100));
 
     // Both fail, and the ungated one also starts up successfully. The gated
     // pod goes first: its process is held at the runtime file the daemon
     // has not seen, so the ungated pod's calls find that file probed.
     gated.fail_init();
-    wait_condition(api_port, &gated.name, "False", "InitFailed");
+    wait_condition(api_port, &gated.name, "False", "InitFailed", NAMED);
     plain.fail_init();
     let out = plain.worker(true).output().expect("worker");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cuMemAlloc=0"), "{out:?}");
@@ -303,12 +348,14 @@ fn an_ungated_pod_on_the_node_is_never_patched() {
 fn repeated_failures_cause_no_repeated_patches() {
     assert_root();
     let dir = scratch_dir();
-    let canary = TestPod::new("infer-canaryhash-gate4", true);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([canary.json])));
+    let (_api, api_port) = start_apiserver(&dir, None);
     let daemon = daemon(&dir, api_port, &[]);
+    let canary = TestPod::new(api_port, "infer-canaryhash-gate4", true, Duration::from_millis(1200));
 
     canary.fail_init();
-    wait_condition(api_port, &canary.name, "False", "InitFailed");
+    // Named: a condition written before the kubelet named the container
+    // has been rewritten by now, and the name stays.
+    wait_condition(api_port, &canary.name, "False", "InitFailed", NAMED);
     wait_settled(&daemon, "the first failure", |text| cuinit_failures(text, &canary.name) == 1.0);
     let first = patches_of(api_port, &canary.name).len();
     assert!(first >= 1);
@@ -329,18 +376,24 @@ fn repeated_failures_cause_no_repeated_patches() {
 fn a_change_while_the_api_server_is_down_is_patched_once_it_is_back() {
     assert_root();
     let dir = scratch_dir();
-    let canary = TestPod::new("infer-canaryhash-gate5", true);
-    let pods = json!([canary.json]);
-    let (api, api_port) = start_apiserver_with(&dir, None, Some(&pods));
+    let (api, api_port) = start_apiserver(&dir, None);
     let daemon = daemon(&dir, api_port, &[]);
+    let canary = TestPod::new(api_port, "infer-canaryhash-gate5", true, Duration::ZERO);
+    // What the API server holds when it goes away: the pod, its container
+    // not started yet.
+    let pods: Value =
+        serde_json::from_str(&control(api_port, "GET", "/control/pods", "")).expect("a PodList");
 
     drop(api);
+    // The container starts and fails; the kubelet's report of it is lost.
     canary.fail_init();
     daemon.wait_metric("a patch that failed while the API server is down", WAIT, |l| {
         l.starts_with("canaryscope_readiness_gate_patches_total{result=\"error\"}") && metric_value(l) >= 1.0
     });
     let (_api, _) = start_apiserver_with(&dir, Some(api_port), Some(&pods));
-    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed");
+    // The kubelet's status update, retried once the API server answers.
+    canary.pod.report(&canary.cg);
+    let pod = wait_condition(api_port, &canary.name, "False", "InitFailed", "");
     assert_kubelet_conditions(&pod);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -350,18 +403,19 @@ fn a_change_while_the_api_server_is_down_is_patched_once_it_is_back() {
 fn a_stalled_call_flips_the_condition_to_false() {
     assert_root();
     let dir = scratch_dir();
-    let worker = TestPod::new("infer-canaryhash-gate6", true);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([worker.json])));
+    let (_api, api_port) = start_apiserver(&dir, None);
     let _daemon = daemon(&dir, api_port, &["--stall-threshold", "1s"]);
+    let worker = TestPod::new(api_port, "infer-canaryhash-gate6", true, Duration::from_millis(200));
 
     // Starts up, then hangs in cuStreamSynchronize.
     let mut command = worker.worker(true);
     command.args(["--sync", "--pause-before", "sync"]).env("ZLUDA_FIXTURE_SYNC_SLEEP_MS", "60000");
     let mut process = Stepped::spawn(command);
+    worker.pod.started(&worker.cg);
     process.wait_line("paused=sync");
-    wait_condition(api_port, &worker.name, "True", "RuntimeReady");
+    wait_condition(api_port, &worker.name, "True", "RuntimeReady", NAMED);
     process.go();
-    let pod = wait_condition(api_port, &worker.name, "False", "CallStalled");
+    let pod = wait_condition(api_port, &worker.name, "False", "CallStalled", NAMED);
     let condition = gate_condition(&pod).expect("condition");
     assert_eq!(
         condition["message"],
@@ -377,20 +431,25 @@ fn a_stalled_call_flips_the_condition_to_false() {
 fn gate_timeout_marks_a_silent_pod_and_a_restart_leaves_a_true_condition_alone() {
     assert_root();
     let dir = scratch_dir();
-    let silent = TestPod::new("infer-canaryhash-silent", true);
-    // Ready from before this daemon started: nothing it sees says otherwise.
-    let earlier = TestPod::new("infer-canaryhash-earlier", true);
-    let mut earlier_json = earlier.json.clone();
+    let (_api, api_port) = start_apiserver(&dir, None);
+    // Ready from before this daemon started, its container running and
+    // named: nothing the daemon sees says otherwise.
+    let mut earlier_json = test_pod("infer-canaryhash-earlier", true, true);
     earlier_json["status"]["conditions"] = json!([
         {"type": "PodScheduled", "status": "True"},
         {"type": "Ready", "status": "True"},
         {"type": GATE, "status": "True", "reason": "RuntimeReady", "message": "from the daemon before",
          "lastTransitionTime": "2026-01-01T00:00:00Z"},
     ]);
-    let (_api, api_port) = start_apiserver_with(&dir, None, Some(&json!([silent.json, earlier_json])));
+    let earlier = NodePod::schedule(api_port, earlier_json, Duration::ZERO);
+    let earlier_cg = earlier.create("worker");
+    let _earlier_process =
+        Proc(earlier.spawn(&earlier_cg, earlier_cg.command(std::path::Path::new("/bin/sleep")).arg("60")));
     let daemon = daemon(&dir, api_port, &["--gate-timeout", "2s"]);
+    // Scheduled once the daemon runs; its container never starts.
+    let silent = TestPod::new(api_port, "infer-canaryhash-silent", true, Duration::ZERO);
 
-    let pod = wait_condition(api_port, &silent.name, "False", "NoRuntimeActivity");
+    let pod = wait_condition(api_port, &silent.name, "False", "NoRuntimeActivity", "");
     let condition = gate_condition(&pod).expect("condition");
     assert_eq!(condition["message"], "no GPU runtime call seen within 2s", "{condition}");
     assert_kubelet_conditions(&pod);
@@ -419,12 +478,10 @@ enum Loading {
 }
 
 /// One canary of a rollout: its pod as the scheduler hands it to the node
-/// (Pending, no containers), a runtime copy no daemon has seen, and,
-/// once `delay` has passed, its container's cgroup and first process.
+/// (Pending, its container waiting), a runtime copy no daemon has seen,
+/// and, once `delay` has passed, its container's cgroup and first process.
 struct Canary {
     name: String,
-    uid: String,
-    cid: String,
     lib: std::path::PathBuf,
 }
 
@@ -434,20 +491,19 @@ impl Canary {
         let lib = dir.join(&name).join("libcuda.so.1");
         std::fs::create_dir_all(dir.join(&name)).expect("mkdir");
         std::fs::copy(fixtures_dir().join("zluda-min/libcuda.so.1"), &lib).expect("copy");
-        Self { name, uid: random_pod_uid(), cid: random_hex(64), lib }
+        Self { name, lib }
     }
 
     fn scheduled(&self) -> Value {
-        let mut spec = pod(&self.name, &self.uid, &self.cid, "canary", "canaryhash");
-        spec["status"] = json!({"phase": "Pending", "qosClass": "Burstable"});
-        spec
+        scheduled_pod(&self.name, &random_pod_uid(), "canary", "canaryhash")
     }
 
     /// The kubelet's part: the pod's cgroup, the container's, and its first
-    /// process, started without a controlling terminal as a container's is.
-    fn start(&self, loading: Loading) -> (PodCgroup, std::process::Child) {
+    /// process, started without a controlling terminal as a container's is;
+    /// the kubelet names the container in its own time.
+    fn start(&self, pod: &NodePod, loading: Loading) -> (PodCgroup, std::process::Child) {
         use std::os::unix::process::CommandExt;
-        let cg = PodCgroup::new(&self.uid, &self.cid);
+        let cg = pod.create("worker");
         let mut command = match loading {
             Loading::Linked => {
                 let mut c = cg.command(&fixture("cuda_first"));
@@ -467,7 +523,7 @@ impl Canary {
                 Ok(())
             });
         }
-        let child = command.stdout(std::process::Stdio::null()).spawn().expect("worker");
+        let child = pod.spawn(&cg, command.stdout(std::process::Stdio::null()));
         (cg, child)
     }
 }
@@ -508,10 +564,12 @@ fn canaries_scheduled_while_the_daemon_runs_are_seen_from_their_first_call_at_ev
                 .map(|i| Canary::new(&dir, &format!("{loading:?}-{delay}-{i}").to_lowercase()))
                 .collect();
             let scheduled: Vec<Value> = canaries.iter().map(Canary::scheduled).collect();
-            control(api_port, "POST", "/control/pods", &Value::Array(scheduled).to_string());
+            // Each container is named 0.3 s after its start.
+            let pods = NodePod::schedule_all(api_port, scheduled, Duration::from_millis(300));
             // The kubelet's pace, not a wait for the daemon.
             std::thread::sleep(Duration::from_millis(delay));
-            let mut started: Vec<_> = canaries.iter().map(|c| c.start(loading)).collect();
+            let mut started: Vec<_> =
+                canaries.iter().zip(&pods).map(|(c, pod)| c.start(pod, loading)).collect();
             for (_, child) in &mut started {
                 let status = child.wait().expect("worker");
                 assert!(status.success(), "worker: {status}");
@@ -552,8 +610,8 @@ fn canaries_scheduled_while_the_daemon_runs_are_seen_from_their_first_call_at_ev
                 canaries.len()
             );
             drop(started); // the cgroups go with the pods
-            for c in &canaries {
-                control(api_port, "DELETE", &format!("/control/pods/{NS}/{}", c.name), "");
+            for pod in &pods {
+                pod.remove();
             }
         }
     }
@@ -595,19 +653,19 @@ fn a_daemon_restart_under_running_gated_pods_moves_no_condition_and_leaves_nothi
     let gate_timeout = Duration::from_secs(3);
     let timeout_flag = ["--gate-timeout", "3s"];
     let old = daemon(&dir, api_port, &timeout_flag);
-    let canary = TestPod::new("infer-canaryhash-restart", true);
-    let stable = TestPod::of_revision("infer-stablehash-restart", true, false);
-    control(api_port, "POST", "/control/pods", &json!([canary.json, stable.json]).to_string());
+    let after = Duration::from_millis(700);
+    let canary = TestPod::new(api_port, "infer-canaryhash-restart", true, after);
+    let stable = TestPod::of_revision(api_port, "infer-stablehash-restart", true, false, after);
     // Both start up under the old daemon and keep running across the restart.
     let mut running = Vec::new();
     for pod in [&canary, &stable] {
         let mut worker = pod.worker(true);
         worker.args(["--linger", "120000"]).stdout(std::process::Stdio::null());
-        running.push(Proc(worker.spawn().expect("worker")));
+        running.push(Proc(pod.pod.spawn(&pod.cg, &mut worker)));
     }
     let mut before = Vec::new();
     for pod in [&canary, &stable] {
-        let judged = wait_condition(api_port, &pod.name, "True", "RuntimeReady");
+        let judged = wait_condition(api_port, &pod.name, "True", "RuntimeReady", NAMED);
         before.push((gate_condition(&judged).expect("condition"), patches_of(api_port, &pod.name).len()));
     }
     wait_settled(&old, "both pods true", |text| {

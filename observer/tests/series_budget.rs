@@ -12,7 +12,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
 use support::{k8s::*, *};
 
 /// Series with a GPU pod's own labels, at most.
@@ -183,24 +182,24 @@ fn revision_calls(metrics: &str, hash: &str) -> Option<f64> {
 fn a_revisions_counters_keep_the_calls_of_its_pods_that_are_gone() {
     assert_root();
     let dir = scratch_dir();
-    let (first_uid, second_uid) = (random_pod_uid(), random_pod_uid());
-    let (first_cid, second_cid) = (random_hex(64), random_hex(64));
     let (api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
     let daemon = node_daemon(&kubeconfig, "1s");
-    // Two pods of one revision, scheduled while the daemon runs.
-    let pods = json!([
-        pod("infer-samehash-aaaaa", &first_uid, &first_cid, "stable", "samehash"),
-        pod("infer-samehash-bbbbb", &second_uid, &second_cid, "stable", "samehash"),
-    ]);
-    control(api_port, "POST", "/control/pods", &pods.to_string());
-    let second = PodCgroup::new(&second_uid, &second_cid);
+    // Two pods of one revision, scheduled while the daemon runs; the
+    // kubelet names each container 0.8 s after its start.
+    let specs = vec![
+        scheduled_pod("infer-samehash-aaaaa", &random_pod_uid(), "stable", "samehash"),
+        scheduled_pod("infer-samehash-bbbbb", &random_pod_uid(), "stable", "samehash"),
+    ];
+    let pods = NodePod::schedule_all(api_port, specs, Duration::from_millis(800));
+    let second = pods[1].create("worker");
     {
-        let first = PodCgroup::new(&first_uid, &first_cid);
-        for cg in [&first, &second] {
+        let first = pods[0].create("worker");
+        for (pod, cg) in [(&pods[0], &first), (&pods[1], &second)] {
             let mut cmd = cg.command(&fixture("cuda_app"));
             cmd.args(["--version-loop", "100"]).env("ZLUDA_FIXTURE_HEALTHY", "1");
-            run_ok(cmd);
+            let out = pod.output(cg, &mut cmd);
+            assert!(out.status.success(), "{out:?}");
         }
         let line = daemon.wait_metric("both pods' calls in their revision's series", WAIT, |l| {
             revision_calls(l, "samehash").is_some_and(|v| v >= 200.0)

@@ -126,6 +126,23 @@ Control API for tests (not part of Kubernetes):
                                      creationTimestamp are filled in; the
                                      resourceVersion is always assigned here.
                                      Answers with the stored pods.
+  POST   /control/pods/{ns}/{name}/status
+                                     the kubelet's status update: body a
+                                     partial pod status, applied as the
+                                     kubelet's strategic-merge patch is
+                                     (conditions merged by type, so a
+                                     client's condition stays; every other
+                                     list, containerStatuses among them,
+                                     replaced whole); emits MODIFIED. Not a
+                                     client's PATCH: not in /control/patches
+  POST   /control/pods/{ns}/{name}/terminate
+                                     a graceful deletion, as a DELETE with
+                                     a grace period: body
+                                     {"gracePeriodSeconds": N} (default 30)
+                                     sets metadata.deletionTimestamp (now +
+                                     N) and deletionGracePeriodSeconds,
+                                     emitting MODIFIED; the pod stays until
+                                     the kubelet's DELETE below
   DELETE /control/pods/{ns}/{name}   removes a pod, emitting DELETED; 404 if
                                      there is no such pod
   GET    /control/pods               every stored pod, as a PodList
@@ -606,6 +623,47 @@ class Store:
         self._record(rv, "MODIFIED", pod, old)
         return pod
 
+    def kubelet_status(self, namespace, name, status):
+        """The kubelet's status update: `status` is applied to the stored
+        status as its strategic-merge patch is (conditions merged by type,
+        every other list replaced whole). Returns the pod, or None."""
+        if not isinstance(status, dict):
+            raise BadRequest("body must be a pod status object")
+        with self.cond:
+            old = self.pods.get((namespace, name))
+            if old is None:
+                return None
+            try:
+                patched = strategic_merge_patch(old, {"status": status})
+            except Invalid as err:
+                raise BadRequest(err.message)
+            pod = json.loads(json.dumps(old))
+            pod["status"] = patched.get("status") or {}
+            return self._modified_locked(namespace, name, pod, old)
+
+    def terminate(self, namespace, name, grace_seconds):
+        """A graceful DELETE: the deletion timestamp is set and the pod stays
+        until the kubelet confirms (DELETE /control/pods/...). Returns the
+        pod, or None."""
+        with self.cond:
+            old = self.pods.get((namespace, name))
+            if old is None:
+                return None
+            pod = json.loads(json.dumps(old))
+            meta = pod["metadata"]
+            if "deletionTimestamp" not in meta:
+                at = datetime.fromtimestamp(time.time() + grace_seconds, timezone.utc)
+                meta["deletionTimestamp"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                meta["deletionGracePeriodSeconds"] = grace_seconds
+            return self._modified_locked(namespace, name, pod, old)
+
+    def _modified_locked(self, namespace, name, pod, old):
+        rv = self._next_rv()
+        pod["metadata"]["resourceVersion"] = str(rv)
+        self.pods[(namespace, name)] = pod
+        self._record(rv, "MODIFIED", pod, old)
+        return pod
+
     def delete(self, namespace, name):
         with self.cond:
             if (namespace, name) not in self.pods:
@@ -824,6 +882,19 @@ class Handler(BaseHTTPRequestHandler):
                 with self.store.cond:
                     self.store.patch_failures = [body["code"], body["count"]]
                 self.send_json(200, {"ok": True})
+            elif len(parts) == 5 and parts[:2] == ["control", "pods"] and parts[4] in ("status", "terminate"):
+                body = self.read_json_body()
+                if parts[4] == "status":
+                    pod = self.store.kubelet_status(parts[2], parts[3], body)
+                else:
+                    grace = body.get("gracePeriodSeconds", 30) if isinstance(body, dict) else None
+                    if not isinstance(grace, int) or grace < 0:
+                        raise BadRequest('body must be {"gracePeriodSeconds": N}, got %r' % (body,))
+                    pod = self.store.terminate(parts[2], parts[3], grace)
+                if pod is None:
+                    self.send_status(404, "NotFound", f'pods "{parts[3]}" not found in namespace "{parts[2]}"')
+                else:
+                    self.send_json(200, pod)
             elif parts == ["control", "compact"]:
                 self.store.compact()
                 self.rollouts.compact()

@@ -465,6 +465,11 @@ impl PodCgroup {
         }
     }
 
+    /// The container's full ID, as its runtime made it.
+    pub fn container_id(&self) -> &str {
+        &self.container_id
+    }
+
     /// The 12-character container id the exporter labels series with.
     pub fn short_container_id(&self) -> String {
         self.container_id.chars().take(12).collect()
@@ -823,8 +828,25 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((code, body))
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked")
+    });
+    Some((code, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+/// The body of a chunked HTTP/1.1 answer (a large Prometheus answer is one).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 /// The value of a metric line (`name{labels} value`).
