@@ -80,7 +80,7 @@ impl Node {
     /// Every series Prometheus stored for `family` and pod `pod` since the
     /// test began, each with its last value and its resets.
     fn stored(&self, family: &str, pod: &str) -> Vec<(Value, f64, f64)> {
-        let selector = format!("{family}{{pod=\"{pod}\"}}");
+        let selector = selector(family, pod);
         let last = prom_query(self.prom_port, &format!("last_over_time({selector}[10m])"));
         let resets = prom_query(self.prom_port, &format!("resets({selector}[10m])"));
         last.iter()
@@ -105,7 +105,7 @@ impl Node {
         let mut seen;
         loop {
             seen = self.stored(family, pod);
-            let now = prom_query(self.prom_port, &format!("{family}{{pod=\"{pod}\"}}"));
+            let now = prom_query(self.prom_port, &selector(family, pod));
             let settled = !now.is_empty()
                 && now.iter().all(|s| s["metric"]["container"] == "worker" && sample(s) == deaths)
                 && seen.iter().all(|(m, v, r)| m["container"] == "worker" && *v == deaths && *r == 0.0);
@@ -128,7 +128,7 @@ impl Node {
         let per_label_set: f64 =
             seen.iter().filter(|(m, _, _)| m["container"] == "worker").map(|(_, v, _)| v).sum();
         if seen.is_empty() {
-            let answer = prom(self.prom_port, &format!("last_over_time({family}{{pod=\"{pod}\"}}[10m])"));
+            let answer = prom(self.prom_port, &format!("last_over_time({}[10m])", selector(family, pod)));
             findings.push(format!("{family}: Prometheus stored no series of pod {pod}: {answer}"));
         }
         eprintln!("{family} of {pod} (sum under worker {per_label_set}): {rows:#?}");
@@ -159,6 +159,14 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `family` (a name, or a name with matchers in braces) of pod `pod`.
+fn selector(family: &str, pod: &str) -> String {
+    match family.strip_suffix('}') {
+        Some(open) => format!("{open},pod=\"{pod}\"}}"),
+        None => format!("{family}{{pod=\"{pod}\"}}"),
     }
 }
 
@@ -382,7 +390,8 @@ fn a_gpu_init_failure_loop_counts_five_failures_under_the_containers_name() {
         },
         |status| assert!(status.success(), "cuda_app ends after its failed init: {status}"),
     );
-    assert_counted(&node, name, &["canaryscope_gpu_init_failures_total"], removed_by);
+    // The application's call; the HIP calls below it count per call.
+    assert_counted(&node, name, &["canaryscope_gpu_init_failures_total{function=\"cuInit\"}"], removed_by);
 }
 
 /// A canary that outgrows its 50 MiB memory limit at start, the kubelet

@@ -298,12 +298,13 @@ fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted
     gone2.remove();
 
     for (pod, reason) in [(live, "container_restart"), (gone1, "pod_deleted"), (gone2, "pod_deleted")] {
-        // Waits for the reason, not the first line: a reason bound late
-        // may change once.
+        // Waits for the reason and the name, not the first line: labels
+        // bound late may change once.
         let exit = daemon.wait_metric(reason, Duration::from_secs(10), |l| {
             l.starts_with("canaryscope_abnormal_exits_total{")
                 && l.contains(&format!("pod=\"{}\"", pod.name))
                 && l.contains(&format!("kill_reason=\"{reason}\""))
+                && l.contains("container=\"worker\"")
         });
         for label in [
             "signal=\"SIGKILL\"",

@@ -62,13 +62,15 @@ impl Node {
         self.daemon.wait_stderr_line(&format!("probing {}", lib.display()), WAIT)
     }
 
-    /// The /metrics/pods line of `function`'s init failures in pod `pod`,
-    /// once the daemon knows the pod by name; then every label comes from
-    /// the pod the API server gave.
-    fn init_failures(&self, pod: &str, function: &str) -> String {
-        self.daemon.wait_pod_metric(&format!("{function} failing in {pod}"), WAIT, |l| {
+    /// The /metrics/pods line of `function`'s init failures in `container`
+    /// of pod `pod`, once the daemon knows the container by name (the
+    /// kubelet names it some time after its start); then every label comes
+    /// from the pod the API server gave.
+    fn init_failures(&self, pod: &str, container: &str, function: &str) -> String {
+        self.daemon.wait_pod_metric(&format!("{function} failing in {pod}/{container}"), WAIT, |l| {
             l.starts_with("canaryscope_gpu_init_failures_total{")
                 && l.contains(&format!("pod=\"{pod}\""))
+                && l.contains(&format!("container=\"{container}\""))
                 && l.contains(&format!("function=\"{function}\""))
         })
     }
@@ -194,7 +196,7 @@ fn a_sidecar_beside_a_gpu_container_gets_no_gpu_series_and_is_never_held() {
             && l.contains(&format!("pod=\"{name}\""))
             && l.contains("container=\"sidecar\"")
     });
-    let line = node.init_failures(name, "cuInit");
+    let line = node.init_failures(name, "worker", "cuInit");
     assert_eq!(label(&line, "container"), "worker", "{line}");
     assert_eq!(metric_value(&line), 1.0, "{line}");
     let text = node.daemon.pod_metrics();
@@ -243,7 +245,7 @@ impl LayoutPod {
 
     /// Asserts that its worker's one failing cuInit is counted as its own.
     fn assert_failure_counted(&self, node: &Node, track: &str, cg: &PodCgroup) {
-        let line = node.init_failures(&self.name, "cuInit");
+        let line = node.init_failures(&self.name, "worker", "cuInit");
         assert_eq!(label(&line, "container"), "worker", "{:?} ({}): {line}", self.layout, cg.rel);
         assert_eq!(label(&line, "track"), track, "{line}");
         assert_eq!(metric_value(&line), 1.0, "{:?}: {line}", self.layout);
@@ -391,7 +393,7 @@ fn a_tty_container_is_never_held_yet_its_init_failure_is_counted() {
     process.wait_line("pid=");
     assert!(process.finish().success());
 
-    let line = node.init_failures(name, "cuInit");
+    let line = node.init_failures(name, "worker", "cuInit");
     let text = node.daemon.pod_metrics();
     for (container, what) in [("worker", "the held worker"), ("shell", "the terminal's process")] {
         let counted = text.lines().find(|l| {
