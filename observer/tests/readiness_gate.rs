@@ -57,10 +57,11 @@ impl TestPod {
     }
 
     /// Runs a worker whose cuInit fails, to its end, as a process of the
-    /// container (the first one has the kubelet name it).
-    fn fail_init(&self) {
+    /// container (the first one has the kubelet name it); its exit status.
+    fn fail_init(&self) -> std::process::ExitStatus {
         let out = self.pod.output(&self.cg, &mut self.worker(false));
         assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=101 "), "no GPU here: {out:?}");
+        out.status
     }
 }
 
@@ -247,10 +248,10 @@ fn a_condition_written_before_the_kubelet_named_the_container_is_rewritten_with_
     assert_root();
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
-    let _daemon = daemon(&dir, api_port, &[]);
+    let daemon = daemon(&dir, api_port, &[]);
     // The kubelet's report waits for the test, below.
     let canary = TestPod::new(api_port, "infer-canaryhash-unnamed", true, REPORTED_BY_THE_TEST);
-    canary.fail_init();
+    let mut exited = canary.fail_init();
 
     let short = canary.cg.short_container_id();
     let unnamed = format!("container {short}: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE");
@@ -268,6 +269,38 @@ fn a_condition_written_before_the_kubelet_named_the_container_is_rewritten_with_
     );
     assert_eq!(named["lastTransitionTime"], first["lastTransitionTime"], "the status did not change");
     assert_kubelet_conditions(&pod);
+
+    // Two restarts, each failing before the kubelet names it: the first
+    // container's ID leaves the status (which names only the current one
+    // and the last), and the condition, which is about that first
+    // failure, still names the container.
+    let TestPod { name, pod, mut cg } = canary;
+    for _ in 0..2 {
+        cg = pod.restart(cg, exited);
+        let out = pod.output(&cg, cg.command(&fixture("cuda_app")).arg("--alloc"));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("cuInit=101 "), "no GPU here: {out:?}");
+        exited = out.status;
+        pod.report(&cg);
+    }
+    // Every failure is the named container's once the daemon has the last
+    // status; the gate judged in that same pass.
+    let named_failures = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("canaryscope_gpu_init_failures_total{")
+                    && l.contains(&format!("pod=\"{name}\""))
+                    && l.contains("container=\"worker\"")
+                    && l.contains("function=\"cuInit\"")
+            })
+            .map(metric_value)
+            .sum::<f64>()
+    };
+    wait_settled(&daemon, "every failure named", |text| named_failures(text) == 3.0);
+    let condition = gate_condition(&get_pod(api_port, &name)).expect("condition");
+    assert_eq!(
+        condition["message"], "container worker: cuInit returned 101 CUDA_ERROR_INVALID_DEVICE",
+        "{condition}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
