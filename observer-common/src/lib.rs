@@ -50,6 +50,7 @@ pub mod crash;
 pub mod discovery;
 pub mod exit;
 pub mod gpu;
+pub mod http;
 pub mod kernel;
 pub mod kfd;
 pub mod memlimit;
@@ -84,6 +85,8 @@ pub const USERSPACE_MAPS: &[&str] = &[
     discovery::HELD_MAP,
     discovery::HOT_CGROUPS_MAP,
     discovery::HOT_TGIDS_MAP,
+    http::HTTP_RING_MAP,
+    http::HTTP_LOST_MAP,
 ];
 
 /// Every load-time global userspace sets (`EbpfLoader::override_global`):

@@ -11,6 +11,7 @@ mod discovery;
 mod exit;
 mod gpu;
 mod hold_scope;
+mod http;
 mod kernel;
 mod kfd;
 mod memlimit;

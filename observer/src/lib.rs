@@ -26,6 +26,7 @@ pub mod events;
 pub mod exit_cause;
 pub mod gate;
 pub mod gpu_library;
+pub mod http;
 pub mod judge;
 pub mod metrics;
 pub mod names;

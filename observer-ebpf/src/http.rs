@@ -1,0 +1,141 @@
+//! HTTP requests of pods' servers: every TCP segment with a payload, a FIN
+//! or a RST that passes a pod's cgroup, in either direction, is copied to
+//! the `HTTP_SEGMENTS` ring with the start and the end of its payload.
+//! Userspace follows the connections and parses HTTP/1.x.
+//!
+//! Attached as cgroup_skb programs to the pods' parent cgroups
+//! (`kubepods.slice`, `kubepods`): they run for the sockets of processes in
+//! pods only, so a node's other processes pay nothing, unlike the syscall
+//! tracepoints of peers, which put every task on the syscall slow path. A
+//! pure ACK returns after reading two headers. The programs never drop a
+//! packet: they return 1 on every path.
+use aya_ebpf::{
+    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_skb_cgroup_id},
+    macros::{cgroup_skb, map},
+    maps::{PerCpuArray, RingBuf},
+    programs::SkBuffContext,
+    EbpfContext,
+};
+use observer_common::http::{
+    HttpSegment, HTTP_HEAD_BYTES, HTTP_RING_BYTES, HTTP_TAIL_BYTES, SEGMENT_FIN, SEGMENT_INGRESS,
+    SEGMENT_RST, SEGMENT_SYN,
+};
+
+#[map(name = "HTTP_SEGMENTS")] // observer_common::http::HTTP_RING_MAP
+static HTTP_SEGMENTS: RingBuf = RingBuf::with_byte_size(HTTP_RING_BYTES, 0);
+
+#[map(name = "HTTP_LOST")] // observer_common::http::HTTP_LOST_MAP
+static HTTP_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+const IPPROTO_TCP: u8 = 6;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+
+#[cgroup_skb(ingress)]
+pub fn http_ingress(ctx: SkBuffContext) -> i32 {
+    let _ = try_segment(&ctx, SEGMENT_INGRESS);
+    1
+}
+
+#[cgroup_skb(egress)]
+pub fn http_egress(ctx: SkBuffContext) -> i32 {
+    let _ = try_segment(&ctx, 0);
+    1
+}
+
+/// Where a TCP segment's header and payload start, and its TCP flags.
+struct Tcp {
+    header: usize,
+    payload: usize,
+    flags: u8,
+}
+
+/// The TCP header of an IPv4 or IPv6 packet; `None` for anything else
+/// (IPv6 extension headers included: TCP follows them only rarely).
+///
+/// cgroup_skb programs see the packet from its network header on.
+#[inline(always)]
+fn tcp(ctx: &SkBuffContext) -> Option<Tcp> {
+    let version: u8 = ctx.load(0).ok()?;
+    let header = match version >> 4 {
+        4 => {
+            let protocol: u8 = ctx.load(9).ok()?;
+            if protocol != IPPROTO_TCP {
+                return None;
+            }
+            ((version & 0x0f) as usize) * 4
+        }
+        6 => {
+            let next: u8 = ctx.load(6).ok()?;
+            if next != IPPROTO_TCP {
+                return None;
+            }
+            40
+        }
+        _ => return None,
+    };
+    // Data offset (high nibble of byte 12) and flags (byte 13).
+    let offset_and_flags: [u8; 2] = ctx.load(header + 12).ok()?;
+    let payload = header + ((offset_and_flags[0] >> 4) as usize) * 4;
+    Some(Tcp { header, payload, flags: offset_and_flags[1] })
+}
+
+#[inline(always)]
+fn try_segment(ctx: &SkBuffContext, direction: u32) -> Option<()> {
+    let tcp = tcp(ctx)?;
+    let total = ctx.len() as usize;
+    let len = total.checked_sub(tcp.payload)?;
+    let mut flags = direction;
+    if tcp.flags & TCP_FIN != 0 {
+        flags |= SEGMENT_FIN;
+    }
+    if tcp.flags & TCP_RST != 0 {
+        flags |= SEGMENT_RST;
+    }
+    if tcp.flags & TCP_SYN != 0 {
+        flags |= SEGMENT_SYN;
+    }
+    // A pure ACK (or a SYN): nothing userspace follows.
+    if len == 0 && flags & (SEGMENT_FIN | SEGMENT_RST) == 0 {
+        return None;
+    }
+    let seq: [u8; 4] = ctx.load(tcp.header + 4).ok()?;
+    let Some(mut slot) = HTTP_SEGMENTS.reserve::<HttpSegment>(0) else {
+        count_lost();
+        return None;
+    };
+    let segment = slot.as_mut_ptr();
+    // SAFETY: the slot is a reserved, exclusively owned HttpSegment; the
+    // fields are written before it is submitted, and a failed copy leaves
+    // zeroes the userspace side reads as "not copied" (head_len).
+    unsafe {
+        (*segment).ts_ns = bpf_ktime_get_ns();
+        (*segment).cookie = bpf_get_socket_cookie(ctx.as_ptr());
+        (*segment).cgroup_id = bpf_skb_cgroup_id(ctx.skb.skb);
+        (*segment).seq = u32::from_be_bytes(seq);
+        (*segment).len = len as u32;
+        (*segment).flags = flags;
+        (*segment).head_len = 0;
+        (*segment).tail = [0; HTTP_TAIL_BYTES];
+        let head = &mut (*segment).head;
+        if len > 0 {
+            if let Ok(n) = ctx.load_bytes(tcp.payload, head) {
+                (*segment).head_len = n as u32;
+            }
+        }
+        if len > HTTP_HEAD_BYTES {
+            let _ = ctx.load_bytes(total - HTTP_TAIL_BYTES, &mut (*segment).tail);
+        }
+    }
+    slot.submit(0);
+    Some(())
+}
+
+#[inline(always)]
+fn count_lost() {
+    if let Some(slot) = HTTP_LOST.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
