@@ -116,6 +116,15 @@ pub fn detail(event: &Event) -> String {
             let lib = library.rsplit('/').next().unwrap_or(library);
             format!("{function} still running after {} [{lib}]", duration(*elapsed_ns))
         }
+        Detail::HttpRequest { method, status, duration_ns, probe, .. } => {
+            let answer = match status {
+                Some(s) => format!("-> {s}"),
+                None => "-> connection closed before the response ended".to_string(),
+            };
+            let probe = if *probe { " (kubelet probe)" } else { "" };
+            format!("{method} {answer} in {}{probe}", duration(*duration_ns))
+        }
+        Detail::HttpUnparsed { protocol } => format!("a {protocol} connection, not parsed (HTTP/1.x only)"),
         Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
             let held = held_ns.map(|ns| format!(", process held {}", duration(ns))).unwrap_or_default();
             let after = probes_after

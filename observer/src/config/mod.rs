@@ -40,6 +40,8 @@ pub struct Families {
     pub kfd: bool,
     pub sched: bool,
     pub exits: bool,
+    /// Server-side HTTP/1.x requests of pods (cgroup_skb programs).
+    pub http: bool,
 }
 
 /// The names `--probes` takes, with what each covers.
@@ -48,6 +50,7 @@ pub const FAMILY_NAMES: &[(&str, &str)] = &[
     ("kfd", "AMD KFD driver ioctls and GPU fault, reset and eviction hooks"),
     ("cpu", "run-queue latency per cgroup, CFS throttling and oversubscription"),
     ("exits", "crashes, OOM kills, abnormal exits and memory-limit refusals"),
+    ("http", "server-side HTTP/1.x requests of pods: rate, status and latency per revision"),
 ];
 
 /// Everything, as a node agent runs by default.
@@ -58,11 +61,11 @@ impl Default for Families {
 }
 
 impl Families {
-    pub const ALL: Self = Self { gpu: true, kfd: true, sched: true, exits: true };
+    pub const ALL: Self = Self { gpu: true, kfd: true, sched: true, exits: true, http: true };
 
     /// Parses a comma-separated list such as `gpu,exits`, or `all`.
     pub fn parse(list: &str) -> Result<Self, String> {
-        let mut families = Self { gpu: false, kfd: false, sched: false, exits: false };
+        let mut families = Self { gpu: false, kfd: false, sched: false, exits: false, http: false };
         for name in list.split(',').map(str::trim) {
             match name {
                 "all" => families = Self::ALL,
@@ -70,6 +73,7 @@ impl Families {
                 "kfd" => families.kfd = true,
                 "cpu" => families.sched = true,
                 "exits" => families.exits = true,
+                "http" => families.http = true,
                 _ => {
                     let known: Vec<&str> = FAMILY_NAMES.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
@@ -313,7 +317,7 @@ mod tests {
         assert!(only.gpu && only.exits && !only.kfd && !only.sched);
         assert_eq!(Families::parse("cpu").map(|f| f.sched), Ok(true));
         let err = Families::parse("gpu,kprobes").expect_err("unknown");
-        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits"), "{err}");
+        assert!(err.contains("`kprobes`") && err.contains("gpu, kfd, cpu, exits, http"), "{err}");
         assert!(Families::parse("").is_err(), "an empty list selects nothing: refused");
     }
 

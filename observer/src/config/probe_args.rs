@@ -21,7 +21,7 @@ pub struct ProbeArgs {
     // The two values below are kept as the text given: `run` merges them
     // with its config file's before they are read (`families`,
     // `stall_threshold`).
-    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits.
+    /// Probe families to attach, comma-separated: gpu, kfd, cpu, exits, http.
     #[arg(long, value_name = "LIST", value_parser = checked(Families::parse))]
     pub probes: Option<String>,
     /// A GPU call in flight longer than this counts as stalled.

@@ -113,6 +113,16 @@ enum JsonDetail<'a> {
         runnable_threads: u32,
         quota_cores: f64,
     },
+    HttpRequest {
+        method: &'static str,
+        status: Option<u16>,
+        class: &'static str,
+        duration_ns: u64,
+        probe: bool,
+    },
+    HttpUnparsed {
+        protocol: &'static str,
+    },
     LibraryProbed {
         library: &'a str,
         flavor: &'static str,
@@ -166,19 +176,7 @@ impl<'a> JsonDetail<'a> {
             Detail::GpuStall { api, library, function, elapsed_ns } => {
                 Self::GpuStall { api: api.as_str(), library, function, elapsed_ns: *elapsed_ns }
             }
-            Detail::Crash { signal, si_code, addr, ip, library, library_offset, in_call, crash_tid } => {
-                Self::Crash {
-                    signal: signal_label(*signal),
-                    signal_number: *signal,
-                    si_code: *si_code,
-                    addr: format!("{addr:#x}"),
-                    ip: format!("{ip:#x}"),
-                    library: library.as_deref(),
-                    library_offset: library_offset.map(|o| format!("{o:#x}")),
-                    in_call: in_call.as_deref(),
-                    crash_tid: *crash_tid,
-                }
-            }
+            Detail::Crash { .. } => Self::crash(detail),
             Detail::OomKill { scope, anon_rss_bytes, victims } => {
                 Self::OomKill { scope, anon_rss_bytes: *anon_rss_bytes, victims: *victims }
             }
@@ -218,6 +216,10 @@ impl<'a> JsonDetail<'a> {
             Detail::CpuOversubscribed { runnable_threads, quota_cores } => {
                 Self::CpuOversubscribed { runnable_threads: *runnable_threads, quota_cores: *quota_cores }
             }
+            Detail::HttpRequest { method, status, class, duration_ns, probe } => {
+                Self::HttpRequest { method, status: *status, class, duration_ns: *duration_ns, probe: *probe }
+            }
+            Detail::HttpUnparsed { protocol } => Self::HttpUnparsed { protocol },
             Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
                 Self::LibraryProbed {
                     library,
@@ -229,6 +231,36 @@ impl<'a> JsonDetail<'a> {
                     probes_after_ns: probes_after.map(|p| p.all_ns),
                 }
             }
+        }
+    }
+
+    /// A crash's fields, addresses in hex.
+    fn crash(detail: &'a Detail) -> Self {
+        let Detail::Crash { signal, si_code, addr, ip, library, library_offset, in_call, crash_tid } = detail
+        else {
+            // Called for crashes only; a default crash reads as no signal.
+            return Self::Crash {
+                signal: String::new(),
+                signal_number: 0,
+                si_code: 0,
+                addr: String::new(),
+                ip: String::new(),
+                library: None,
+                library_offset: None,
+                in_call: None,
+                crash_tid: 0,
+            };
+        };
+        Self::Crash {
+            signal: signal_label(*signal),
+            signal_number: *signal,
+            si_code: *si_code,
+            addr: format!("{addr:#x}"),
+            ip: format!("{ip:#x}"),
+            library: library.as_deref(),
+            library_offset: library_offset.map(|o| format!("{o:#x}")),
+            in_call: in_call.as_deref(),
+            crash_tid: *crash_tid,
         }
     }
 

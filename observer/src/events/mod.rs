@@ -154,6 +154,24 @@ pub enum Detail {
         /// all of them. `None` for what was found at start.
         probes_after: Option<ProbesAfter>,
     },
+    /// A pod's server answered an HTTP/1.x request, or its connection ended
+    /// under it (the origin's pid is 0: a socket has no one process).
+    HttpRequest {
+        method: &'static str,
+        /// The response's status; `None` when the connection ended first.
+        status: Option<u16>,
+        /// `2xx`..`5xx`, `1xx`, or `closed`.
+        class: &'static str,
+        /// From the request's first byte in to the response's last byte out.
+        duration_ns: u64,
+        /// kubelet's probe (`User-Agent: kube-probe/`).
+        probe: bool,
+    },
+    /// A pod's server took a connection it speaks a protocol on that is not
+    /// followed (`h2` with prior knowledge, `tls`).
+    HttpUnparsed {
+        protocol: &'static str,
+    },
 }
 
 /// How long after a file was revealed its probes existed.
@@ -329,6 +347,8 @@ impl Event {
             Detail::CpuOversubscribed { .. } => "cpu_oversubscribed",
             Detail::LibraryProbed { .. } => "library_probed",
             Detail::GpuVramStranded { .. } => "gpu_vram_stranded",
+            Detail::HttpRequest { .. } => "http_request",
+            Detail::HttpUnparsed { .. } => "http_unparsed",
         }
     }
 
@@ -337,7 +357,8 @@ impl Event {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
             Detail::KfdIoctl { result, .. } => *result < 0,
-            Detail::LibraryProbed { .. } => false,
+            Detail::LibraryProbed { .. } | Detail::HttpUnparsed { .. } => false,
+            Detail::HttpRequest { status, .. } => status.is_none_or(|s| s >= 500),
             _ => true,
         }
     }

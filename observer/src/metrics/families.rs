@@ -115,6 +115,34 @@ impl Family {
     }
 }
 
+impl Family {
+    /// A histogram with bounds of its own: `cumulative` counts per bound
+    /// (as Prometheus wants them), `count` for `+Inf`, `sum` in seconds.
+    pub fn histogram(&mut self, values: &[&str], bounds: &[f64], cumulative: &[u64], count: u64, sum: f64) {
+        if self.decl.kind != Kind::Histogram {
+            debug_assert!(false, "{} is not a histogram", self.decl.name);
+            return;
+        }
+        let buckets = bounds
+            .iter()
+            .zip(cumulative)
+            .map(|(bound, n)| {
+                let mut b = Bucket::default();
+                b.set_upper_bound(*bound);
+                b.set_cumulative_count(*n);
+                b
+            })
+            .collect();
+        let mut hist = Histogram::default();
+        hist.set_bucket(buckets);
+        hist.set_sample_count(count);
+        hist.set_sample_sum(sum);
+        let mut m = self.metric(values);
+        m.set_histogram(hist);
+        self.inner.mut_metric().push(m);
+    }
+}
+
 /// Where a render's families go, in catalog order: a family, and whether
 /// it is the family's first part (its header is written) or a continuation
 /// of the part before (its samples only).

@@ -16,6 +16,7 @@ pub mod families;
 pub mod fetch;
 mod gpu_calls;
 mod hardware;
+mod http;
 mod kfd;
 mod node;
 mod oom;
@@ -63,6 +64,7 @@ pub struct Metrics {
     hardware: hardware::Hardware,
     vram: vram::Vram,
     cpu: cpu::Cpu,
+    http: http::Http,
     pub node: NodeState,
     /// What purged pods left to their revisions' shared series.
     retired: Retired,
@@ -150,6 +152,16 @@ impl Metrics {
             | Detail::CpuThrottle { .. }
             | Detail::CpuOversubscribed { .. }
             | Detail::LibraryProbed { .. } => {}
+            Detail::HttpRequest { class, duration_ns, probe, .. } => {
+                if self.admit(cgroup) {
+                    self.http.request(cgroup, class, *duration_ns, *probe);
+                }
+            }
+            Detail::HttpUnparsed { protocol } => {
+                if self.admit(cgroup) {
+                    self.http.unparsed(cgroup, protocol);
+                }
+            }
         }
     }
 
@@ -244,6 +256,12 @@ impl Metrics {
         self.node = now;
     }
 
+    /// TCP segments of pods the kernel had no ring room for.
+    pub fn set_http_segments_lost(&mut self, lost: u64) {
+        self.changed |= lost != self.http.segments_lost;
+        self.http.segments_lost = lost;
+    }
+
     /// The readiness gate's numbers (`None`: the gate is off).
     pub fn set_gate(&mut self, gate: Option<crate::gate::patcher::Summary>) {
         self.changed |= gate != self.node.gate;
@@ -297,11 +315,13 @@ impl Metrics {
             self.kfd.keep_pods(&on_node);
             self.hardware.keep_pods(&on_node);
             self.cpu.keep_pods(&on_node);
+            self.http.keep_pods(&on_node);
             let live: HashSet<RevisionKey> =
                 self.series.iter().map(|(_, t)| revision_key(&t.labels)).collect();
             self.retired.keep_only(&live);
             self.exposure.keep_only(&live);
             self.vram.keep_revisions(&live);
+            self.http.keep_revisions(&live);
         }
         purged
     }
@@ -316,6 +336,7 @@ impl Metrics {
         self.kfd.retire(cgroup, labels, &mut self.retired);
         self.hardware.retire(cgroup, labels);
         self.cpu.retire(cgroup, labels, &mut self.retired);
+        self.http.retire(cgroup, labels);
         self.vram.retire(cgroup);
         self.exposure.forget(cgroup);
     }
@@ -404,6 +425,7 @@ impl Metrics {
         self.vram.render(&mut fams, &r);
         self.oom.render_refusals(&mut fams, &r);
         self.cpu.render(&mut fams, &r);
+        self.http.render(&mut fams, &r);
         self.node.render(&mut fams, &self.series);
         fams.finish();
     }

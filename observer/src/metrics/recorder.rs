@@ -172,6 +172,7 @@ impl Recorder {
         let (vram, vram_stranded) = (pipeline.vram_by_cgroup(), pipeline.vram_stranded());
         let process_starts = pipeline.take_process_starts();
         let counters = pipeline.counters();
+        let http_lost = pipeline.http_segments_lost();
         let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
         let check_removed = self.last_gone_check.is_none_or(|t| t.elapsed() >= GONE_CHECK_EVERY);
         if check_removed {
@@ -195,6 +196,7 @@ impl Recorder {
         metrics.add_process_starts(process_starts);
         // Libraries found since the start (a pod's own copy) show up too.
         metrics.set_node_state(statuses, hot, counters.events_lost, counters.decode_errors, counters.records);
+        metrics.set_http_segments_lost(http_lost);
         let removed = Removed { check_now: check_removed, found: &mut removed_set };
         let purged = relabel(metrics, pipeline, pods, self.series_grace, in_kernel, removed);
         drop(published);

@@ -4,6 +4,7 @@
 //! out come events. Stall scans and CPU samples return data that each
 //! consumer turns into what it needs.
 pub mod attribute;
+pub mod http;
 pub mod kill_reasons;
 mod oom_groups;
 pub mod reader;
@@ -147,6 +148,8 @@ pub struct Pipeline {
     process_starts: std::collections::HashMap<u64, u64>,
     /// Host kills of pods' containers waiting for their pod's state.
     kill_reasons: kill_reasons::KillReasons,
+    /// Pods' HTTP requests (the `http` family), when selected and loaded.
+    http: Option<http::HttpStage>,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -203,8 +206,18 @@ impl Pipeline {
             runq_scope,
             process_starts: Default::default(),
             kill_reasons: Default::default(),
+            http: None,
             kernel,
         };
+        if options.families.http {
+            let cgroup2 = pipeline.attribution.cgroups().root().map(std::path::Path::to_path_buf);
+            let prefixes = options.runq_prefixes.clone().unwrap_or_default();
+            pipeline.http = probes::http::HttpProbes::load(pipeline.kernel.object_mut())
+                .map(|probes| http::HttpStage::new(probes, cgroup2, &prefixes));
+            if let Some(stage) = &mut pipeline.http {
+                stage.housekeeping(pipeline.kernel.object_mut());
+            }
+        }
         // After the programs that follow new cgroups are attached, so that
         // a cgroup is either walked here or added by the kernel.
         pipeline.refresh_runq_scope();
@@ -266,7 +279,21 @@ impl Pipeline {
         out.extend(self.attribution.due_oom_kills());
         out.extend(self.attribution.due_vram_events());
         out.extend(self.kill_reasons.due(std::time::Instant::now()));
+        if let Some(stage) = &mut self.http {
+            let now = self.attribution.now();
+            let attribution = &mut self.attribution;
+            let origin = |cgroup_id| {
+                let cgroup = attribution.cgroups_mut().path(cgroup_id);
+                Origin { cgroup_id, cgroup, ..now.clone() }
+            };
+            stage.drain(origin, &mut out);
+        }
         out
+    }
+
+    /// TCP segments of pods the kernel had no ring room for.
+    pub fn http_segments_lost(&self) -> u64 {
+        self.http.as_ref().map_or(0, http::HttpStage::segments_lost)
     }
 
     /// The node's pods, which say why the host killed a pod's container
@@ -356,6 +383,9 @@ impl Pipeline {
     /// library files, and KFD's current processes.
     pub fn housekeeping(&mut self) {
         self.attribution.retake_clock();
+        if let Some(stage) = &mut self.http {
+            stage.housekeeping(self.kernel.object_mut());
+        }
         self.tracker.housekeeping(&mut self.kernel);
         if self.last_kfd_refresh.elapsed() >= KFD_REFRESH_EVERY {
             self.last_kfd_refresh = std::time::Instant::now();
@@ -480,6 +510,7 @@ impl Pipeline {
     /// Table-driven probes, then every GPU library file found so far.
     pub fn statuses(&self) -> Vec<ProbeStatus> {
         let mut all = self.statuses.clone();
+        all.extend(self.http.as_ref().map(http::HttpStage::status));
         all.extend(self.tracker.probes().status());
         all
     }

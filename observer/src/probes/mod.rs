@@ -8,6 +8,7 @@
 pub mod btf;
 pub mod gpu;
 pub mod gpu_slots;
+pub mod http;
 pub mod kfd;
 pub mod loaded;
 pub(crate) mod releaser;

@@ -51,7 +51,7 @@ const TICK: Duration = Duration::from_millis(100);
     probe_option(
         "probes",
         "no_kubernetes",
-        config::with_default("Probe families to attach, comma-separated: gpu, kfd, cpu, exits", "all")
+        config::with_default("Probe families to attach, comma-separated: gpu, kfd, cpu, exits, http", "all")
     ),
     // Checked with the config file's value, after the two are merged, so
     // that either is refused in the same words.

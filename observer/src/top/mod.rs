@@ -33,7 +33,7 @@ const TICK: Duration = Duration::from_millis(100);
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     probe_option("libs", "filter", "Also probe this GPU runtime library; repeatable (own probes only)"),
-    probe_option("probes", "libs", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits (own probes only)"),
+    probe_option("probes", "libs", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits, http (own probes only)"),
     mut_arg("probes", |a| a.default_value("all")),
     probe_option("stall_threshold", "probes", "A GPU call in flight longer than this counts as stalled (own probes only)"),
     mut_arg("stall_threshold", |a| a.default_value(config::DEFAULT_STALL_THRESHOLD))

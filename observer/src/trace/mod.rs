@@ -35,7 +35,7 @@ const CPU_EVERY: Duration = Duration::from_secs(1);
     ),
     probe_option("stall_threshold", "libs", "A GPU call in flight longer than this is reported as stalled (e.g. 10s, 500ms)"),
     mut_arg("stall_threshold", |a| a.default_value(config::DEFAULT_STALL_THRESHOLD)),
-    probe_option("probes", "duration", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits"),
+    probe_option("probes", "duration", "Probe families to attach, comma-separated: gpu, kfd, cpu, exits, http"),
     mut_arg("probes", |a| a.default_value("all"))
 )]
 pub struct Args {
