@@ -10,7 +10,7 @@
 //! pure ACK returns after reading two headers. The programs never drop a
 //! packet: they return 1 on every path.
 use aya_ebpf::{
-    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_skb_cgroup_id},
+    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_skb_cgroup_id, bpf_skb_load_bytes},
     macros::{cgroup_skb, map},
     maps::{PerCpuArray, RingBuf},
     programs::SkBuffContext,
@@ -118,14 +118,23 @@ fn try_segment(ctx: &SkBuffContext, direction: u32) -> Option<()> {
         (*segment).flags = flags;
         (*segment).head_len = 0;
         (*segment).tail = [0; HTTP_TAIL_BYTES];
-        let head = &mut (*segment).head;
         if len > 0 {
-            if let Ok(n) = ctx.load_bytes(tcp.payload, head) {
-                (*segment).head_len = n as u32;
+            // 1 to HTTP_HEAD_BYTES in a shape the verifier follows: LLVM
+            // turns a plain `n > 0` test into one on other registers.
+            let mut copied = 0u32;
+            // Through memory LLVM must not see into, so the bounds below
+            // are computed on the value the verifier tracks.
+            core::ptr::write_volatile(&mut copied, len.min(HTTP_HEAD_BYTES) as u32);
+            let n = (core::ptr::read_volatile(&copied).wrapping_sub(1) & (HTTP_HEAD_BYTES as u32 - 1)) + 1;
+            let head = (*segment).head.as_mut_ptr().cast();
+            if bpf_skb_load_bytes(ctx.skb.skb.cast(), tcp.payload as u32, head, n) == 0 {
+                (*segment).head_len = n;
             }
         }
         if len > HTTP_HEAD_BYTES {
-            let _ = ctx.load_bytes(total - HTTP_TAIL_BYTES, &mut (*segment).tail);
+            if let Ok(tail) = ctx.load::<[u8; HTTP_TAIL_BYTES]>(total - HTTP_TAIL_BYTES) {
+                (*segment).tail = tail;
+            }
         }
     }
     slot.submit(0);

@@ -2,9 +2,10 @@
 //! programs, attached to each parent cgroup of pods as it appears, and the
 //! ring of TCP segments they fill.
 //!
-//! Attached with `BPF_F_ALLOW_MULTI`, beside whatever else the node runs on
-//! those cgroups (a CNI's programs): the programs only copy, and every one
-//! of their paths lets the packet through.
+//! Attached as BPF links (Linux 5.7 and later), which run beside whatever
+//! else the node attached to those cgroups (a CNI's programs): a link takes
+//! no attach flags, and link attachments always combine. The programs only
+//! copy, and every one of their paths lets the packet through.
 use std::{
     collections::BTreeMap,
     fs::File,
@@ -65,9 +66,12 @@ impl HttpProbes {
                 continue;
             }
             let result = attach(ebpf, &dir);
+            let first = !self.roots.contains_key(root);
             match &result {
                 Ok(()) => log::info!("http: attached to {root}"),
-                Err(e) => log::warn!("http: not attached to {root}: {e}"),
+                // Tried again each second; said once.
+                Err(e) if first => log::warn!("http: not attached to {root}: {e}"),
+                Err(_) => {}
             }
             self.roots.insert(root.clone(), result);
         }
@@ -131,7 +135,21 @@ fn attach(ebpf: &mut Ebpf, dir: &Path) -> Result<(), String> {
             .ok_or_else(|| format!("{name} is not in the object"))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-        program.attach(&cgroup, kind, CgroupAttachMode::AllowMultiple).map_err(|e| format!("{name}: {e}"))?;
+        program
+            .attach(&cgroup, kind, CgroupAttachMode::Single)
+            .map_err(|e| format!("{name}: {}", with_causes(&e)))?;
     }
     Ok(())
+}
+
+/// An error with its causes: aya's attach errors name the call, their
+/// source the errno a person can act on.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
