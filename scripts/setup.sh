@@ -25,6 +25,8 @@ PACKAGES=(
     # tmux: the terminal of the `top` tests; chromium: draws the README's panel
     # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
     tmux chromium
+    # wrk: the load generator of the HTTP request tests and bench
+    wrk
 )
 # readme-generator (deploy/, below) is an npm package: a machine of this kind
 # has Node.js and npm, a bare Debian root takes Debian's.
@@ -82,6 +84,14 @@ SCIPY_VERSION=1.16.3
 have_stats="$(python3 -c 'import importlib.metadata as m; print(m.version("statsmodels"), m.version("scipy"))' 2>/dev/null || true)"
 if [ "$have_stats" != "$STATSMODELS_VERSION $SCIPY_VERSION" ]; then
     PIP_WANTS+=("statsmodels==$STATSMODELS_VERSION" "scipy==$SCIPY_VERSION")
+fi
+# The HTTP request tests drive real servers nobody here wrote: uvicorn (an
+# ASGI server) and gunicorn (a pre-fork WSGI server), in pods' cgroups.
+UVICORN_VERSION=0.55.0
+GUNICORN_VERSION=27.0.1
+have_servers="$(python3 -c 'import importlib.metadata as m; print(m.version("uvicorn"), m.version("gunicorn"))' 2>/dev/null || true)"
+if [ "$have_servers" != "$UVICORN_VERSION $GUNICORN_VERSION" ]; then
+    PIP_WANTS+=("uvicorn==$UVICORN_VERSION" "gunicorn==$GUNICORN_VERSION")
 fi
 if [ ${#PIP_WANTS[@]} -gt 0 ]; then
     step "installing Python packages in the background: ${PIP_WANTS[*]}"
