@@ -25,8 +25,9 @@ PACKAGES=(
     # tmux: the terminal of the `top` tests; chromium: draws the README's panel
     # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
     tmux chromium
-    # wrk: the load generator of the HTTP request tests and bench
-    wrk
+    # the HTTP request tests' and bench's real clients and h2c server: wrk,
+    # ApacheBench, curl, nghttpd
+    wrk apache2-utils curl nghttp2-server
 )
 # readme-generator (deploy/, below) is an npm package: a machine of this kind
 # has Node.js and npm, a bare Debian root takes Debian's.
