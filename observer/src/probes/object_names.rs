@@ -80,6 +80,14 @@ fn every_program_userspace_attaches_is_in_the_object_in_its_section() {
             wrong.push(format!("{program}: not a uprobe program in the object"));
         }
     }
+    for (program, section) in [
+        (super::http::INGRESS_PROGRAM, "cgroup_skb/ingress"),
+        (super::http::EGRESS_PROGRAM, "cgroup_skb/egress"),
+    ] {
+        if !matches!(symbols.get(program), Some((s, SymbolKind::Text)) if s == section) {
+            wrong.push(format!("{program}: not in {section}"));
+        }
+    }
     assert!(wrong.is_empty(), "programs userspace attaches that the object lacks or misplaces: {wrong:?}");
 }
 
@@ -90,8 +98,12 @@ fn every_program_in_the_object_is_attached_by_userspace() {
     let slots = (0..observer_common::gpu::MAX_GPU_SLOTS)
         .filter_map(super::gpu_slots::slot_programs)
         .flat_map(|(enter, exit)| [enter, exit]);
-    let attached: BTreeSet<&str> =
-        table::program_names().chain([ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM]).chain(slots).collect();
+    let http = [super::http::INGRESS_PROGRAM, super::http::EGRESS_PROGRAM];
+    let attached: BTreeSet<&str> = table::program_names()
+        .chain([ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM])
+        .chain(slots)
+        .chain(http)
+        .collect();
     let in_object: Vec<String> = symbols()
         .into_iter()
         .filter(|(_, (section, kind))| *kind == SymbolKind::Text && section != ".text")

@@ -249,6 +249,19 @@ fn rich() -> Metrics {
         3 => gone(3),
         c => labelled(c),
     });
+    let request = |class, status, probe| Detail::HttpRequest {
+        method: "GET",
+        status,
+        class,
+        duration_ns: 12_000_000,
+        probe,
+    };
+    m.record(&event(1, request("2xx", Some(200), false)));
+    m.record(&event(1, request("5xx", Some(503), false)));
+    m.record(&event(2, request("closed", None, false)));
+    m.record(&event(2, request("2xx", Some(200), true)));
+    m.record(&event(1, Detail::HttpUnparsed { protocol: "h2" }));
+    m.set_http_segments_lost(3);
     // Put on a revision once its pod's labels are known.
     m.record(&event(1, stranded(true)));
     m.record(&event(2, stranded(false)));
