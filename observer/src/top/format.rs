@@ -2,7 +2,7 @@
 //! rate or latency has no data yet. The screen and `--once` share it.
 use super::table::Row;
 
-pub const HEADERS: [&str; 12] = [
+pub const HEADERS: [&str; 15] = [
     "POD / CGROUP",
     "TRACK",
     "CALLS/s",
@@ -15,12 +15,17 @@ pub const HEADERS: [&str; 12] = [
     "CRASH",
     "EXITS",
     "VRAM",
+    "REQ/s",
+    "5XX%",
+    "REQ p99",
 ];
-/// Column widths: 132 columns with the separators. The name column fits a
-/// pod's uid (36), which names a row without Kubernetes.
-pub const WIDTHS: [u16; 12] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8];
+/// Column widths: 132 columns with the separators for the GPU, CPU and
+/// failure columns, 156 with the HTTP ones last (a narrower terminal cuts
+/// those first). The name column fits a pod's uid (36), which names a row
+/// without Kubernetes.
+pub const WIDTHS: [u16; 15] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8, 7, 6, 8];
 
-pub fn cells(r: &Row) -> [String; 12] {
+pub fn cells(r: &Row) -> [String; 15] {
     [
         r.name.clone(),
         r.track.clone(),
@@ -34,6 +39,9 @@ pub fn cells(r: &Row) -> [String; 12] {
         r.crashes.to_string(),
         r.abnormal_exits.to_string(),
         r.vram_bytes.map(crate::render::bytes).unwrap_or_else(dash),
+        r.http_per_s.map(|v| format!("{v:.1}")).unwrap_or_else(dash),
+        r.http_failed_pct.map(|v| format!("{v:.1}")).unwrap_or_else(dash),
+        r.http_p99_s.map(seconds).unwrap_or_else(dash),
     ]
 }
 
@@ -50,7 +58,7 @@ pub fn fit_tail(cell: &str, width: usize) -> String {
 
 /// The cells as the screen shows them: the name column cut as [`fit_tail`]
 /// cuts it (the terminal library would cut its tail).
-pub fn screen_cells(r: &Row) -> [String; 12] {
+pub fn screen_cells(r: &Row) -> [String; 15] {
     let mut cells = cells(r);
     cells[0] = fit_tail(&cells[0], usize::from(WIDTHS[0]));
     cells

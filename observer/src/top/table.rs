@@ -43,6 +43,13 @@ pub struct Row {
     /// VRAM the row's live processes hold now, over all GPUs; `None` when
     /// they never held any (or KFD is not there).
     pub vram_bytes: Option<u64>,
+    /// HTTP requests its servers answered per second between the readings
+    /// (kubelet's probes not counted); `None` without requests.
+    pub http_per_s: Option<f64>,
+    /// Of those, the share answered 5xx or closed under the request, in percent.
+    pub http_failed_pct: Option<f64>,
+    /// p99 of those requests' durations, in seconds.
+    pub http_p99_s: Option<f64>,
 }
 
 impl Row {
@@ -147,6 +154,10 @@ struct Sums {
     /// Cumulative bucket counts by upper bound, summed over the row's series.
     call_buckets: BTreeMap<u64, f64>,
     runq_buckets: BTreeMap<u64, f64>,
+    /// HTTP requests (probes apart) and those failed, over status classes.
+    http_requests: f64,
+    http_failed: f64,
+    http_buckets: BTreeMap<u64, f64>,
 }
 
 /// The row a workload series belongs to.
@@ -177,6 +188,8 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
     let vram = full(&catalog::GPU_VRAM);
     let call_buckets = format!("{}_bucket", full(&catalog::GPU_API_CALL_DURATION));
     let runq_buckets = format!("{}_bucket", full(&catalog::CPU_RUNQUEUE_LATENCY));
+    let http_buckets = format!("{}_bucket", full(&catalog::HTTP_SERVER_REQUEST_DURATION));
+    let http_count = format!("{}_count", full(&catalog::HTTP_SERVER_REQUEST_DURATION));
     let workload_families = [
         &calls,
         &init,
@@ -189,6 +202,8 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
         &vram,
         &call_buckets,
         &runq_buckets,
+        &http_buckets,
+        &http_count,
     ];
     let mut rows: BTreeMap<String, Sums> = BTreeMap::new();
     for s in samples {
@@ -227,6 +242,13 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
             n if *n == throttled => row.throttled += v,
             n if *n == vram => *row.vram.get_or_insert(0.0) += v,
             n if *n == call_buckets => bucket(&mut row.call_buckets),
+            n if *n == http_buckets => bucket(&mut row.http_buckets),
+            n if *n == http_count => {
+                row.http_requests += v;
+                if matches!(s.label("status_class"), "5xx" | "closed") {
+                    row.http_failed += v;
+                }
+            }
             _ => bucket(&mut row.runq_buckets),
         }
     }
@@ -296,6 +318,12 @@ pub fn rows(now: &Reading, before: Option<&Reading>) -> Vec<Row> {
                 row.throttled_pct = (periods > 0.0).then(|| 100.0 * (s.throttled - p.throttled) / periods);
                 row.gpu_call_p99_s = quantile(0.99, &s.call_buckets, Some(&p.call_buckets));
                 row.runq_p99_s = quantile(0.99, &s.runq_buckets, Some(&p.runq_buckets));
+                let requests = s.http_requests - p.http_requests;
+                if requests > 0.0 && dt > 0.0 {
+                    row.http_per_s = Some(requests / dt);
+                    row.http_failed_pct = Some(100.0 * (s.http_failed - p.http_failed).max(0.0) / requests);
+                    row.http_p99_s = quantile(0.99, &s.http_buckets, Some(&p.http_buckets));
+                }
             }
             row
         })
@@ -312,6 +340,39 @@ mod tests {
     }
 
     const POD: &str = "namespace=\"inference\",pod=\"w-1\",container=\"c\",workload=\"w\",revision=\"abc\",track=\"canary\"";
+
+    #[test]
+    fn http_columns_are_the_windows_rate_failed_share_and_p99() {
+        let t0 = std::time::Instant::now();
+        let t1 = t0 + std::time::Duration::from_secs(2);
+        let family = "canaryscope_http_server_request_duration_seconds";
+        let text = |ok: u64, failed: u64, slow: u64| {
+            format!(
+                "{family}_bucket{{{POD},status_class=\"2xx\",le=\"0.01\"}} {ok}\n\
+                 {family}_bucket{{{POD},status_class=\"2xx\",le=\"1\"}} {}\n\
+                 {family}_bucket{{{POD},status_class=\"2xx\",le=\"+Inf\"}} {}\n\
+                 {family}_count{{{POD},status_class=\"2xx\"}} {}\n\
+                 {family}_bucket{{{POD},status_class=\"closed\",le=\"0.01\"}} {failed}\n\
+                 {family}_bucket{{{POD},status_class=\"closed\",le=\"1\"}} {failed}\n\
+                 {family}_bucket{{{POD},status_class=\"closed\",le=\"+Inf\"}} {failed}\n\
+                 {family}_count{{{POD},status_class=\"closed\"}} {failed}\n",
+                ok + slow,
+                ok + slow,
+                ok + slow
+            )
+        };
+        let before = reading(&text(100, 0, 0), t0);
+        // 180 fast and 20 slow answers, and 0 closed, then 2 closed.
+        let now = reading(&text(280, 2, 20), t1);
+        let windowed = rows(&now, Some(&before));
+        let pod = windowed.iter().find(|r| r.name == "inference/w-1").expect("the pod's row");
+        assert_eq!(pod.http_per_s, Some(101.0), "202 requests in 2 s");
+        let failed = pod.http_failed_pct.expect("a share");
+        assert!((failed - 100.0 * 2.0 / 202.0).abs() < 1e-9, "{failed}");
+        let p99 = pod.http_p99_s.expect("a p99");
+        assert!(p99 > 0.01 && p99 <= 1.0, "the slow tenth puts p99 in (0.01, 1]: {p99}");
+        assert_eq!(rows(&now, None)[0].http_per_s, None, "no rate from one reading");
+    }
 
     #[test]
     fn counters_are_totals_calls_a_rate_and_latency_the_window_p99() {
