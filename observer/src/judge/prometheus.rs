@@ -9,7 +9,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use super::http::percent_encode;
+use super::request::percent_encode;
 
 /// Prometheus' answers to the judge's queries are small; more is an error.
 const MAX_ANSWER: usize = 32 << 20;

@@ -176,6 +176,56 @@ fn end(p: &Params) -> Result<Option<f64>, BadRequest> {
         .transpose()
 }
 
+/// `a=1&b=x%2Fy` as decoded pairs; `+` is a space, as forms send it.
+pub fn parse_query(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match bytes.get(i..i + 3) {
+            Some([b'%', hi, lo]) => hex(*hi).zip(hex(*lo)).map(|(h, l)| (h * 16 + l) as u8),
+            _ => None,
+        };
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `s` with everything but unreserved characters percent-encoded.
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Prometheus-style durations: `90s`, `10m`, `1h30m`, `2d`, `500ms`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let mut total = 0.0f64;
@@ -208,7 +258,7 @@ mod tests {
     use super::*;
 
     fn params(query: &str, body: &str) -> Params {
-        Params::new(super::super::http::parse_query(query), body.as_bytes()).expect("params")
+        Params::new(parse_query(query), body.as_bytes()).expect("params")
     }
 
     #[test]
@@ -247,5 +297,14 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("10"), None);
         assert_eq!(parse_duration("5x"), None);
+    }
+
+    #[test]
+    fn queries_round_trip_through_encoding() {
+        let value = "sum by (node) (x{a=\"b c\"}) / 2 + 1";
+        let pairs = parse_query(&format!("q={}&flag&bad=%zz%", percent_encode(value)));
+        assert_eq!(pairs[0], ("q".to_string(), value.to_string()));
+        assert_eq!(pairs[1], ("flag".to_string(), String::new()));
+        assert_eq!(pairs[2], ("bad".to_string(), "%zz%".to_string()));
     }
 }

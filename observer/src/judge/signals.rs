@@ -164,6 +164,8 @@ pub struct Collected {
     baseline_history: SideData,
     history_from: f64,
     min_startups: f64,
+    /// Where the samples fetched begin.
+    fetched_from: f64,
 }
 
 /// The node a series was scraped from: the `node` target label the
@@ -340,6 +342,7 @@ pub async fn collect(prom: &Prometheus, r: &Reading<'_>) -> Result<Collected, Pr
         baseline_history: history,
         history_from: r.end - r.startup_lookback,
         min_startups: r.min_startups,
+        fetched_from: r.end - range,
     })
 }
 
@@ -429,12 +432,18 @@ impl Collected {
                         (startups, events, exposure, span)
                     }
                 };
+                let read = per_node(self.baseline.of(signal.metric), signal.excluded, self.fetched_from, at);
                 SignalData {
                     name: signal.name.to_string(),
                     kind: signal.kind,
                     strata: strata(&canary, &canary_exposure, &baseline, &baseline_exposure),
                     canary_span: span,
                     baseline_span,
+                    baseline_events_read: baseline
+                        .values()
+                        .chain(read.values())
+                        .map(|v| whole(Some(v)))
+                        .sum(),
                 }
             })
             .collect()

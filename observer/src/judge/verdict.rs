@@ -64,10 +64,13 @@
 //! signal passes on one of two rules, and only once the canary reached the
 //! minimum exposure on shared nodes (start-ups or pod-seconds):
 //!
-//! - `no_canary_events`: the canary had none of the signal's events on any
-//!   node, those without the baseline included. There is nothing in which it
-//!   could be worse; a canary worse by any ratio that still shows no event
-//!   in the minimum exposure is what this rule lets through.
+//! - `no_events`: the canary had none of the signal's events on any node
+//!   (those without the baseline included), and the baseline none in all
+//!   that was read of it (the window and the 15 minutes before it, not only
+//!   the canary's span): the signal is quiet for this workload. Nothing can
+//!   be compared, and nothing happened; a canary worse by any ratio whose
+//!   event is still so rare that neither revision showed one in the
+//!   minimum exposure is what this rule lets through.
 //! - `shown_no_worse`: the same exact conditional test run the other way,
 //!   `H0: rate_c/rate_b >= r` at the tolerated ratio r, rejects: the
 //!   one-sided upper confidence bound of the rate ratio is below r. Its
@@ -175,17 +178,22 @@ pub struct SignalData {
     pub strata: Vec<Stratum>,
     pub canary_span: Span,
     pub baseline_span: Span,
+    /// The baseline's events over everything read of it, before the
+    /// canary's span too: whether the signal is quiet for this workload.
+    pub baseline_events_read: u64,
 }
 
 impl SignalData {
     /// A signal read over no particular span (the simulation, unit tests).
     pub fn new(name: &str, kind: SignalKind, strata: Vec<Stratum>) -> Self {
+        let baseline_events_read = strata.iter().map(|s| s.baseline_events).sum();
         SignalData {
             name: name.into(),
             kind,
             strata,
             canary_span: Span::default(),
             baseline_span: Span::default(),
+            baseline_events_read,
         }
     }
 }
@@ -307,7 +315,7 @@ pub struct SignalReport {
     pub kind: SignalKind,
     pub verdict: SignalVerdict,
     /// Which rule decided: a failure by `fisher_exact_stratified` or
-    /// `poisson_exact_cond_stratified`; a pass by `no_canary_events` or
+    /// `poisson_exact_cond_stratified`; a pass by `no_events` or
     /// `shown_no_worse`; or `below_min_exposure`, `not_shown_no_worse`,
     /// `canary_only_events`, `no_shared_node`, `no_exposure`.
     pub rule: &'static str,
@@ -484,6 +492,7 @@ struct Assessed {
     test: Option<Conditional>,
     used: Vec<Stratum>,
     ratio: f64,
+    baseline_events_read: u64,
 }
 
 /// The counts and exact tests of one signal, before the threshold is known.
@@ -533,7 +542,8 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
         baseline_span: signal.baseline_span,
         note: String::new(),
     };
-    Assessed { report, test, used: used.into_iter().cloned().collect(), ratio }
+    let baseline_events_read = signal.baseline_events_read.max(report.baseline_events);
+    Assessed { report, test, used: used.into_iter().cloned().collect(), ratio, baseline_events_read }
 }
 
 fn has_data(s: &Stratum) -> bool {
@@ -601,9 +611,9 @@ fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) 
             short(report.canary_only.exposure),
             report.canary_only.nodes.join(", ")
         );
-    } else if report.canary_events == 0 {
+    } else if report.canary_events == 0 && a.baseline_events_read == 0 {
         report.verdict = SignalVerdict::Pass;
-        report.rule = "no_canary_events";
+        report.rule = "no_events";
         report.note = compared;
     } else {
         pass_if_shown_no_worse(a, pass_threshold, compared, explain);
@@ -706,8 +716,8 @@ fn outcome_and_reason(reports: &[SignalReport], look: u32, threshold: f64) -> (O
         .map(|r| r.name.as_str())
         .collect();
     let mut reason = format!(
-        "look {look}: no signal failed (threshold {}); each reached its minimum exposure with no canary \
-         event or was shown no worse than tolerated",
+        "look {look}: no signal failed (threshold {}); each reached its minimum exposure and was shown \
+         no worse than tolerated or had no event in either revision",
         short(threshold)
     );
     if !idle.is_empty() {
@@ -800,15 +810,15 @@ mod tests {
     fn a_healthy_canary_past_the_minimum_exposure_passes_and_not_before() {
         let at = |x: f64| {
             service_signals(
-                vec![stratum("a", 0, 12.0 * x, 2, 36.0 * x)],
-                vec![stratum("a", 0, 700.0 * x, 3, 2100.0 * x)],
+                vec![stratum("a", 0, 12.0 * x, 0, 36.0 * x)],
+                vec![stratum("a", 0, 700.0 * x, 0, 2100.0 * x)],
                 &[("a", 700.0 * x, 2100.0 * x)],
             )
         };
         let j = judge(&at(1.0), &Policy::default(), 3);
         assert_eq!(j.outcome, Outcome::Pass, "{j:#?}");
         assert!(j.signals.iter().all(|s| s.verdict == SignalVerdict::Pass), "{j:#?}");
-        assert_eq!(find(&j, "native_crashes").rule, "no_canary_events");
+        assert_eq!(find(&j, "native_crashes").rule, "no_events");
         let j = judge(&at(0.5), &Policy::default(), 3);
         assert_eq!(j.outcome, Outcome::Inconclusive, "{j:#?}");
         assert!(j.reason.contains("below the minimum"), "{}", j.reason);
@@ -819,6 +829,9 @@ mod tests {
     fn a_pass_needs_evidence_that_the_canary_is_no_worse() {
         let crashes =
             |c, cx, b, bx| service_signals(vec![], vec![stratum("a", c, cx, b, bx)], &[("a", cx, bx)]);
+        // None against three: too few of the baseline's to show anything.
+        let j = judge(&crashes(0, 700.0, 3, 2100.0), &Policy::default(), 3);
+        assert_eq!(find(&j, "native_crashes").rule, "not_shown_no_worse", "{j:#?}");
         // One event against none: no evidence either way, at any look.
         for look in 1..=10 {
             let j = judge(&crashes(1, 1200.0, 0, 3600.0), &Policy::default(), look);
