@@ -27,3 +27,6 @@ pub mod families;
 
 #[path = "../../observer/src/discovery/ldcache.rs"]
 pub mod ldcache;
+
+#[path = "../../observer/src/judge/request.rs"]
+pub mod request;

@@ -529,3 +529,33 @@ fn queries_run_at_once_under_one_deadline_that_names_what_was_slow() {
         "{reason}"
     );
 }
+
+/// The independent simulation (`tests/judge/simulate.py`, which shares no
+/// code with the judge), small and seeded: 20 analyses a case through a
+/// real Prometheus and the real service. The bench runs 1,000 a case.
+#[test]
+#[ignore = "needs prometheus, promtool and numpy; run by `cargo xtask test`"]
+fn an_independent_simulation_through_prometheus_meets_the_targets() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/judge/simulate.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--judge", &canaryscope().to_string_lossy(), "--analyses", "20", "--seed", "50"])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let sampler = report["sampler"].as_array().expect("sampler checks");
+    assert!(!sampler.is_empty() && sampler.iter().all(|c| c["ok"] == true), "{report:#}");
+    let case = |name: &str| -> &Value {
+        let cases = report["cases"].as_array().expect("cases");
+        cases.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"))
+    };
+    let share = |name: &str, what: &str| case(name)[what].as_f64().unwrap_or(f64::NAN);
+    // Within tolerance, nothing fails in 20; at 5x nearly all do.
+    for name in ["equal", "edge", "restart", "retried", "canary_only"] {
+        assert!(share(name, "failed_share") <= 0.05, "{name}: {report:#}");
+    }
+    assert!(share("detect", "failed_share") >= 0.85, "{report:#}");
+    // A 5x canary never passes: a pass must be shown.
+    assert_eq!(share("detect", "passed_share"), 0.0, "{report:#}");
+}

@@ -14,6 +14,15 @@
 //! The same figures at a 10% share are reported, with the false-rollback
 //! target only (the issue sets detection's for 25%). The quick run
 //! simulates the 25% share only.
+//!
+//! Then the independent simulation (issue 50): `tests/judge/simulate.py`
+//! writes the series the daemon exports, loads them into a real
+//! Prometheus with promtool and asks the real service at every look. Its
+//! cases (equal rates, the tolerated ratio 1.5, 5x, a daemon restart, a
+//! retried revision, a node without the baseline) are rows of their own:
+//! false rollbacks at most 1% where the canary is within tolerance,
+//! detection at least 90% at 5x, and the share of healthy canaries that
+//! pass by look 10 beside them. 1,000 analyses a case (100 when quick).
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -36,7 +45,50 @@ pub(super) fn judge_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<(
             out.push(row(&report, case, share)?);
         }
     }
+    let report = independent(env, if plan.quick { 100 } else { 1000 })?;
+    for case in report["cases"].as_array().context("the report has no cases")? {
+        out.push(independent_row(&report, case)?);
+    }
     Ok(())
+}
+
+/// The independent simulator's report: analyses through a real Prometheus.
+fn independent(env: &Env, analyses: usize) -> Result<Value> {
+    let script = crate::root().join("tests/judge/simulate.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .args(["--judge", &env.bin.to_string_lossy(), "--analyses", &analyses.to_string()])
+        .output()
+        .with_context(|| format!("python3 {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    serde_json::from_slice(&output.stdout).context("tests/judge/simulate.py: JSON")
+}
+
+/// One case of the independent simulation: failed share, with the target
+/// its rate ratio sets (within tolerance: false rollbacks; 5x: detection).
+fn independent_row(report: &Value, case: &Value) -> Result<Row> {
+    let name = case["name"].as_str().context("a case without a name")?;
+    let ratio = case["rate_ratio"].as_f64().context("no rate_ratio")?;
+    let failed = 100.0 * case["failed_share"].as_f64().context("no failed_share")?;
+    let mut r = Row::new(&format!("judge_prometheus_{name}"), "% of analyses failed");
+    r.canaryscope = Some(failed);
+    r.ratio("passed_%", case["passed_share"].as_f64().map(|p| 100.0 * p));
+    r.ratio("median_looks_to_decision", case["median_looks_to_decision"].as_f64());
+    r.target = if ratio <= 1.5 {
+        let what = format!("false rollbacks ≤ {FALSE_ROLLBACK_TARGET}%");
+        Some(Target::new(&what, FALSE_ROLLBACK_TARGET, Some(failed), "%"))
+    } else {
+        let what = format!("≥ {DETECTION_TARGET}% failed: not failed ≤ {}%", 100.0 - DETECTION_TARGET);
+        Some(Target::new(&what, 100.0 - DETECTION_TARGET, Some(100.0 - failed), "% not failed"))
+    };
+    r.notes.push(format!(
+        "through a real Prometheus and the service: rate ratio {ratio}, {} analyses of {} looks on {} nodes, \
+         canary share {}, seed {}",
+        report["analyses"], report["looks"], report["nodes"], report["canary_share"], report["seed"]
+    ));
+    Ok(r)
 }
 
 /// The binary's report for one canary share.

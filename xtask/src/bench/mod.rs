@@ -40,7 +40,8 @@
 //! - `judge` (judge.rs): the canary judge's statistics by simulation, not
 //!   timed: false rollbacks at equal rates and 5x canaries failed, over
 //!   10,000 analyses of 10 looks at a 25% and a 10% canary share
-//!   (`canaryscope judge --simulate`).
+//!   (`canaryscope judge --simulate`); then the independent simulation
+//!   through a real Prometheus (`tests/judge/simulate.py`).
 //!
 //! What the cases share: the processes they start (process.rs), the
 //! daemon and its /metrics (daemon.rs), the peers (peers.rs), BPF program
