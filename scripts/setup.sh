@@ -25,9 +25,9 @@ PACKAGES=(
     # tmux: the terminal of the `top` tests; chromium: draws the README's panel
     # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
     tmux chromium
-    # the HTTP request tests' and bench's real clients and h2c server: wrk,
-    # ApacheBench, curl, nghttpd
-    wrk apache2-utils curl nghttp2-server
+    # the HTTP request tests' and bench's real clients and servers: wrk,
+    # ApacheBench, curl, nghttpd (h2c), nginx (the bench's keep-alive server)
+    wrk apache2-utils curl nghttp2-server nginx-light
 )
 # readme-generator (deploy/, below) is an npm package: a machine of this kind
 # has Node.js and npm, a bare Debian root takes Debian's.
@@ -112,6 +112,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
     step "Debian packages: all ${#PACKAGES[@]} present"
+fi
+# nginx-light is the bench's server, started by the bench itself: not a
+# service of the machine (its package starts one on port 80).
+if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled nginx >/dev/null 2>&1; then
+    systemctl disable --now nginx >/dev/null 2>&1 || true
 fi
 
 # deploy/check.sh lints and renders the Helm chart with the real helm, renders

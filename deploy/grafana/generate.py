@@ -91,6 +91,22 @@ def rows():
                   "Processes that died by a signal or exited 137, by who ended them.",
                   (f"sum by ({BY}, cause) (increase(canaryscope_abnormal_exits_total{{{SEL}}}[{RANGE}]))", LEGEND + " {{cause}}")),
         ]),
+        ("HTTP requests: canary vs stable (measured from the node)", [
+            panel("HTTP requests by status class", "reqps",
+                  "Requests the revision's servers answered, per second, by status class (closed: the "
+                  "connection ended before the response did); kubelet's probes not counted.",
+                  (f"sum by ({BY}, status_class) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}}}[{RANGE}]))",
+                   LEGEND + " {{status_class}}")),
+            panel("HTTP error ratio (5xx and closed)", "percentunit",
+                  "Share of requests answered 5xx or cut by the server closing the connection; the runbook rolls back above 1%.",
+                  (f'sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}, status_class=~"5xx|closed"}}[{RANGE}])) / '
+                   f"sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}}}[{RANGE}]))", LEGEND)),
+            panel("HTTP latency p99", "s",
+                  "p99 from a request's first byte in to its response's last byte out; the runbook rolls back "
+                  "at 1.25 x stable for 3 minutes.",
+                  (f'histogram_quantile(0.99, sum by (le, {BY}) (rate(canaryscope_http_server_request_duration_seconds_bucket{{{SEL}, status_class=~"2xx|3xx|4xx"}}[{RANGE}])))',
+                   LEGEND)),
+        ]),
         ("CPU: canary vs stable", [
             panel("Throttled-period ratio", "percentunit", "Share of CFS periods in which the cgroup was throttled.",
                   (f"sum by ({BY}) (rate(canaryscope_cpu_throttled_periods_total{{{SEL}}}[{RANGE}])) / "

@@ -91,6 +91,8 @@ pub(super) fn cleanup_stale_cgroups() {
             STOP_FLOOD_CGROUP.to_string(),
             SCHED_POD_CGROUP.to_string(),
             SCHED_SYSTEM_CGROUP.to_string(),
+            super::http::HTTP_POD_CGROUP.to_string(),
+            super::http::HTTP_SYSTEM_CGROUP.to_string(),
         ];
         for name in names {
             let dir = base.join(name);

@@ -90,7 +90,7 @@ impl Daemon {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("cannot bind a local port")?;
     Ok(l.local_addr()?.port())
 }

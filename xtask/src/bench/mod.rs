@@ -77,6 +77,7 @@ mod detection;
 mod first_call;
 mod footprint;
 mod gpu_calls;
+mod http;
 mod judge;
 mod launch_loop;
 mod peers;
@@ -131,6 +132,9 @@ pub enum Case {
     Stop,
     /// The canary judge's false-rollback and detection shares, simulated.
     Judge,
+    /// What the HTTP request hooks add to a keep-alive server (nginx under
+    /// wrk), in a pod and outside every pod.
+    Http,
 }
 
 /// A case pushes its rows as it goes, so an error keeps what was measured.
@@ -291,7 +295,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let cases: [(Case, &str, CaseFn); 8] = [
+    let cases: [(Case, &str, CaseFn); 9] = [
         (Case::Gpu, "gpu_call_overhead", gpu_calls::gpu_case),
         (Case::LaunchLoop, "launch_bound_loop", launch_loop::launch_case),
         (Case::FirstCall, "first_call", first_call::first_call_case),
@@ -300,6 +304,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (Case::Sched, "sched_overhead", sched::sched_case),
         (Case::Detection, "detection_latency + footprint", detection::detection_and_footprint_case),
         (Case::Judge, "judge", judge::judge_case),
+        (Case::Http, "http_overhead", http::http_case),
     ];
     for (case, name, f) in cases {
         let run_it = if case == Case::Detection {
