@@ -1,7 +1,7 @@
 //! The Grafana dashboard against real data: the Kubernetes end-to-end setup
 //! (stand-in API server, the real daemon, a real Prometheus scraping it)
 //! with a canary that fails its GPU runtime, crashes in it, stalls in it, is
-//! throttled and is OOM killed, beside a stable pod that is healthy but for
+//! throttled, is OOM killed and answers HTTP requests, beside a stable pod that is healthy but for
 //! one crash in the library; and a second daemon whose series cap is spent
 //! and whose ring buffer overflowed. Every panel query of
 //! deploy/grafana/canaryscope.json runs against that Prometheus; each panel
@@ -38,6 +38,9 @@ const CAUSED: &[&str] = &[
     "Abnormal exits by cause",
     "Throttled-period ratio",
     "Run-queue latency p99",
+    "HTTP requests by status class",
+    "HTTP error ratio (5xx and closed)",
+    "HTTP latency p99",
 ];
 /// Node-level panels: the probes of both daemons, the second one's lost
 /// events and refused series.
@@ -146,8 +149,28 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         &canary,
         canary.command(&fixture("busy_threads")).args([&cpus.to_string(), "120"]).stdout(Stdio::null()),
     ));
+    // The canary serves HTTP too (Python's own server: 200 and 404),
+    // measured from the node.
+    let web_port = free_port();
+    let _web = Proc(canary_pod.spawn(
+        &canary,
+        canary
+            .command(std::path::Path::new("/usr/bin/python3"))
+            .args(["-m", "http.server", &web_port.to_string(), "--bind", "127.0.0.1"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", web_port)).is_err() {
+        assert!(Instant::now() < deadline, "the canary's web server did not listen");
+        thread::sleep(Duration::from_millis(50));
+    }
     canary.limit_memory(50 << 20);
     let failing_round = || {
+        for path in ["/", "/missing", "/", "/"] {
+            assert!(http_get(web_port, path).is_some(), "the canary answers {path}");
+        }
         let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
         assert!(out.status.success(), "{out:?}");
         crash_in_launch(&canary, false);
@@ -161,6 +184,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     failing_round();
     // The first round's series are in Prometheus before the second round.
     let first_round = [
+        "canaryscope_http_server_request_duration_seconds_count{track=\"canary\"}",
         "canaryscope_gpu_init_failures_total{track=\"canary\"}",
         "canaryscope_oom_kills_total{track=\"canary\"}",
         "canaryscope_native_crashes_total{track=\"canary\"}",
