@@ -1,8 +1,8 @@
 //! The Grafana dashboard against real data: the Kubernetes end-to-end setup
 //! (stand-in API server, the real daemon, a real Prometheus scraping it)
 //! with a canary that fails its GPU runtime, crashes in it, stalls in it, is
-//! throttled, is OOM killed and answers HTTP requests, beside a stable pod that is healthy but for
-//! one crash in the library; and a second daemon whose series cap is spent
+//! throttled, is OOM killed and answers HTTP requests, beside a stable pod
+//! that is healthy but for one crash in the library; and a second daemon whose series cap is spent
 //! and whose ring buffer overflowed. Every panel query of
 //! deploy/grafana/canaryscope.json runs against that Prometheus; each panel
 //! this machine can feed must show its data, the stable's one failure must
