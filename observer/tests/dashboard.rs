@@ -152,15 +152,17 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     // The canary serves HTTP too (Python's own server: 200 and 404),
     // measured from the node.
     let web_port = free_port();
-    let _web = Proc(canary_pod.spawn(
-        &canary,
-        canary
-            .command(std::path::Path::new("/usr/bin/python3"))
-            .args(["-m", "http.server", &web_port.to_string(), "--bind", "127.0.0.1"])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    ));
+    let _web = Proc(
+        canary_pod.spawn(
+            &canary,
+            canary
+                .command(std::path::Path::new("/usr/bin/python3"))
+                .args(["-m", "http.server", &web_port.to_string(), "--bind", "127.0.0.1"])
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        ),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", web_port)).is_err() {
         assert!(Instant::now() < deadline, "the canary's web server did not listen");

@@ -131,6 +131,17 @@ fn label_values_are_escaped() {
     assert!(text.contains(r#"workload="a\"b\\c\nd""#), "{text}");
 }
 
+/// A gigabyte left on GPU 48879 by a process that held two and faulted.
+fn stranded(attributed: bool) -> Detail {
+    Detail::GpuVramStranded {
+        gpu: 48879,
+        bytes: 1 << 30,
+        held_bytes: 2 << 30,
+        cause: Some(Cause::Fault),
+        attributed,
+    }
+}
+
 fn hist(count: u64, total_ns: u64, buckets: &[(usize, u64)]) -> observer_common::LatencyHistogram {
     let mut h = observer_common::LatencyHistogram { count, total_ns, ..Default::default() };
     for (i, n) in buckets {
@@ -184,13 +195,6 @@ fn rich() -> Metrics {
     m.set_driver_versions(vec![(2, 12020)]);
     m.set_vram(vec![(1, 48879, 2 << 30), (2, 1234, 0), (2, 48879, 1 << 30)]);
     m.set_vram_stranded(vec![(1234, 0), (48879, 3 << 30)]);
-    let stranded = |attributed| Detail::GpuVramStranded {
-        gpu: 48879,
-        bytes: 1 << 30,
-        held_bytes: 2 << 30,
-        cause: Some(Cause::Fault),
-        attributed,
-    };
 
     let gk = |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
     m.set_gpu(vec![
@@ -409,13 +413,6 @@ fn vram_is_per_container_and_what_a_death_left_per_revision() {
     m.set_vram(vec![(1, 1234, 0)]);
     assert!(m.take_changed());
     assert!(m.render_text().contains(&format!("canaryscope_gpu_vram_bytes{{{pod},gpu=\"48879\"}} 0\n")));
-    let stranded = |attributed| Detail::GpuVramStranded {
-        gpu: 48879,
-        bytes: 1 << 30,
-        held_bytes: 2 << 30,
-        cause: Some(Cause::Fault),
-        attributed,
-    };
     m.record(&event(1, stranded(true)));
     m.record(&event(1, stranded(true)));
     m.record(&event(1, stranded(false)));
