@@ -28,6 +28,20 @@
 //! gets a new cgroup) are grouped by container name, so a restart that starts
 //! up clears the trouble of the instance before it.
 //!
+//! # Names
+//!
+//! The kubelet reports a container's ID only after the container started
+//! (its relist runs every second), so a container that fails at once fails
+//! before the pod cache can name it. Names are therefore looked up in the
+//! pod cache each time the wanted condition is worked out (every refresh),
+//! never kept from when the evidence came: until the cache names the
+//! container, the message names its short ID; once it does, the wanted
+//! message names the container, differs from the one written, and the
+//! patcher rewrites the condition (its transition time moves only with its
+//! status). The cache keeps every container ID a pod's status has named,
+//! `lastState` included, so an instance whose ID has since left the status
+//! keeps its name.
+//!
 //! # What is never done
 //!
 //! - A pod without the gate is never given the condition.
@@ -641,6 +655,21 @@ mod tests {
         assert_eq!(d.message, "container worker: SIGSEGV in libcuda.so.1 during cuLaunchKernel");
         gate.note_counts(&counts(2, Api::Cuda, [1, 1, 1]), paths);
         assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.ready), Some(true));
+    }
+
+    #[test]
+    fn a_container_the_cache_names_late_is_renamed_in_the_message() {
+        let mut gate = Gate::new(None, 0);
+        note(&mut gate, &init_failure(Api::Cudart, "cudaGetDeviceCount", 100), &Counts::new());
+        let mut unnamed = meta();
+        unnamed.containers.clear();
+        let d = gate.desired(UID, &unnamed, 2000).expect("failed");
+        assert_eq!(
+            d.message,
+            format!("container {}: cudaGetDeviceCount returned 100 cudaErrorNoDevice", &CID_A[..12])
+        );
+        let d = gate.desired(UID, &meta(), 2000).expect("failed");
+        assert_eq!(d.message, "container worker: cudaGetDeviceCount returned 100 cudaErrorNoDevice");
     }
 
     #[test]
