@@ -58,8 +58,16 @@ pub fn in_oom_group(cgroup2_root: Option<&Path>, cgroup: Option<&str>) -> bool {
 
 /// Scope for a victim still alive: its memory cgroup from /proc/PID/cgroup.
 /// `cgroup2_root` is the unified hierarchy's mount, found once at start.
-pub fn victim_scope(pid: u32, cgroup2_root: Option<&Path>) -> &'static str {
-    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return "global" };
+/// `None` when the victim is already gone (a daemon that reads its records
+/// late, on a busy node): nothing about its memory is known from here, and
+/// its exit's cgroup path decides instead ([`scope_of_cgroup`]).
+pub fn victim_scope(pid: u32, cgroup2_root: Option<&Path>) -> Option<&'static str> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    Some(scope_in(&text, cgroup2_root))
+}
+
+/// The scope a `/proc/PID/cgroup` text puts a process's memory in.
+fn scope_in(text: &str, cgroup2_root: Option<&Path>) -> &'static str {
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -86,5 +94,12 @@ mod tests {
         assert_eq!(parse_oom_kill("low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"), Some(2));
         assert_eq!(parse_oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"), Some(1));
         assert_eq!(parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n"), None);
+    }
+
+    #[test]
+    fn a_victim_already_gone_has_no_scope_rather_than_a_global_one() {
+        // Pids wrap far below this: no process has it.
+        assert_eq!(victim_scope(u32::MAX - 1, None), None);
+        assert!(victim_scope(std::process::id(), None).is_some(), "a live process has one");
     }
 }

@@ -235,11 +235,12 @@ impl Attributor {
             Raw::OomVictim(ev) => {
                 // The victim is still alive here: note where its memory is
                 // accounted, for telling a cgroup limit from a global OOM.
-                let scope = oom::victim_scope(ev.victim_pid, self.cgroups.root());
-                if self.oom_scopes.len() >= MAX_OOM_VICTIMS {
-                    self.oom_scopes.clear();
+                if let Some(scope) = oom::victim_scope(ev.victim_pid, self.cgroups.root()) {
+                    if self.oom_scopes.len() >= MAX_OOM_VICTIMS {
+                        self.oom_scopes.clear();
+                    }
+                    self.oom_scopes.insert(ev.victim_pid, scope);
                 }
-                self.oom_scopes.insert(ev.victim_pid, scope);
                 self.oom_groups.mark(
                     ev.header.tid,
                     ev.header.ts_boot_ns,
