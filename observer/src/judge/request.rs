@@ -292,6 +292,17 @@ mod tests {
     }
 
     #[test]
+    fn questions_that_would_mislead_are_refused() {
+        let argo = |extra: &str| from_argo(&params(&format!("namespace=ml&workload=w&{extra}"), ""));
+        assert_eq!(argo("canary=a&baseline=b&interval=29s"), Err(BadRequest::IntervalTooShort(29.0)));
+        assert!(argo("canary=a&baseline=b&interval=30s").is_ok());
+        assert!(matches!(argo("canary=a&baseline=a"), Err(BadRequest::SameSides(s)) if s == "w revision a"));
+        let flagger =
+            from_flagger(&params("", r#"{"name":"c","namespace":"t","metadata":{"interval":"1s"}}"#));
+        assert_eq!(flagger, Err(BadRequest::IntervalTooShort(1.0)));
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
