@@ -298,6 +298,12 @@ fn argo_rollout(pod: &Pod, labels: &BTreeMap<String, String>) -> Option<String> 
     (!rollout.is_empty()).then(|| rollout.to_owned())
 }
 
+/// How long a deleted pod's names stay known: longer than any series grace
+/// a daemon keeps the series of its last containers for.
+const DEPARTED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Deleted pods remembered at most: a rollout of a thousand pods a node.
+const MAX_DEPARTED: usize = 4096;
+
 /// Container IDs a pod's cached entry keeps at most: a crash loop's
 /// every instance, for as long as anyone still counts it, and a bound on
 /// what a pod restarting for weeks can cost.
@@ -393,6 +399,10 @@ pub enum KubeError {
 #[derive(Debug, Default)]
 struct Shared {
     pods: RwLock<HashMap<String, PodMeta>>,
+    /// Pods deleted from the API lately, with when: kubelet deletes a pod
+    /// right after its containers' last exit, and that exit's series still
+    /// need the pod's and container's names (see [`PodCache::departed`]).
+    departed: RwLock<HashMap<String, (PodMeta, std::time::Instant)>>,
     synced: AtomicBool,
     healthy: AtomicBool,
     generation: AtomicU64,
@@ -498,13 +508,37 @@ impl PodCache {
 
     fn remove(&self, key: &str) {
         let mut pods = self.write();
-        if pods.remove(key).is_some() {
+        if let Some(meta) = pods.remove(key) {
+            self.depart(key, meta);
             self.changed();
         }
     }
 
+    /// Keeps a deleted pod's metadata for [`DEPARTED_FOR`], at most
+    /// [`MAX_DEPARTED`] of them.
+    fn depart(&self, key: &str, meta: PodMeta) {
+        let mut departed = self.shared.departed.write().unwrap_or_else(PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        departed.retain(|_, (_, at)| now.duration_since(*at) < DEPARTED_FOR);
+        if departed.len() < MAX_DEPARTED {
+            departed.insert(key.to_owned(), (meta, now));
+        }
+    }
+
+    /// A pod deleted from the API within [`DEPARTED_FOR`]: names for the
+    /// series of containers whose last exit came just before the deletion.
+    pub fn departed(&self, uid: &str) -> Option<PodMeta> {
+        let departed = self.shared.departed.read().unwrap_or_else(PoisonError::into_inner);
+        departed.get(uid).filter(|(_, at)| at.elapsed() < DEPARTED_FOR).map(|(meta, _)| meta.clone())
+    }
+
     fn replace_all(&self, mut new: HashMap<String, PodMeta>) {
         let mut pods = self.write();
+        let gone: Vec<(String, PodMeta)> =
+            pods.iter().filter(|(k, _)| !new.contains_key(*k)).map(|(k, m)| (k.clone(), m.clone())).collect();
+        for (key, meta) in gone {
+            self.depart(&key, meta);
+        }
         for (key, meta) in &mut new {
             if let Some(old) = pods.get(key) {
                 remember_container_ids(meta, old);

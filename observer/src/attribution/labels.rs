@@ -40,10 +40,13 @@ pub enum Liveness {
 /// comes, even after the cgroup is gone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Naming {
-    /// Only what the cgroup path says: the pod is not in the pod cache (no
-    /// Kubernetes, not listed yet, or deleted).
+    /// Only what the cgroup path says, without Kubernetes: as final as it
+    /// gets there.
     #[default]
     Path,
+    /// Only what the cgroup path says, with Kubernetes: the pod is not in
+    /// the pod cache (not listed yet, or deleted long ago).
+    Unlisted,
     /// The pod is known, its container not yet: the container label is
     /// the 12-character short ID.
     ShortId,
@@ -58,6 +61,14 @@ pub struct Resolved {
     pub labels: WorkloadLabels,
     pub liveness: Liveness,
     pub naming: Naming,
+}
+
+impl Naming {
+    /// Labels that the API is expected to better soon: a pod not listed
+    /// yet, a container not named yet.
+    pub fn provisional(self) -> bool {
+        matches!(self, Naming::Unlisted | Naming::ShortId)
+    }
 }
 
 impl Resolved {
@@ -78,7 +89,11 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> Resolved {
         return Resolved::new(labels, Liveness::Live, Naming::Named);
     };
     let container_id = container.as_ref().map(|c| c.id.clone()).unwrap_or_default();
-    if let Some(meta) = pods.and_then(|p| p.get(&pod_uid)) {
+    // A pod deleted a moment ago keeps its names, gone: kubelet deletes
+    // a pod right after its containers' last exit, whose series need them.
+    let known = pods.and_then(|p| p.get(&pod_uid).map(|m| (m, Liveness::Live)));
+    let known = known.or_else(|| pods.and_then(|p| p.departed(&pod_uid)).map(|m| (m, Liveness::Gone)));
+    if let Some((meta, liveness)) = known {
         let name = container_name(&meta, &container_id);
         let naming = if name.is_some() { Naming::Named } else { Naming::ShortId };
         let container = name.map(str::to_string).unwrap_or_else(|| short_id(&container_id));
@@ -90,7 +105,7 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> Resolved {
             revision: meta.revision.clone(),
             track: meta.track.clone(),
         };
-        return Resolved::new(labels, Liveness::Live, naming);
+        return Resolved::new(labels, liveness, naming);
     }
     let liveness = match pods {
         // The API is synced and does not know this pod: it was deleted.
@@ -104,7 +119,8 @@ pub fn labels_for(cgroup: Option<&str>, pods: Option<&PodCache>) -> Resolved {
     let workload = pod_cgroup(path, &pod_uid).to_string();
     let labels =
         WorkloadLabels { pod: pod_uid, container: short_id(&container_id), workload, ..Default::default() };
-    Resolved::new(labels, liveness, Naming::Path)
+    let naming = if pods.is_some() { Naming::Unlisted } else { Naming::Path };
+    Resolved::new(labels, liveness, naming)
 }
 
 /// The pod-level cgroup of a path inside a pod: up to the component that

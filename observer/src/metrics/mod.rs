@@ -301,7 +301,8 @@ impl Metrics {
                 purged.push(cgroup);
             }
         }
-        self.changed |= relabelled || !purged.is_empty();
+        // A provisional label set may be shown, or moved, at any refresh.
+        self.changed |= relabelled || !purged.is_empty() || self.series.any_provisional();
         let live = self.series.iter().filter(|(_, t)| t.gone_since.is_none());
         self.changed |= self.exposure.account(now, live.map(|(c, t)| (*c, &t.labels)));
         for cgroup in &purged {

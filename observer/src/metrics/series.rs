@@ -38,6 +38,7 @@ pub struct Tracked {
     pub gone_since: Option<Instant>,
     /// Admission order: the newest of a label set's cgroups shows gauges.
     seq: u64,
+    admitted_at: Instant,
 }
 
 /// Every cgroup with series, under the cardinality cap.
@@ -48,7 +49,16 @@ pub struct Series {
     pub max_cgroups: usize,
     /// Cgroups refused by the cap.
     pub overflow: u64,
+    /// How long a per-pod series with provisional labels is held back (see
+    /// [`Series::shown_labels`]).
+    pub provisional_hold: Duration,
 }
+
+/// kubelet reports a container's ID within a second or two of its start
+/// (its PLEG relist runs every second), and the watch brings it here at
+/// once: five seconds covers a busy node. A container the API still has
+/// not named by then is shown under its short ID.
+pub const PROVISIONAL_HOLD: Duration = Duration::from_secs(5);
 
 /// What admitting a cgroup did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +83,7 @@ pub struct Rebound {
 
 impl Series {
     pub fn new(max_cgroups: usize) -> Self {
-        Self { max_cgroups, ..Default::default() }
+        Self { max_cgroups, provisional_hold: PROVISIONAL_HOLD, ..Default::default() }
     }
 
     /// Admits a cgroup under the cardinality cap.
@@ -86,11 +96,14 @@ impl Series {
             return Admission::Refused;
         }
         self.next_seq += 1;
+        // Unlabelled until the next refresh binds its labels: held back
+        // until then, rather than shown under empty labels for a second.
         let tracked = Tracked {
             labels: WorkloadLabels::default(),
-            naming: Naming::Path,
+            naming: Naming::Unlisted,
             gone_since: None,
             seq: self.next_seq,
+            admitted_at: Instant::now(),
         };
         self.tracked.insert(cgroup, tracked);
         Admission::New
@@ -123,6 +136,26 @@ impl Series {
     /// The cgroup's label values (empty ones when untracked).
     pub fn labels(&self, cgroup: u64) -> [&str; 6] {
         self.tracked.get(&cgroup).map_or(NO_LABELS, |t| t.labels.values())
+    }
+
+    /// The labels a per-pod series of the cgroup is shown under, or `None`
+    /// while they are provisional and the cgroup is younger than the hold:
+    /// a series shown under a short ID and then renamed would end at its
+    /// count, and a range query over the pod (`increase`, `sum_over_time`)
+    /// would count those events twice. Held back a few seconds, they are
+    /// shown once, under the name.
+    pub fn shown_labels(&self, cgroup: u64) -> Option<[&str; 6]> {
+        match self.tracked.get(&cgroup) {
+            Some(t) if t.naming.provisional() && t.admitted_at.elapsed() < self.provisional_hold => None,
+            Some(t) => Some(t.labels.values()),
+            None => Some(NO_LABELS),
+        }
+    }
+
+    /// Whether a cgroup's labels are provisional: its series may appear or
+    /// move at a refresh without any new event.
+    pub fn any_provisional(&self) -> bool {
+        self.tracked.values().any(|t| t.naming.provisional())
     }
 
     /// Which of a label set's cgroups shows a gauge: live before gone,
@@ -252,7 +285,8 @@ impl<K: Ord + Clone + MinKey> PodCounts<K> {
     pub fn shown<'a>(&'a self, series: &'a Series) -> BTreeMap<([&'a str; 6], &'a K), u64> {
         let mut out: BTreeMap<([&str; 6], &K), u64> = BTreeMap::new();
         for ((cgroup, k), n) in &self.live {
-            *out.entry((series.labels(*cgroup), k)).or_default() += n;
+            let Some(labels) = series.shown_labels(*cgroup) else { continue };
+            *out.entry((labels, k)).or_default() += n;
         }
         for ((labels, k), n) in &self.retired {
             *out.entry((labels.values(), k)).or_default() += n;
@@ -311,8 +345,9 @@ impl<K: Ord + Clone> PodGauges<K> {
         type Best<'a, K> = BTreeMap<([&'a str; 6], &'a K), ((bool, u64), f64)>;
         let mut best: Best<K> = BTreeMap::new();
         for ((cgroup, k), v) in &self.live {
+            let Some(labels) = series.shown_labels(*cgroup) else { continue };
             let rank = series.precedence(*cgroup);
-            let slot = best.entry((series.labels(*cgroup), k)).or_insert((rank, *v));
+            let slot = best.entry((labels, k)).or_insert((rank, *v));
             if rank > slot.0 {
                 *slot = (rank, *v);
             }

@@ -220,14 +220,12 @@ fn a_crash_loops_instances_named_late_count_once_each_under_the_name() {
         assert!(!text.contains(r#"container="worker""#), "not named yet: {text}");
     }
     let crashes = "canaryscope_native_crashes_total";
-    let by_short_id: Vec<f64> = samples(&m.render_text())
-        .into_iter()
-        .filter(|(k, _)| k.starts_with(crashes))
-        .map(|(_, v)| v)
-        .collect();
-    assert_eq!(by_short_id, vec![1.0; 5], "one series per short ID meanwhile");
+    let shown = |m: &Metrics| -> Vec<(String, f64)> {
+        samples(&m.render_text()).into_iter().filter(|(k, _)| k.starts_with(crashes)).collect()
+    };
+    assert_eq!(shown(&m), vec![], "held back while named provisionally, never shown under a short ID");
     // The API names them one after another; the count under the name
-    // grows by each instance it names, and the short-ID series end.
+    // grows by each instance it names.
     for named in 20..25 {
         m.refresh_labels(grace, &HashSet::new(), |c| {
             if c <= named {
@@ -241,8 +239,7 @@ fn a_crash_loops_instances_named_late_count_once_each_under_the_name() {
         assert_eq!(now, (named - 19) as f64, "{text}");
         assert!(now >= last, "never down: {last} -> {now}");
         last = now;
-        let total: f64 = samples(&text).iter().filter(|(k, _)| k.starts_with(crashes)).map(|(_, v)| v).sum();
-        assert_eq!(total, 5.0, "each instance counted once: {text}");
+        assert_eq!(shown(&m).len(), 1, "only the name's series: {text}");
     }
     // A pod deleted from the API resolves to its uid and short ID, named
     // worse: the last good labels stay.
@@ -252,4 +249,22 @@ fn a_crash_loops_instances_named_late_count_once_each_under_the_name() {
         naming: Naming::Path,
     });
     assert_eq!(value(&m.render_text(), crashes, r#"signal="SIGSEGV",library="libcuda.so.1""#), Some(5.0));
+}
+
+#[test]
+fn a_container_the_api_never_names_shows_under_its_short_id_after_the_hold() {
+    let mut m = Metrics::new(100);
+    m.record(&event(30, crash()));
+    m.refresh_labels(Duration::from_secs(600), &HashSet::new(), |c| provisional(c, Liveness::Gone));
+    assert!(!m.render_text().contains("canaryscope_native_crashes_total{"), "held back");
+    // The hold has passed (the API is down, or the pod went at once).
+    m.series.provisional_hold = Duration::ZERO;
+    m.refresh_labels(Duration::from_secs(600), &HashSet::new(), |c| provisional(c, Liveness::Gone));
+    assert!(m.take_changed(), "a provisional series may appear without an event");
+    let text = m.render_text();
+    let short = format!("container=\"{:012x}\"", 30);
+    assert!(
+        text.lines().any(|l| l.starts_with("canaryscope_native_crashes_total{") && l.contains(&short)),
+        "{text}"
+    );
 }

@@ -328,6 +328,7 @@ fn exits_are_counted_by_cause_with_bounded_labels() {
     m.record(&event(1, kill(9, 0, Cause::Sent)));
     m.record(&event(1, kill(9, 0, Cause::OomKill)));
     m.record(&event(1, kill(0, 137, Cause::Wrapped)));
+    refresh(&mut m, Duration::from_secs(60), labelled);
     let text = m.render_text();
     let line = |labels: &str| {
         text.lines()
