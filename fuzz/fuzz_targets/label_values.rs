@@ -8,7 +8,7 @@
 #![no_main]
 
 use canaryscope_fuzz::{
-    catalog::{Kind, MetricDecl, Scope, View},
+    decl::{Kind, MetricDecl, Scope, View},
     families::Family,
     label_names::LABEL_NAMES as NAMES,
 };

@@ -14,13 +14,15 @@ pub mod tracefs;
 #[path = "../../observer/src/attribution/label_names.rs"]
 pub mod label_names;
 
-/// The catalog names its label list where the observer defines it.
+/// The declarations name their label list where the observer defines it.
 pub mod attribution {
     pub use super::label_names;
 }
 
-#[path = "../../observer/src/metrics/catalog.rs"]
-pub mod catalog;
+/// What a metric family is; the families' own files (and the catalog that
+/// lists them) need the rest of the observer.
+#[path = "../../observer/src/metrics/decl.rs"]
+pub mod decl;
 
 #[path = "../../observer/src/metrics/families.rs"]
 pub mod families;
