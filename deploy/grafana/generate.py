@@ -99,7 +99,9 @@ def rows():
                    LEGEND + " {{status_class}}")),
             panel("HTTP error ratio (5xx and closed)", "percentunit",
                   "Share of requests answered 5xx or cut by the server closing the connection; the runbook rolls back above 1%.",
-                  (f'sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}, status_class=~"5xx|closed"}}[{RANGE}])) / '
+                  # A revision that failed nothing reads 0, not "no data".
+                  (f'(sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}, status_class=~"5xx|closed"}}[{RANGE}])) '
+                   f"or 0 * sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}}}[{RANGE}]))) / "
                    f"sum by ({BY}) (rate(canaryscope_http_server_request_duration_seconds_count{{{SEL}}}[{RANGE}]))", LEGEND)),
             panel("HTTP latency p99", "s",
                   "p99 from a request's first byte in to its response's last byte out; the runbook rolls back "
