@@ -71,26 +71,25 @@ fn start_workload_pods(
     total: usize,
     failing: usize,
 ) -> Vec<PodCgroup> {
-    let ids: Vec<(String, String)> = (0..total).map(|_| (random_pod_uid(), random_hex(64))).collect();
-    let pods: Vec<Value> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, (uid, cid))| {
-            let mut p = pod(&format!("{workload}-{hash}-{i}"), uid, cid, track, hash);
+    // As the kubelet runs them: scheduled with their containers waiting,
+    // each container's ID reported a moment after it starts.
+    let pods: Vec<Value> = (0..total)
+        .map(|i| {
+            let mut p = scheduled_pod(&format!("{workload}-{hash}-{i}"), &random_pod_uid(), track, hash);
             p["metadata"]["ownerReferences"][0]["name"] = Value::from(format!("{workload}-{hash}"));
             p
         })
         .collect();
-    control(api_port, "POST", "/control/pods", &Value::Array(pods).to_string());
+    let node_pods = NodePod::schedule_all(api_port, pods, Duration::from_millis(300));
     let mut cgroups = Vec::new();
-    for (i, (uid, cid)) in ids.iter().enumerate() {
-        let cg = PodCgroup::new(uid, cid);
+    for (i, node_pod) in node_pods.iter().enumerate() {
+        let cg = node_pod.create("worker");
         let mut start = cg.command(&fixture("cuda_app"));
         start.arg("--alloc");
         if i >= failing {
             start.env("ZLUDA_FIXTURE_HEALTHY", "1");
         }
-        let out = start.output().expect("cuda_app");
+        let out = node_pod.output(&cg, &mut start);
         assert!(out.status.success(), "{out:?}");
         let printed = String::from_utf8_lossy(&out.stdout);
         assert_eq!(printed.contains("cuInit=0"), i >= failing, "{printed}");

@@ -49,18 +49,6 @@ pub fn scheduled_pod(name: &str, uid: &str, track: &str, hash: &str) -> Value {
     with_containers(pod, &["worker"])
 }
 
-/// [`scheduled_pod`] with `worker` already running as `container_id`: an
-/// order the kubelet never follows (the ID before the container runs).
-/// Only the judge's tests still post pods this way; every other test
-/// schedules with [`NodePod`].
-pub fn pod(name: &str, uid: &str, container_id: &str, track: &str, hash: &str) -> Value {
-    let mut pod = scheduled_pod(name, uid, track, hash);
-    pod["status"] = json!({"phase": "Running", "containerStatuses": [{
-        "name": "worker", "containerID": format!("containerd://{container_id}"), "image": "worker:1",
-        "imageID": "", "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}}]});
-    pod
-}
-
 /// `scheduled_pod` with these containers instead of its one, in this
 /// order, each waiting to be created.
 pub fn with_containers(mut pod: Value, names: &[&str]) -> Value {
