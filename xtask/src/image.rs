@@ -312,21 +312,62 @@ pub fn check(archive: &Path) -> Result<()> {
     step(&format!("image check: unpacking {} into {}", rel(archive), rel(&unpacked)));
     fresh_dir(&unpacked)?;
     crate::run(Command::new("tar").arg("-xf").arg(archive).arg("-C").arg(&unpacked))?;
+    let (manifest_desc, manifest, config) = read_manifest(&unpacked)?;
+    step("image check: config");
+    check_config(&config)?;
+    step("image check: size");
+    let layers = manifest["layers"].as_array().context("manifest has no layers")?;
+    check_size(archive, &manifest_desc, &manifest, layers)?;
 
+    let rootfs = image_dir().join("rootfs-check");
+    step(&format!("image check: extracting the layer(s) into {}", rel(&rootfs)));
+    fresh_dir(&rootfs)?;
+    for layer in layers {
+        let media = layer["mediaType"].as_str().unwrap_or("");
+        let flags = match media {
+            m if m.ends_with(".tar+gzip") || m.ends_with(".tar.gzip") => "-xzf",
+            m if m.ends_with(".tar") => "-xf",
+            m => bail!("layer media type {m:?} is neither tar nor tar+gzip"),
+        };
+        let path = blob_path(&unpacked, layer)?;
+        eprintln!("    {media} {}", mib(layer["size"].as_u64().unwrap_or(0)));
+        // As root, tar keeps the owners and modes recorded in the layer.
+        crate::run(Command::new("tar").args(["--numeric-owner", flags]).arg(&path).arg("-C").arg(&rootfs))?;
+    }
+    check_rootfs(&rootfs)?;
+
+    step("image check: chroot <rootfs> /usr/bin/canaryscope --version");
+    let out = output(Command::new("chroot").arg(&rootfs).args([BINARY, "--version"]))?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    eprintln!("    {version}");
+    ensure!(
+        version == format!("{NAME} {VERSION}"),
+        "--version printed {version:?}, not \"{NAME} {VERSION}\""
+    );
+    check_probes_from_image(&rootfs)
+}
+
+/// The manifest (through an image index, if any), its descriptor and the
+/// image config, from an unpacked OCI archive.
+fn read_manifest(unpacked: &Path) -> Result<(Value, Value, Value)> {
     let index = read_json(&unpacked.join("index.json"))?;
     let mut manifest_desc = index["manifests"].get(0).cloned().context("index.json lists no manifest")?;
     let name = manifest_desc["annotations"]["org.opencontainers.image.ref.name"].as_str().unwrap_or("");
     eprintln!("    reference name: {name}");
     ensure!(name == format!("docker.io/library/{NAME}:{VERSION}"), "unexpected reference name {name:?}");
-    let mut manifest = blob_json(&unpacked, &manifest_desc)?;
+    let mut manifest = blob_json(unpacked, &manifest_desc)?;
     // An image index (multi-platform) nests the manifest one level down.
     while manifest["mediaType"].as_str() == Some("application/vnd.oci.image.index.v1+json") {
         manifest_desc = manifest["manifests"].get(0).cloned().context("nested index lists no manifest")?;
-        manifest = blob_json(&unpacked, &manifest_desc)?;
+        manifest = blob_json(unpacked, &manifest_desc)?;
     }
-    let config = blob_json(&unpacked, &manifest["config"])?;
+    let config = blob_json(unpacked, &manifest["config"])?;
+    Ok((manifest_desc, manifest, config))
+}
 
-    step("image check: config");
+/// Entrypoint, command, user, port, environment and version label: what
+/// the DaemonSet relies on.
+fn check_config(config: &Value) -> Result<()> {
     let c = &config["config"];
     eprintln!(
         "    os/arch     {}/{}",
@@ -357,11 +398,14 @@ pub fn check(archive: &Path) -> Result<()> {
         "label org.opencontainers.image.version is {}, not {VERSION}",
         c["Labels"]["org.opencontainers.image.version"]
     );
+    Ok(())
+}
 
-    step("image check: size");
-    let layers = manifest["layers"].as_array().context("manifest has no layers")?;
+/// The image, compressed, under `MAX_COMPRESSED`, by its blobs and by the
+/// archive file.
+fn check_size(archive: &Path, manifest_desc: &Value, manifest: &Value, layers: &[Value]) -> Result<()> {
     ensure!(!layers.is_empty(), "manifest has no layers");
-    let blobs: u64 = [&manifest_desc, &manifest["config"]]
+    let blobs: u64 = [manifest_desc, &manifest["config"]]
         .into_iter()
         .chain(layers)
         .map(|d| d["size"].as_u64().unwrap_or(0))
@@ -376,41 +420,20 @@ pub fn check(archive: &Path) -> Result<()> {
         mib(archive_size),
         mib(MAX_COMPRESSED)
     );
+    Ok(())
+}
 
-    let rootfs = image_dir().join("rootfs-check");
-    step(&format!("image check: extracting the layer(s) into {}", rel(&rootfs)));
-    fresh_dir(&rootfs)?;
-    for layer in layers {
-        let media = layer["mediaType"].as_str().unwrap_or("");
-        let flags = match media {
-            m if m.ends_with(".tar+gzip") || m.ends_with(".tar.gzip") => "-xzf",
-            m if m.ends_with(".tar") => "-xf",
-            m => bail!("layer media type {m:?} is neither tar nor tar+gzip"),
-        };
-        let path = blob_path(&unpacked, layer)?;
-        eprintln!("    {media} {}", mib(layer["size"].as_u64().unwrap_or(0)));
-        // As root, tar keeps the owners and modes recorded in the layer.
-        crate::run(Command::new("tar").args(["--numeric-owner", flags]).arg(&path).arg("-C").arg(&rootfs))?;
-    }
-    check_rootfs(&rootfs)?;
-
-    step("image check: chroot <rootfs> /usr/bin/canaryscope --version");
-    let out = output(Command::new("chroot").arg(&rootfs).args([BINARY, "--version"]))?;
-    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    eprintln!("    {version}");
-    ensure!(
-        version == format!("{NAME} {VERSION}"),
-        "--version printed {version:?}, not \"{NAME} {VERSION}\""
-    );
-
+/// `canaryscope check --json` from the image's root filesystem: the
+/// families every kernel this runs on offers must attach from inside it.
+fn check_probes_from_image(rootfs: &Path) -> Result<()> {
     step("image check: canaryscope check --json from the image's root filesystem (host /proc, /sys; tmpfs /tmp)");
     // A private mount namespace (unshare makes its propagation private): the
     // bind mounts and the tmpfs vanish with it, nothing is left mounted.
     let script = "mount --rbind /proc \"$1/proc\" && mount --rbind /sys \"$1/sys\" && \
                   mount -t tmpfs none \"$1/tmp\" && exec chroot \"$1\" /usr/bin/canaryscope check --json";
     let mut cmd = Command::new("timeout");
-    cmd.args(["120", "unshare", "--mount", "--fork", "sh", "-c", script, "sh"]).arg(&rootfs);
-    let shown = format!("unshare --mount --fork sh -c '...; chroot {} {BINARY} check --json'", rel(&rootfs));
+    cmd.args(["120", "unshare", "--mount", "--fork", "sh", "-c", script, "sh"]).arg(rootfs);
+    let shown = format!("unshare --mount --fork sh -c '...; chroot {} {BINARY} check --json'", rel(rootfs));
     let out = cmd.current_dir(root()).output().with_context(|| format!("cannot start {shown}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -106,21 +106,40 @@ fn saw_first_call(events: &[Value], pid: u32) -> bool {
 
 pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     let trials = if plan.quick { 5 } else { 30 };
-    let loader = env.fixture("gpu_dlopen");
-    let needed = env.fixture("cuda_first");
-    // The one-function ZLUDA-shaped library: each trial probes a new copy,
-    // and its two links are quick for the kernel to release again.
-    let cuda_lib = env.fixture("zluda-min/libcuda.so.1");
-    for f in [&loader, &needed, &cuda_lib] {
+    let files = Files {
+        loader: env.fixture("gpu_dlopen"),
+        needed: env.fixture("cuda_first"),
+        // The one-function ZLUDA-shaped library: each trial probes a new
+        // copy, and its two links are quick for the kernel to release again.
+        cuda_lib: env.fixture("zluda-min/libcuda.so.1"),
+    };
+    for f in [&files.loader, &files.needed, &files.cuda_lib] {
         if !f.exists() {
             bail!("{} is missing: run `cargo xtask fixtures` first", f.display());
         }
     }
-    let dlopen_run = |trial: usize| -> Result<(f64, u32)> {
-        let fresh = FreshLib::new(&cuda_lib, trial)?;
-        timed_run(Command::new(&loader).arg(fresh.lib()))
-    };
+    held_runs(env, &files, trials, out)?;
+    default_mode_runs(env, &files, trials, out)
+}
 
+/// The case's programs and the library they load.
+struct Files {
+    loader: PathBuf,
+    needed: PathBuf,
+    cuda_lib: PathBuf,
+}
+
+impl Files {
+    /// `gpu_dlopen` of a new copy of the library: (wall ms, pid).
+    fn dlopen_run(&self, trial: usize) -> Result<(f64, u32)> {
+        let fresh = FreshLib::new(&self.cuda_lib, trial)?;
+        timed_run(Command::new(&self.loader).arg(fresh.lib()))
+    }
+}
+
+/// With `--hold`: how long a process is held, whether its first call is
+/// seen, and what the hold costs its wall time against bare runs.
+fn held_runs(env: &Env, files: &Files, trials: usize, out: &mut Vec<Row>) -> Result<()> {
     // Bare and held runs, interleaved in pairs so drift hits both alike:
     // the held runs need the tracer up, so it runs throughout and the bare
     // runs use a library it ignores (a name no GPU runtime has).
@@ -128,11 +147,11 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
     let mut tracer = start_tracer(env, "trace-hold", &["--hold"])?;
     let (mut bare, mut held_wall, mut held_pids) = (Vec::new(), Vec::new(), Vec::new());
     for trial in 0..trials {
-        let fresh = FreshLib::new(&cuda_lib, 1000 + trial)?;
+        let fresh = FreshLib::new(&files.cuda_lib, 1000 + trial)?;
         let unseen = fresh.dir.join("libzl_unprobed.so");
         fs::rename(fresh.lib(), &unseen)?;
-        bare.push(timed_run(Command::new(&loader).arg(&unseen))?.0);
-        let (ms, pid) = dlopen_run(trial)?;
+        bare.push(timed_run(Command::new(&files.loader).arg(&unseen))?.0);
+        let (ms, pid) = files.dlopen_run(trial)?;
         held_wall.push(ms);
         held_pids.push(pid);
     }
@@ -174,21 +193,23 @@ pub(super) fn first_call_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Res
     row.samples.push(("held".into(), held_wall));
     row.notes.push("exec to exit of gpu_dlopen (dlopen of a new file, cuInit, exit)".into());
     out.push(row);
+    Ok(())
+}
 
-    // The default mode: what share of first calls it sees for the shapes
-    // that race with one uprobe registration (an RCU grace period).
+/// The default mode: what share of first calls it sees for the shapes that
+/// race with one uprobe registration (an RCU grace period).
+fn default_mode_runs(env: &Env, files: &Files, trials: usize, out: &mut Vec<Row>) -> Result<()> {
     eprintln!("    first_call: {trials} default-mode runs of each racing shape");
-    let tracer = start_tracer(env, "trace-default", &[])?;
+    let mut tracer = start_tracer(env, "trace-default", &[])?;
     let (mut needed_pids, mut dlopen_pids) = (Vec::new(), Vec::new());
     for trial in 0..trials {
-        let fresh = FreshLib::new(&cuda_lib, 2000 + trial)?;
-        let mut cmd = Command::new(&needed);
+        let fresh = FreshLib::new(&files.cuda_lib, 2000 + trial)?;
+        let mut cmd = Command::new(&files.needed);
         cmd.env("LD_LIBRARY_PATH", &fresh.dir);
         needed_pids.push(timed_run(&mut cmd)?.1);
-        dlopen_pids.push(dlopen_run(3000 + trial)?.1);
+        dlopen_pids.push(files.dlopen_run(3000 + trial)?.1);
     }
     sleep(Duration::from_millis(500));
-    let mut tracer = tracer;
     tracer.stop();
     let seen = events(&tracer);
     for (name, pids) in

@@ -307,6 +307,60 @@ fn pods_load(
     let hwm_reset = fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
     let c0 = cpu_seconds(pid);
     let t0 = Instant::now();
+    let (peak_rss, failures) = run_waves(env, plan, d, kind, &dirs)?;
+    let load_secs = t0.elapsed().as_secs_f64();
+    let load_cpu = Some((cpu_seconds(pid).unwrap_or(0.0) - c0.unwrap_or(0.0)) / load_secs * 100.0);
+
+    // After: let the daemon's refresh see the exits, scrape (timed), then
+    // an idle window.
+    sleep(Duration::from_secs(2));
+    let (text, scrape_ms, compressed) = scrapes(d);
+    let (after_rss, after_cpu) = idle_window(pid, plan.window);
+    let hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
+    let (after_maps, after_memlock) = map_memory(pid);
+    let saved = env.logs.join("metrics-after-load.prom");
+    let _ = fs::write(&saved, &text);
+    drop(tree);
+    drop(v1_tree);
+
+    let m = Measured {
+        kind,
+        load_desc: format!(
+            "{} pod-shaped cgroups under {}: {}; waves of {} pods; load phase {:.1} s",
+            plan.cgroups,
+            base.display(),
+            kind.describe(),
+            plan.wave,
+            load_secs
+        ),
+        load_rss_peak: if hwm_reset { peak_rss.max(hwm.unwrap_or(0.0)) } else { peak_rss },
+        hwm_reset,
+        startup_hwm,
+        failures,
+        load_cpu,
+        series: text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count(),
+        families: top_metric_names(&text, 5),
+        text,
+        scrape_ms,
+        compressed,
+        after_rss,
+        after_cpu,
+        maps: ((idle_maps, idle_memlock), (after_maps, after_memlock)),
+        saved,
+    };
+    rows.push(m.series_row());
+    m.memory_rows(plan, rows);
+    m.scrape_rows(rows);
+    Ok(())
+}
+
+/// Starts the pods wave by wave, each process moved into its pod's cgroup,
+/// and waits for each wave while sampling the daemon's RSS and scraping it
+/// as Prometheus would: (peak RSS in MiB, processes that did not exit
+/// cleanly).
+fn run_waves(env: &Env, plan: &Plan, d: &Daemon, kind: PodKind, dirs: &[PodDir]) -> Result<(f64, usize)> {
+    let pid = d.pid();
+    let t0 = Instant::now();
     let mut peak_rss: f64 = 0.0;
     let mut failures = 0usize;
     let sample = |peak: &mut f64| {
@@ -352,114 +406,138 @@ fn pods_load(
         // Procs dropped here: any still running are killed and reaped.
     }
     sample(&mut peak_rss);
-    let load_secs = t0.elapsed().as_secs_f64();
-    let load_cpu = Some((cpu_seconds(pid).unwrap_or(0.0) - c0.unwrap_or(0.0)) / load_secs * 100.0);
+    Ok((peak_rss, failures))
+}
 
-    // After: let the daemon's refresh see the exits, scrape (timed), then
-    // an idle window.
-    sleep(Duration::from_secs(2));
-    let (text, scrape_ms, compressed) = scrapes(d);
-    let (after_rss, after_cpu) = idle_window(pid, plan.window);
-    let hwm = status_kib(pid, "VmHWM:").map(|k| k / 1024.0);
-    let (after_maps, after_memlock) = map_memory(pid);
-    let series = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
-    let tracked = metric_sum(&text, "canaryscope_tracked_cgroups", &[]);
-    let overflow = metric_sum(&text, "canaryscope_series_overflow_total", &[]);
-    let saved = env.logs.join("metrics-after-load.prom");
-    let _ = fs::write(&saved, &text);
-    let families = top_metric_names(&text, 5);
-    drop(tree);
-    drop(v1_tree);
+/// What one load of pods measured, for its rows.
+struct Measured {
+    kind: PodKind,
+    load_desc: String,
+    load_rss_peak: f64,
+    hwm_reset: bool,
+    startup_hwm: Option<f64>,
+    failures: usize,
+    load_cpu: Option<f64>,
+    /// The exposition after the load, its sample lines and the names with
+    /// the most of them.
+    text: String,
+    series: usize,
+    families: String,
+    scrape_ms: Vec<f64>,
+    compressed: usize,
+    after_rss: Option<f64>,
+    after_cpu: Option<f64>,
+    /// (maps, memlock bytes) idle before the load, and after it.
+    maps: ((usize, u64), (usize, u64)),
+    saved: PathBuf,
+}
 
-    let load_desc = format!(
-        "{} pod-shaped cgroups under {}: {}; waves of {} pods; load phase {:.1} s",
-        plan.cgroups,
-        base.display(),
-        kind.describe(),
-        plan.wave,
-        load_secs
-    );
-    let name = |what: &str| format!("footprint_{}_pods_{what}", kind.name());
-    let (own_max, own_mean, shared_mean, pods) = series_per_pod(&text, kind);
-    let mut r = Row::new(&name("series_per_pod"), "series");
-    r.canaryscope = Some(own_max);
-    r.target = Some(Target::new(
-        &format!("at most {} series with a {} pod's own labels", kind.budget(), kind.name()),
-        kind.budget(),
-        Some(own_max),
-        " series",
-    ));
-    r.notes.push(format!(
-        "most series carrying one pod's `pod` label over {pods} pods (mean {own_mean:.1}); its revision's \
-         series (successful calls, latency histograms), which pods of one revision share, add {shared_mean:.1} \
-         a pod here, where without Kubernetes each pod is its own revision"
-    ));
-    rows.push(r);
-    let mut r = Row::new(&name("load_rss_peak"), "MiB");
-    r.canaryscope = Some(if hwm_reset { peak_rss.max(hwm.unwrap_or(0.0)) } else { peak_rss });
-    r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, r.canaryscope, " MiB"));
-    r.notes.push(format!(
-        "peak of VmRSS sampled every 100 ms{} (load, scraped every second, and the idle window after it); \
-         {load_desc}",
-        if hwm_reset { " and of VmHWM (reset through clear_refs when the load began)" } else { "" }
-    ));
-    r.notes.push(format!(
-        "lifetime VmHWM before the load, start-up included: {} MiB (start-up peak, not load)",
-        opt(startup_hwm)
-    ));
-    if plan.quick {
-        r.notes.push(format!("--quick: only {} pods, the target is for 1,000", plan.cgroups));
+impl Measured {
+    fn name(&self, what: &str) -> String {
+        format!("footprint_{}_pods_{what}", self.kind.name())
     }
-    if failures > 0 {
-        r.notes.push(format!("{failures} pod processes did not exit cleanly"));
+
+    /// Series carrying one pod's own labels, against the kind's budget.
+    fn series_row(&self) -> Row {
+        let kind = self.kind;
+        let (own_max, own_mean, shared_mean, pods) = series_per_pod(&self.text, kind);
+        let mut r = Row::new(&self.name("series_per_pod"), "series");
+        r.canaryscope = Some(own_max);
+        r.target = Some(Target::new(
+            &format!("at most {} series with a {} pod's own labels", kind.budget(), kind.name()),
+            kind.budget(),
+            Some(own_max),
+            " series",
+        ));
+        r.notes.push(format!(
+            "most series carrying one pod's `pod` label over {pods} pods (mean {own_mean:.1}); its revision's \
+             series (successful calls, latency histograms), which pods of one revision share, add {shared_mean:.1} \
+             a pod here, where without Kubernetes each pod is its own revision"
+        ));
+        r
     }
-    rows.push(r);
-    let mut r = Row::new(&name("load_cpu"), "% of one core");
-    r.canaryscope = load_cpu;
-    r.notes.push("daemon utime+stime over the whole load phase".into());
-    rows.push(r);
-    let mut r = Row::new(&name("after_rss"), "MiB");
-    r.canaryscope = after_rss;
-    r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, after_rss, " MiB"));
-    r.notes.push(format!(
-        "after the load, with the cgroups' series still kept (series grace): {series} sample lines on \
-         /metrics \
-         ({} KiB), canaryscope_tracked_cgroups={tracked}, canaryscope_series_overflow_total={overflow}",
-        text.len() / 1024
-    ));
-    r.notes.push(format!("most sample lines by metric name: {families} (whole text in {})", saved.display()));
-    rows.push(r);
-    let mut r = Row::new(&name("after_cpu"), "% of one core");
-    r.canaryscope = after_cpu;
-    r.target = Some(Target::new("idle CPU < 1% of a core at 1,000 pods", 1.0, after_cpu, "%"));
-    r.notes.push(format!("idle window of {:.0?} after the load", plan.window));
-    rows.push(r);
-    let mut r = Row::new(&name("scrape_ms"), "ms");
-    r.canaryscope = median(&scrape_ms);
-    r.target = Some(Target::new("one scrape < 100 ms at 1,000 pods", 100.0, r.canaryscope, " ms"));
-    r.notes.push(format!(
-        "median of {} GET /metrics on loopback after the load, gzip accepted as Prometheus asks, slowest {} ms \
-         (the first renders); {} KiB sent, the text is {} KiB ({series} sample lines)",
-        scrape_ms.len(),
-        opt(scrape_ms.iter().copied().reduce(f64::max)),
-        compressed / 1024,
-        text.len() / 1024
-    ));
-    rows.push(r);
-    let mut r = Row::new(&name("scrape_size"), "KiB");
-    r.canaryscope = Some(text.len() as f64 / 1024.0);
-    r.notes.push(format!("{series} sample lines; most by metric name: {families}"));
-    rows.push(r);
-    let mut r = Row::new(&name("bpf_map_memory"), "MiB");
-    r.baseline = Some(idle_memlock as f64 / MIB);
-    r.canaryscope = Some(after_memlock as f64 / MIB);
-    r.ratio("after_vs_idle", div(r.canaryscope, r.baseline));
-    r.notes.push(format!(
-        "sum of `memlock` of the maps the daemon holds (/proc/PID/fdinfo): baseline column = idle \
-         ({idle_maps} \
-         maps), canaryscope column = after the load ({after_maps} maps); hash maps are preallocated, so this \
-         does not grow with cgroups"
-    ));
-    rows.push(r);
-    Ok(())
+
+    /// RSS and CPU, during the load and in the idle window after it.
+    fn memory_rows(&self, plan: &Plan, rows: &mut Vec<Row>) {
+        let mut r = Row::new(&self.name("load_rss_peak"), "MiB");
+        r.canaryscope = Some(self.load_rss_peak);
+        r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, r.canaryscope, " MiB"));
+        r.notes.push(format!(
+            "peak of VmRSS sampled every 100 ms{} (load, scraped every second, and the idle window after it); \
+             {}",
+            if self.hwm_reset { " and of VmHWM (reset through clear_refs when the load began)" } else { "" },
+            self.load_desc
+        ));
+        r.notes.push(format!(
+            "lifetime VmHWM before the load, start-up included: {} MiB (start-up peak, not load)",
+            opt(self.startup_hwm)
+        ));
+        if plan.quick {
+            r.notes.push(format!("--quick: only {} pods, the target is for 1,000", plan.cgroups));
+        }
+        if self.failures > 0 {
+            r.notes.push(format!("{} pod processes did not exit cleanly", self.failures));
+        }
+        rows.push(r);
+        let mut r = Row::new(&self.name("load_cpu"), "% of one core");
+        r.canaryscope = self.load_cpu;
+        r.notes.push("daemon utime+stime over the whole load phase".into());
+        rows.push(r);
+        let (series, text) = (self.series, &self.text);
+        let tracked = metric_sum(text, "canaryscope_tracked_cgroups", &[]);
+        let overflow = metric_sum(text, "canaryscope_series_overflow_total", &[]);
+        let mut r = Row::new(&self.name("after_rss"), "MiB");
+        r.canaryscope = self.after_rss;
+        r.target = Some(Target::new("RSS < 50 MiB at 1,000 pods", 50.0, self.after_rss, " MiB"));
+        r.notes.push(format!(
+            "after the load, with the cgroups' series still kept (series grace): {series} sample lines on \
+             /metrics \
+             ({} KiB), canaryscope_tracked_cgroups={tracked}, canaryscope_series_overflow_total={overflow}",
+            text.len() / 1024
+        ));
+        r.notes.push(format!(
+            "most sample lines by metric name: {} (whole text in {})",
+            self.families,
+            self.saved.display()
+        ));
+        rows.push(r);
+        let mut r = Row::new(&self.name("after_cpu"), "% of one core");
+        r.canaryscope = self.after_cpu;
+        r.target = Some(Target::new("idle CPU < 1% of a core at 1,000 pods", 1.0, self.after_cpu, "%"));
+        r.notes.push(format!("idle window of {:.0?} after the load", plan.window));
+        rows.push(r);
+    }
+
+    /// One scrape's time and size, and the memory of the BPF maps.
+    fn scrape_rows(&self, rows: &mut Vec<Row>) {
+        let (series, text, scrape_ms) = (self.series, &self.text, &self.scrape_ms);
+        let mut r = Row::new(&self.name("scrape_ms"), "ms");
+        r.canaryscope = median(scrape_ms);
+        r.target = Some(Target::new("one scrape < 100 ms at 1,000 pods", 100.0, r.canaryscope, " ms"));
+        r.notes.push(format!(
+            "median of {} GET /metrics on loopback after the load, gzip accepted as Prometheus asks, slowest {} ms \
+             (the first renders); {} KiB sent, the text is {} KiB ({series} sample lines)",
+            scrape_ms.len(),
+            opt(scrape_ms.iter().copied().reduce(f64::max)),
+            self.compressed / 1024,
+            text.len() / 1024
+        ));
+        rows.push(r);
+        let mut r = Row::new(&self.name("scrape_size"), "KiB");
+        r.canaryscope = Some(text.len() as f64 / 1024.0);
+        r.notes.push(format!("{series} sample lines; most by metric name: {}", self.families));
+        rows.push(r);
+        let ((idle_maps, idle_memlock), (after_maps, after_memlock)) = self.maps;
+        let mut r = Row::new(&self.name("bpf_map_memory"), "MiB");
+        r.baseline = Some(idle_memlock as f64 / MIB);
+        r.canaryscope = Some(after_memlock as f64 / MIB);
+        r.ratio("after_vs_idle", div(r.canaryscope, r.baseline));
+        r.notes.push(format!(
+            "sum of `memlock` of the maps the daemon holds (/proc/PID/fdinfo): baseline column = idle \
+             ({idle_maps} \
+             maps), canaryscope column = after the load ({after_maps} maps); hash maps are preallocated, so this \
+             does not grow with cgroups"
+        ));
+        rows.push(r);
+    }
 }

@@ -65,7 +65,6 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
     let (full_script, floor_script) = bpftrace_scripts(&lib);
     let mut row = Row::new("gpu_call_overhead", "ns/call");
     let mut diag = ProgTime::new("gpu_call_bpf_prog_time", "ns/call", diag_calls);
-    let mut own = Row::new("gpu_call_own_work", "ns/call");
 
     let mut configs = vec![GpuCfg::Bare, GpuCfg::Canaryscope];
     if env.bpftrace.is_some() {
@@ -95,36 +94,76 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
             }
             GpuCfg::Bpftrace | GpuCfg::Floor => {
                 let script = if cfg == GpuCfg::Bpftrace { &full_script } else { &floor_script };
-                let Some(mut p) = bpftrace_for(env, "bpftrace", cfg, script, &mut row) else {
+                let Some(v) = bpftrace_round(env, cfg, script, (n, round, last), &mut row, &mut diag)? else {
                     return Ok(None);
                 };
-                let v = cuda_loop(env, n)?;
-                if last {
-                    let which = if cfg == GpuCfg::Floor { "floor (empty pair)" } else { "peer" };
-                    let what = format!("bpftrace {which} programs");
-                    diag.measure(env, cfg, p.pid(), &what, |c| cuda_loop(env, c))?;
-                }
-                let (took, killed) = p.stop();
-                if killed {
-                    row.notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
-                } else if cfg == GpuCfg::Bpftrace {
-                    let text = p.output();
-                    let counted = text
-                        .lines()
-                        .find_map(|l| l.trim().strip_prefix("@r[0]:")?.trim().parse::<u64>().ok())
-                        .unwrap_or(0);
-                    if counted < n {
-                        row.notes
-                            .push(format!("round {}: bpftrace counted {counted} of {n} calls", round + 1));
-                    }
-                }
-                eprintln!("    bpftrace ({}) took {took:.1?} to exit", cfg.label());
                 v
             }
         }))
     })?;
 
     take_medians(env, &rounds, &mut row);
+    let (own_cs, own_bt) = (sub(row.canaryscope, row.floor), sub(row.peer, row.floor));
+    overhead_figures(env, &rounds, &mut row, n, &stop_times);
+    let own = own_work_row(own_cs, own_bt, row.peer_tool.clone());
+
+    let diag = diag.into_row(
+        GpuCfg::Canaryscope,
+        GpuCfg::Bpftrace,
+        Some(GpuCfg::Floor),
+        row.peer_tool.clone(),
+        format!(
+            "in-kernel BPF program time per call (kernel.bpf_stats_enabled=1, run_time_ns from \
+             /proc/PID/fdinfo) in a separate {diag_calls}-call run during the last round; the statistics \
+             add two clock reads per \
+             program run, so the floor's figure is mostly that overhead"
+        ),
+    );
+    out.extend([row, own, diag]);
+    out.push(nvidia_case(env, plan)?);
+    Ok(())
+}
+
+/// One round under a bpftrace peer or the empty-pair floor (`round` is
+/// (calls, round, last)); a peer that counted fewer returns than calls is
+/// noted. None when bpftrace could not start (noted too).
+fn bpftrace_round(
+    env: &Env,
+    cfg: GpuCfg,
+    script: &str,
+    (n, round, last): (u64, usize, bool),
+    row: &mut Row,
+    diag: &mut ProgTime<GpuCfg>,
+) -> Result<Option<f64>> {
+    let Some(mut p) = bpftrace_for(env, "bpftrace", cfg, script, row) else {
+        return Ok(None);
+    };
+    let v = cuda_loop(env, n)?;
+    if last {
+        let which = if cfg == GpuCfg::Floor { "floor (empty pair)" } else { "peer" };
+        let what = format!("bpftrace {which} programs");
+        diag.measure(env, cfg, p.pid(), &what, |c| cuda_loop(env, c))?;
+    }
+    let (took, killed) = p.stop();
+    if killed {
+        row.notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
+    } else if cfg == GpuCfg::Bpftrace {
+        let text = p.output();
+        let counted = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("@r[0]:")?.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if counted < n {
+            row.notes.push(format!("round {}: bpftrace counted {counted} of {n} calls", round + 1));
+        }
+    }
+    eprintln!("    bpftrace ({}) took {took:.1?} to exit", cfg.label());
+    Ok(Some(v))
+}
+
+/// The overhead row's ratios, target and notes, and what real HIP costs
+/// per call on this host for scale.
+fn overhead_figures(env: &Env, rounds: &Rounds<GpuCfg>, row: &mut Row, n: u64, stop_times: &[f64]) {
     let own_cs = sub(row.canaryscope, row.floor);
     let own_bt = sub(row.peer, row.floor);
     row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
@@ -138,7 +177,7 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
         div(row.canaryscope, row.floor),
         "",
     ));
-    rounds.add_samples(&mut row);
+    rounds.add_samples(row);
     row.notes.push(format!(
         "N={n} calls per run; floor = empty uprobe+uretprobe pair (bpftrace); peer = bpftrace \
          uprobe+uretprobe counting per return value with a latency histogram; canaryscope = \
@@ -148,7 +187,7 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
     if !stop_times.is_empty() {
         row.notes.push(format!(
             "canaryscope run took a median {:.1} s to exit after SIGTERM (detaching its uprobes)",
-            median(&stop_times).unwrap_or(0.0)
+            median(stop_times).unwrap_or(0.0)
         ));
     }
     match fixture_figure(env, "hip_loop", &["200"], "ns_per_call", Duration::from_secs(60)).ok() {
@@ -161,10 +200,14 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
         )),
         None => row.notes.push("hip_loop could not run (real HIP per-call cost not measured)".into()),
     }
+}
 
+/// canaryscope's own work against bpftrace's: each above the floor.
+fn own_work_row(own_cs: Option<f64>, own_bt: Option<f64>, peer_tool: Option<String>) -> Row {
+    let mut own = Row::new("gpu_call_own_work", "ns/call");
     own.canaryscope = own_cs;
     own.peer = own_bt;
-    own.peer_tool = row.peer_tool.clone();
+    own.peer_tool = peer_tool;
     own.ratio("canaryscope_vs_peer", div(own_cs, own_bt));
     let own_ratio = match (own_cs, own_bt) {
         (Some(c), Some(b)) if b > 0.0 => Some(c / b),
@@ -183,22 +226,7 @@ pub(super) fn gpu_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()>
             num(b)
         ));
     }
-
-    let diag = diag.into_row(
-        GpuCfg::Canaryscope,
-        GpuCfg::Bpftrace,
-        Some(GpuCfg::Floor),
-        row.peer_tool.clone(),
-        format!(
-            "in-kernel BPF program time per call (kernel.bpf_stats_enabled=1, run_time_ns from \
-             /proc/PID/fdinfo) in a separate {diag_calls}-call run during the last round; the statistics \
-             add two clock reads per \
-             program run, so the floor's figure is mostly that overhead"
-        ),
-    );
-    out.extend([row, own, diag]);
-    out.push(nvidia_case(env, plan)?);
-    Ok(())
+    own
 }
 
 /// The row's figures: the median of each configuration's rounds.

@@ -271,12 +271,68 @@ fn counted(d: &Daemon, place: &Place, function: &str, timeout: Duration, pred: i
 pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
     let n = plan.launch_calls;
     let stack = Stack::find(env)?;
-    let mut not_sel = Row::new("launch_bound_not_selected", "ns/launch");
-    let mut sel = Row::new("launch_bound_selected", "ns/launch");
-    let mut timed = Row::new("launch_bound_selected_timed", "ns/launch");
+    let mut rows = LaunchRows {
+        not_sel: Row::new("launch_bound_not_selected", "ns/launch"),
+        sel: Row::new("launch_bound_selected", "ns/launch"),
+        timed: Row::new("launch_bound_selected_timed", "ns/launch"),
+    };
+    let entries = push_entries(&stack, &mut rows.sel)?;
+    let place = launch_place(&mut rows.not_sel);
+    let (configs, unsupported) = launch_configs(env, &mut rows);
+    let mut runs = Runs::new(env, &stack, &place, n);
 
-    // The entries the loop's probes sit on must be shaped like the real
-    // ones, or the floor and the selected figures mean something else.
+    step(&format!(
+        "launch_bound_loop: cuda_app_standin --launch-loop {n} (cuLaunchKernel -> hipModuleLaunchKernel \
+         of the HIP stand-in, {STANDIN_ITERS} iterations of work per launch), {} interleaved rounds",
+        plan.launch_rounds
+    ));
+    let rounds = Rounds::run(&configs, plan.launch_rounds, "ns/launch", |cfg, round, _last| {
+        let r = round + 1;
+        let name = format!("cuda_app_standin-{}", cfg.label());
+        match cfg {
+            LaunchCfg::Bare => runs.bare(&name).map(Some),
+            LaunchCfg::NotSelected => runs.not_selected(&name, r, &mut rows.not_sel),
+            LaunchCfg::Selected => runs.selected(cfg, &name, r, &mut rows.sel),
+            LaunchCfg::SelectedTimed => runs.selected(cfg, &name, r, &mut rows.timed),
+            LaunchCfg::Bpftrace | LaunchCfg::BpftraceCounts | LaunchCfg::Floor => {
+                runs.bpftrace(cfg, &name, r, &mut rows.sel.notes)
+            }
+        }
+    })?;
+
+    rows.not_selected_figures(&rounds, n);
+    rows.selected_figures(&rounds, env, n);
+    if !entries.is_empty() {
+        rows.sel.notes.push(format!("first instructions: {}", entries.join("; ")));
+    }
+    if !runs.stop_times.is_empty() {
+        rows.sel.notes.push(format!(
+            "canaryscope run took a median {:.1} s to exit after SIGTERM",
+            median(&runs.stop_times).unwrap_or(0.0)
+        ));
+    }
+    out.extend([rows.not_sel, rows.sel, rows.timed]);
+    if let Some(why) = unsupported {
+        bail!(
+            "the canaryscope configurations could not run: {} lacks hot-call selection ({why})",
+            env.bin.display()
+        );
+    }
+    Ok(())
+}
+
+/// The case's three rows: not selected, selected (counts), selected (timed).
+struct LaunchRows {
+    not_sel: Row,
+    sel: Row,
+    timed: Row,
+}
+
+/// The entries the loop's probes sit on must be shaped like the real ones,
+/// or the floor and the selected figures mean something else: returns what
+/// each starts with, and marks the selected row wrong for one that is not an
+/// emulated push.
+fn push_entries(stack: &Stack, sel: &mut Row) -> Result<Vec<String>> {
     let mut entries = Vec::new();
     for (lib, name) in [(&stack.cuda_lib, "cuLaunchKernel"), (&stack.hip_lib, "hipModuleLaunchKernel")] {
         let e = entry_of(lib, name)?;
@@ -291,8 +347,12 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
             ));
         }
     }
+    Ok(entries)
+}
 
-    let place = match own_cgroup(LAUNCH_CGROUP) {
+/// The loop's own cgroup, or the bench's (noted) when none can be made.
+fn launch_place(not_sel: &mut Row) -> Place {
+    match own_cgroup(LAUNCH_CGROUP) {
         Ok((tree, procs, path)) => {
             Place { procs: Some(procs), labels: vec![("workload", path)], _tree: Some(tree) }
         }
@@ -305,8 +365,12 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
             not_sel.notes.push(note);
             Place { procs: None, labels: Vec::new(), _tree: None }
         }
-    };
+    }
+}
 
+/// The configurations this daemon and this machine can run, and why the
+/// daemon's own cannot, if it lacks hot-call selection.
+fn launch_configs(env: &Env, rows: &mut LaunchRows) -> (Vec<LaunchCfg>, Option<String>) {
     let mut configs = vec![LaunchCfg::Bare];
     let unsupported = hot_calls_supported(env).err();
     match &unsupported {
@@ -318,206 +382,229 @@ pub(super) fn launch_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
                 env.bin.display()
             );
             eprintln!("    {note}");
-            not_sel.notes.push(note.clone());
-            timed.notes.push(note.clone());
-            sel.notes.push(note);
+            for row in [&mut rows.not_sel, &mut rows.timed, &mut rows.sel] {
+                row.notes.push(note.clone());
+            }
         }
     }
     if env.bpftrace.is_some() {
         configs.extend([LaunchCfg::BpftraceCounts, LaunchCfg::Bpftrace, LaunchCfg::Floor]);
     } else {
-        sel.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
-        timed.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
-    }
-
-    let (cuda_arg, hip_arg) = (stack.cuda_lib.to_string_lossy(), stack.hip_lib.to_string_lossy());
-    // The daemon's defaults but for the libraries: hot calls of selected
-    // processes counted at return.
-    let daemon_args = ["--lib", cuda_arg.as_ref(), "--lib", hip_arg.as_ref(), "--hot-calls", "selected"];
-    let timed_args = [&daemon_args[..], &["--hot-detail", "timed"]].concat();
-    let (full_script, counts_script, floor_script) = bpftrace_scripts(&stack);
-    let mut stop_times = Vec::new();
-
-    step(&format!(
-        "launch_bound_loop: cuda_app_standin --launch-loop {n} (cuLaunchKernel -> hipModuleLaunchKernel \
-         of the HIP stand-in, {STANDIN_ITERS} iterations of work per launch), {} interleaved rounds",
-        plan.launch_rounds
-    ));
-    let rounds = Rounds::run(&configs, plan.launch_rounds, "ns/launch", |cfg, round, _last| {
-        let r = round + 1;
-        let name = format!("cuda_app_standin-{}", cfg.label());
-        Ok(match cfg {
-            LaunchCfg::Bare => {
-                let (s, p) = launch_run(env, &stack, &place, &name, n, false, false)?;
-                Some(loop_figure(s, &p, n, 0.0)?)
-            }
-            LaunchCfg::NotSelected => {
-                let d = Daemon::start(env, "canaryscope-launch-not-selected", &daemon_args)?;
-                let (s, p) = launch_run(env, &stack, &place, &name, n, false, false)?;
-                let v = loop_figure(s, &p, n, 0.0)?;
-                // cuInit is cold (probed in every process): once it shows,
-                // the daemon has the process; a moment more lets any launch
-                // record behind it arrive before the launches are read.
-                if counted(&d, &place, "cuInit", Duration::from_secs(5), |c| c >= 1.0) < 1.0 {
-                    not_sel.wrong(format!(
-                        "round {r}: the process's cuInit (a cold call) was never counted, so the launch \
-                         count below proves nothing"
-                    ));
-                }
-                sleep(Duration::from_secs(1));
-                for f in ["cuLaunchKernel", "hipModuleLaunchKernel"] {
-                    let c = counted(&d, &place, f, Duration::ZERO, |_| true);
-                    if c != 0.0 {
-                        not_sel.wrong(format!(
-                            "round {r}: {c} {f} calls counted in a process that was never selected \
-                             (its hot functions must stay unprobed)"
-                        ));
-                    }
-                }
-                stop_times.push(d.stop().as_secs_f64());
-                Some(v)
-            }
-            LaunchCfg::Selected | LaunchCfg::SelectedTimed => {
-                let (args, row) = match cfg {
-                    LaunchCfg::Selected => (&daemon_args[..], &mut sel),
-                    _ => (&timed_args[..], &mut timed),
-                };
-                let d = Daemon::start(env, &format!("canaryscope-launch-{}", cfg.label()), args)?;
-                let (s, p) = launch_run(env, &stack, &place, &name, n, true, true)?;
-                let text = p.output();
-                if parse_field(&text, "hot") == Some(0.0) {
-                    let line = text.lines().find(|l| l.starts_with("hot=")).unwrap_or_default();
-                    row.wrong(format!(
-                        "round {r}: the process was not selected: its two launch entries did not both \
-                         show a breakpoint within {WAIT_HOT_MS} ms of its failing cuInit ({line}); not \
-                         measured in later rounds"
-                    ));
-                    stop_times.push(d.stop().as_secs_f64());
-                    return Ok(None);
-                }
-                let v = loop_figure(s, &p, n, INIT_FAILURE)?;
-                for f in ["cuLaunchKernel", "hipModuleLaunchKernel"] {
-                    let c = counted(&d, &place, f, Duration::from_secs(10), |c| c >= n as f64);
-                    if c != n as f64 {
-                        row.wrong(format!("round {r}: canaryscope counted {c} of {n} {f} calls"));
-                    }
-                }
-                stop_times.push(d.stop().as_secs_f64());
-                Some(v)
-            }
-            LaunchCfg::Bpftrace | LaunchCfg::BpftraceCounts | LaunchCfg::Floor => {
-                let script = match cfg {
-                    LaunchCfg::Bpftrace => &full_script,
-                    LaunchCfg::BpftraceCounts => &counts_script,
-                    _ => &floor_script,
-                };
-                let probes = if cfg == LaunchCfg::BpftraceCounts { 2 } else { 4 };
-                let started =
-                    start_bpftrace(env, &format!("bpftrace-launch-{}", cfg.label()), script, probes);
-                let Some(mut bt) =
-                    peer_or_note(started, &format!("bpftrace ({})", cfg.label()), &mut sel.notes)
-                else {
-                    return Ok(None);
-                };
-                let (s, p) = launch_run(env, &stack, &place, &name, n, false, false)?;
-                let v = loop_figure(s, &p, n, 0.0)?;
-                let (took, killed) = bt.stop();
-                if killed {
-                    sel.notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
-                } else if cfg != LaunchCfg::Floor {
-                    let text = bt.output();
-                    for map in ["@cr[0]:", "@hr[0]:"] {
-                        let c = text
-                            .lines()
-                            .find_map(|l| l.trim().strip_prefix(map)?.trim().parse::<u64>().ok())
-                            .unwrap_or(0);
-                        if c < n {
-                            sel.notes.push(format!("round {r}: bpftrace {map} counted {c} of {n} calls"));
-                        }
-                    }
-                }
-                eprintln!("    bpftrace ({}) took {took:.1?} to exit", cfg.label());
-                Some(v)
-            }
-        })
-    })?;
-
-    let bare = rounds.median(LaunchCfg::Bare);
-    let floor = rounds.median(LaunchCfg::Floor);
-
-    not_sel.baseline = bare;
-    not_sel.canaryscope = rounds.median(LaunchCfg::NotSelected);
-    not_sel.ratio("canaryscope_vs_baseline", div(not_sel.canaryscope, bare));
-    not_sel.target = Some(Target::new(
-        "process not selected: within 2% of bare (canaryscope/bare ≤ 1.02)",
-        1.02,
-        div(not_sel.canaryscope, bare),
-        "",
-    ));
-    rounds.add_samples_of(&mut not_sel, &[LaunchCfg::Bare, LaunchCfg::NotSelected]);
-    not_sel.notes.push(format!(
-        "N={n} launches per run; canaryscope = `canaryscope run --lib <both libraries> --hot-calls \
-         selected`, a new daemon per round, the process's cuInit succeeding: its launches must stay \
-         unprobed (counted: 0)"
-    ));
-
-    for (row, ours, peer) in [
-        (&mut sel, LaunchCfg::Selected, LaunchCfg::BpftraceCounts),
-        (&mut timed, LaunchCfg::SelectedTimed, LaunchCfg::Bpftrace),
-    ] {
-        row.baseline = bare;
-        row.canaryscope = rounds.median(ours);
-        row.peer = rounds.median(peer);
-        row.floor = floor;
-        if env.bpftrace.is_some() {
-            row.peer_tool = Some("bpftrace".into());
+        for row in [&mut rows.sel, &mut rows.timed] {
+            row.notes.push("bpftrace not installed: no peer and no empty-probe floor".into());
         }
-        row.ratio("canaryscope_vs_floor", div(row.canaryscope, floor));
+    }
+    (configs, unsupported)
+}
+
+/// One configuration's run of the loop in a round, and what every round
+/// shares: the daemon's arguments, bpftrace's scripts, the daemons' stop
+/// times.
+struct Runs<'a> {
+    env: &'a Env,
+    stack: &'a Stack,
+    place: &'a Place,
+    n: u64,
+    /// The daemon's defaults but for the libraries: hot calls of selected
+    /// processes counted at return.
+    daemon_args: Vec<String>,
+    /// The same, with durations (`--hot-detail timed`).
+    timed_args: Vec<String>,
+    /// bpftrace: timed pairs, counting returns, the empty pair.
+    scripts: (String, String, String),
+    stop_times: Vec<f64>,
+}
+
+impl<'a> Runs<'a> {
+    fn new(env: &'a Env, stack: &'a Stack, place: &'a Place, n: u64) -> Self {
+        let (cuda, hip) = (stack.cuda_lib.to_string_lossy(), stack.hip_lib.to_string_lossy());
+        let daemon_args: Vec<String> = ["--lib", &cuda, "--lib", &hip, "--hot-calls", "selected"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let mut timed_args = daemon_args.clone();
+        timed_args.extend(["--hot-detail".to_string(), "timed".to_string()]);
+        let scripts = bpftrace_scripts(stack);
+        Runs { env, stack, place, n, daemon_args, timed_args, scripts, stop_times: Vec::new() }
+    }
+
+    fn daemon(&self, name: &str, args: &[String]) -> Result<Daemon> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Daemon::start(self.env, name, &args)
+    }
+
+    fn bare(&mut self, name: &str) -> Result<f64> {
+        let (s, p) = launch_run(self.env, self.stack, self.place, name, self.n, false, false)?;
+        loop_figure(s, &p, self.n, 0.0)
+    }
+
+    /// The daemon on, the process's cuInit succeeding: its launches must
+    /// stay unprobed.
+    fn not_selected(&mut self, name: &str, r: usize, row: &mut Row) -> Result<Option<f64>> {
+        let d = self.daemon("canaryscope-launch-not-selected", &self.daemon_args)?;
+        let v = self.bare(name)?;
+        // cuInit is cold (probed in every process): once it shows, the
+        // daemon has the process; a moment more lets any launch record
+        // behind it arrive before the launches are read.
+        if counted(&d, self.place, "cuInit", Duration::from_secs(5), |c| c >= 1.0) < 1.0 {
+            row.wrong(format!(
+                "round {r}: the process's cuInit (a cold call) was never counted, so the launch count \
+                 below proves nothing"
+            ));
+        }
+        sleep(Duration::from_secs(1));
+        for f in ["cuLaunchKernel", "hipModuleLaunchKernel"] {
+            let c = counted(&d, self.place, f, Duration::ZERO, |_| true);
+            if c != 0.0 {
+                row.wrong(format!(
+                    "round {r}: {c} {f} calls counted in a process that was never selected (its hot \
+                     functions must stay unprobed)"
+                ));
+            }
+        }
+        self.stop_times.push(d.stop().as_secs_f64());
+        Ok(Some(v))
+    }
+
+    /// The process selected by its failing cuInit, the loop run once both
+    /// launch entries carry breakpoints; every launch must be counted.
+    fn selected(&mut self, cfg: LaunchCfg, name: &str, r: usize, row: &mut Row) -> Result<Option<f64>> {
+        let n = self.n;
+        let args = if cfg == LaunchCfg::Selected { &self.daemon_args } else { &self.timed_args };
+        let d = self.daemon(&format!("canaryscope-launch-{}", cfg.label()), args)?;
+        let (s, p) = launch_run(self.env, self.stack, self.place, name, n, true, true)?;
+        let text = p.output();
+        if parse_field(&text, "hot") == Some(0.0) {
+            let line = text.lines().find(|l| l.starts_with("hot=")).unwrap_or_default();
+            row.wrong(format!(
+                "round {r}: the process was not selected: its two launch entries did not both show a \
+                 breakpoint within {WAIT_HOT_MS} ms of its failing cuInit ({line}); not measured in \
+                 later rounds"
+            ));
+            self.stop_times.push(d.stop().as_secs_f64());
+            return Ok(None);
+        }
+        let v = loop_figure(s, &p, n, INIT_FAILURE)?;
+        for f in ["cuLaunchKernel", "hipModuleLaunchKernel"] {
+            let c = counted(&d, self.place, f, Duration::from_secs(10), |c| c >= n as f64);
+            if c != n as f64 {
+                row.wrong(format!("round {r}: canaryscope counted {c} of {n} {f} calls"));
+            }
+        }
+        self.stop_times.push(d.stop().as_secs_f64());
+        Ok(Some(v))
+    }
+
+    /// A bpftrace peer or the empty-pair floor around the loop; a peer
+    /// that counted fewer returns than launches is noted.
+    fn bpftrace(
+        &mut self,
+        cfg: LaunchCfg,
+        name: &str,
+        r: usize,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<f64>> {
+        let n = self.n;
+        let (full, counts, floor) = &self.scripts;
+        let script = match cfg {
+            LaunchCfg::Bpftrace => full,
+            LaunchCfg::BpftraceCounts => counts,
+            _ => floor,
+        };
+        let probes = if cfg == LaunchCfg::BpftraceCounts { 2 } else { 4 };
+        let started = start_bpftrace(self.env, &format!("bpftrace-launch-{}", cfg.label()), script, probes);
+        let Some(mut bt) = peer_or_note(started, &format!("bpftrace ({})", cfg.label()), notes) else {
+            return Ok(None);
+        };
+        let v = self.bare(name)?;
+        let (took, killed) = bt.stop();
+        if killed {
+            notes.push(format!("bpftrace ({}) had to be SIGKILLed", cfg.label()));
+        } else if cfg != LaunchCfg::Floor {
+            let text = bt.output();
+            for map in ["@cr[0]:", "@hr[0]:"] {
+                let c = text
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix(map)?.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if c < n {
+                    notes.push(format!("round {r}: bpftrace {map} counted {c} of {n} calls"));
+                }
+            }
+        }
+        eprintln!("    bpftrace ({}) took {took:.1?} to exit", cfg.label());
+        Ok(Some(v))
+    }
+}
+
+impl LaunchRows {
+    /// The not-selected row: its median against bare, and its target.
+    fn not_selected_figures(&mut self, rounds: &Rounds<LaunchCfg>, n: u64) {
+        let bare = rounds.median(LaunchCfg::Bare);
+        let row = &mut self.not_sel;
+        row.baseline = bare;
+        row.canaryscope = rounds.median(LaunchCfg::NotSelected);
         row.ratio("canaryscope_vs_baseline", div(row.canaryscope, bare));
-        row.ratio("canaryscope_vs_peer", div(row.canaryscope, row.peer));
-        row.ratio("peer_vs_floor", div(row.peer, floor));
-        row.ratio("floor_vs_baseline", div(floor, bare));
-        rounds.add_samples_of(row, &[LaunchCfg::Bare, ours, peer, LaunchCfg::Floor]);
-    }
-    sel.target = Some(Target::new(
-        "process selected, the daemon's default --hot-detail counts: within 10% of the empty-pair \
-         floor (canaryscope/floor ≤ 1.10)",
-        1.10,
-        div(sel.canaryscope, floor),
-        "",
-    ));
-    let common = format!(
-        "N={n} launches per run, each cuLaunchKernel (ZLUDA-shaped) -> hipModuleLaunchKernel (HIP \
-         stand-in, {STANDIN_ITERS} iterations of work); canaryscope = the daemon, the process's \
-         cuInit failing first and the loop starting once it sees breakpoints on both entries \
-         (--wait-hot {WAIT_HOT_MS}); floor = empty uprobe+uretprobe pair on both functions (bpftrace)"
-    );
-    sel.notes.push(format!(
-        "{common}; --hot-detail counts (the default): a counting return probe on both; peer = bpftrace \
-         uretprobes on both counting per return value"
-    ));
-    timed.notes.push(format!(
-        "{common}; --hot-detail timed (opt-in: durations, stalls, the call a crash was in): an entry \
-         and a return probe on both; peer = bpftrace uprobe+uretprobe pairs on both counting per \
-         return value with a latency histogram; no target of its own: the 1.10 target is the default's"
-    ));
-    if !entries.is_empty() {
-        sel.notes.push(format!("first instructions: {}", entries.join("; ")));
-    }
-    if !stop_times.is_empty() {
-        sel.notes.push(format!(
-            "canaryscope run took a median {:.1} s to exit after SIGTERM",
-            median(&stop_times).unwrap_or(0.0)
+        row.target = Some(Target::new(
+            "process not selected: within 2% of bare (canaryscope/bare ≤ 1.02)",
+            1.02,
+            div(row.canaryscope, bare),
+            "",
+        ));
+        rounds.add_samples_of(row, &[LaunchCfg::Bare, LaunchCfg::NotSelected]);
+        row.notes.push(format!(
+            "N={n} launches per run; canaryscope = `canaryscope run --lib <both libraries> --hot-calls \
+             selected`, a new daemon per round, the process's cuInit succeeding: its launches must stay \
+             unprobed (counted: 0)"
         ));
     }
-    out.extend([not_sel, sel, timed]);
-    if let Some(why) = unsupported {
-        bail!(
-            "the canaryscope configurations could not run: {} lacks hot-call selection ({why})",
-            env.bin.display()
+
+    /// The two selected rows against bare, their bpftrace peers and the
+    /// empty-pair floor; the default's target.
+    fn selected_figures(&mut self, rounds: &Rounds<LaunchCfg>, env: &Env, n: u64) {
+        let bare = rounds.median(LaunchCfg::Bare);
+        let floor = rounds.median(LaunchCfg::Floor);
+        for (row, ours, peer) in [
+            (&mut self.sel, LaunchCfg::Selected, LaunchCfg::BpftraceCounts),
+            (&mut self.timed, LaunchCfg::SelectedTimed, LaunchCfg::Bpftrace),
+        ] {
+            row.baseline = bare;
+            row.canaryscope = rounds.median(ours);
+            row.peer = rounds.median(peer);
+            row.floor = floor;
+            if env.bpftrace.is_some() {
+                row.peer_tool = Some("bpftrace".into());
+            }
+            row.ratio("canaryscope_vs_floor", div(row.canaryscope, floor));
+            row.ratio("canaryscope_vs_baseline", div(row.canaryscope, bare));
+            row.ratio("canaryscope_vs_peer", div(row.canaryscope, row.peer));
+            row.ratio("peer_vs_floor", div(row.peer, floor));
+            row.ratio("floor_vs_baseline", div(floor, bare));
+            rounds.add_samples_of(row, &[LaunchCfg::Bare, ours, peer, LaunchCfg::Floor]);
+        }
+        self.sel.target = Some(Target::new(
+            "process selected, the daemon's default --hot-detail counts: within 10% of the empty-pair \
+             floor (canaryscope/floor ≤ 1.10)",
+            1.10,
+            div(self.sel.canaryscope, floor),
+            "",
+        ));
+        let common = format!(
+            "N={n} launches per run, each cuLaunchKernel (ZLUDA-shaped) -> hipModuleLaunchKernel (HIP \
+             stand-in, {STANDIN_ITERS} iterations of work); canaryscope = the daemon, the process's \
+             cuInit failing first and the loop starting once it sees breakpoints on both entries \
+             (--wait-hot {WAIT_HOT_MS}); floor = empty uprobe+uretprobe pair on both functions (bpftrace)"
         );
+        self.sel.notes.push(format!(
+            "{common}; --hot-detail counts (the default): a counting return probe on both; peer = bpftrace \
+             uretprobes on both counting per return value"
+        ));
+        self.timed.notes.push(format!(
+            "{common}; --hot-detail timed (opt-in: durations, stalls, the call a crash was in): an entry \
+             and a return probe on both; peer = bpftrace uprobe+uretprobe pairs on both counting per \
+             return value with a latency histogram; no target of its own: the 1.10 target is the default's"
+        ));
     }
-    Ok(())
 }
 
 #[cfg(test)]

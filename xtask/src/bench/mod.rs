@@ -240,31 +240,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         crate::build()?;
     }
     let measuring = Instant::now();
-    let root = root();
-    let fixtures = root.join("target/fixtures");
-    let env = Env {
-        bin: root.join("target/release/canaryscope"),
-        cuda_lib: fixtures.join("zluda/libcuda.so.1"),
-        fixtures,
-        out: root.join("target/bench"),
-        logs: root.join("target/bench/logs"),
-        bpftrace: process::find_tool("bpftrace"),
-        bpftool: process::find_tool("bpftool"),
-        runqlat: process::find_tool("runqlat"),
-    };
-    for needed in [&env.bin, &env.cuda_lib] {
-        if !needed.exists() {
-            bail!(
-                "{} is missing: run `cargo xtask build` and `cargo xtask fixtures` first",
-                needed.display()
-            );
-        }
-    }
-    for f in ["cuda_app", "pingpong", "hip_probe", "oom_hog", "hip_loop"] {
-        if !env.fixture(f).exists() {
-            bail!("{} is missing: run `cargo xtask fixtures` first", env.fixture(f).display());
-        }
-    }
+    let env = Env::find()?;
     let _ = fs::remove_dir_all(&env.logs);
     fs::create_dir_all(&env.logs).with_context(|| format!("cannot create {}", env.logs.display()))?;
     step(&format!(
@@ -272,13 +248,76 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if plan.quick { "quick" } else { "full" },
         env.logs.display()
     ));
+    cgroups::cleanup_stale_cgroups();
+    let load_before = describe_host(&env);
+    let (rows, failed) = run_cases(&env, &plan, wanted);
+
+    let md = render_markdown(&rows, &plan, &env, (load_before, load_average()));
+    let json = render_json(&rows);
+    fs::write(env.out.join("results.md"), &md)?;
+    fs::write(env.out.join("results.json"), serde_json::to_string_pretty(&json)? + "\n")?;
+    println!("{md}");
+    step(&format!(
+        "bench finished in {:.0?} ({:.0?} measuring): {} and {}",
+        started.elapsed(),
+        measuring.elapsed(),
+        env.out.join("results.md").display(),
+        env.out.join("results.json").display()
+    ));
+    if !failed.is_empty() {
+        bail!("could not run: {}", failed.join(", "));
+    }
+    let wrong: Vec<String> =
+        rows.iter().flat_map(|r| r.wrong.iter().map(move |w| format!("{}: {w}", r.name))).collect();
+    if !wrong.is_empty() {
+        bail!("canaryscope got results wrong while measured:\n  {}", wrong.join("\n  "));
+    }
+    Ok(())
+}
+
+impl Env {
+    /// The binary, the fixtures and the peer tools, each checked to be
+    /// there (the peers are optional: their comparisons are noted as
+    /// skipped).
+    fn find() -> Result<Env> {
+        let root = root();
+        let fixtures = root.join("target/fixtures");
+        let env = Env {
+            bin: root.join("target/release/canaryscope"),
+            cuda_lib: fixtures.join("zluda/libcuda.so.1"),
+            fixtures,
+            out: root.join("target/bench"),
+            logs: root.join("target/bench/logs"),
+            bpftrace: process::find_tool("bpftrace"),
+            bpftool: process::find_tool("bpftool"),
+            runqlat: process::find_tool("runqlat"),
+        };
+        for needed in [&env.bin, &env.cuda_lib] {
+            if !needed.exists() {
+                bail!(
+                    "{} is missing: run `cargo xtask build` and `cargo xtask fixtures` first",
+                    needed.display()
+                );
+            }
+        }
+        for f in ["cuda_app", "pingpong", "hip_probe", "oom_hog", "hip_loop"] {
+            if !env.fixture(f).exists() {
+                bail!("{} is missing: run `cargo xtask fixtures` first", env.fixture(f).display());
+            }
+        }
+        Ok(env)
+    }
+}
+
+/// Says which peer tools were found and what on this host makes the
+/// figures noisier; returns the load average before the bench.
+fn describe_host(env: &Env) -> Option<f64> {
     for (tool, path) in [("bpftrace", &env.bpftrace), ("bpftool", &env.bpftool), ("runqlat", &env.runqlat)] {
         match path {
             Some(p) => eprintln!("    {tool}: {}", p.display()),
             None => eprintln!("    {tool}: not found (its comparisons are skipped and noted)"),
         }
     }
-    cgroups::cleanup_stale_cgroups();
     let load_before = load_average();
     if load_before.is_some_and(|l| l > 1.0) {
         eprintln!(
@@ -292,7 +331,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
              pays two extra clock reads; `sysctl kernel.bpf_stats_enabled=0` to measure without"
         );
     }
+    load_before
+}
 
+/// Runs each wanted case; a case that cannot run leaves a row saying why
+/// and its name in the second list, and the others still run.
+fn run_cases(env: &Env, plan: &Plan, wanted: impl Fn(Case) -> bool) -> (Vec<Row>, Vec<String>) {
     let mut rows: Vec<Row> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
     let cases: [(Case, &str, CaseFn); 9] = [
@@ -316,7 +360,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             continue;
         }
         let t = Instant::now();
-        match f(&env, &plan, &mut rows) {
+        match f(env, plan, &mut rows) {
             Ok(()) => eprintln!("    {name}: done in {:.0?}", t.elapsed()),
             Err(e) => {
                 eprintln!("xtask: bench case {name} could not run: {e:#}");
@@ -329,28 +373,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
         }
     }
-
-    let md = render_markdown(&rows, &plan, &env, (load_before, load_average()));
-    let json = render_json(&rows);
-    fs::write(env.out.join("results.md"), &md)?;
-    fs::write(env.out.join("results.json"), serde_json::to_string_pretty(&json)? + "\n")?;
-    println!("{md}");
-    step(&format!(
-        "bench finished in {:.0?} ({:.0?} measuring): {} and {}",
-        started.elapsed(),
-        measuring.elapsed(),
-        env.out.join("results.md").display(),
-        env.out.join("results.json").display()
-    ));
-    if !failed.is_empty() {
-        bail!("could not run: {}", failed.join(", "));
-    }
-    let wrong: Vec<String> =
-        rows.iter().flat_map(|r| r.wrong.iter().map(move |w| format!("{}: {w}", r.name))).collect();
-    if !wrong.is_empty() {
-        bail!("canaryscope got results wrong while measured:\n  {}", wrong.join("\n  "));
-    }
-    Ok(())
+    (rows, failed)
 }
 
 // ---------------------------------------------------------------------------

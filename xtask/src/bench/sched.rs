@@ -127,52 +127,8 @@ pub(super) fn sched_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<(
     for (place, name, limit) in
         [(Place::Pod, "sched_overhead_pod", 0.60), (Place::System, "sched_overhead_system", 0.20)]
     {
-        let mut row = Row::new(name, "ns/round trip");
-        row.peer_tool = env.runqlat.is_some().then(|| "runqlat".into());
-        row.baseline = rounds.median(SchedCfg(Tool::Bare, place));
-        row.canaryscope = rounds.median(SchedCfg(Tool::Canaryscope, place));
-        row.peer = rounds.median(SchedCfg(Tool::Runqlat, place));
-        let slow = |v: Option<f64>| Some((v? / row.baseline? - 1.0) * 100.0);
-        let (cs_slow, rq_slow) = (slow(row.canaryscope), slow(row.peer));
-        row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
-        row.ratio("peer_vs_baseline", div(row.peer, row.baseline));
-        row.ratio("canaryscope_slowdown_pct", cs_slow);
-        row.ratio("peer_slowdown_pct", rq_slow);
-        let frac = match (cs_slow, rq_slow) {
-            (Some(c), Some(q)) if q > 0.0 => Some(c / q),
-            _ => None,
-        };
-        row.ratio("canaryscope_slowdown_vs_peer", frac);
-        let what = match place {
-            Place::Pod => "in a reported cgroup",
-            Place::System => "outside reported cgroups",
-        };
-        row.target = Some(Target::new(
-            &format!("{what}: slowdown ≤ {limit:.1}× runqlat's (canaryscope/runqlat slowdown ≤ {limit:.2})"),
-            limit,
-            frac,
-            "",
-        ));
-        if rq_slow.is_some_and(|q| q <= 0.0) {
-            row.notes.push("runqlat showed no slowdown above noise: the ratio is not meaningful".into());
-        }
-        rounds.add_samples_of(
-            &mut row,
-            &[
-                SchedCfg(Tool::Bare, place),
-                SchedCfg(Tool::Canaryscope, place),
-                SchedCfg(Tool::Runqlat, place),
-            ],
-        );
-        row.notes.push(format!(
-            "pingpong {r} {what} ({}): two processes pinned to CPU 0 bounce a byte over pipes (two context \
-             switches and two wakeups per round trip); canaryscope = `canaryscope run --cgroup {pod_rel}` with \
-             all probes; runqlat = libbpf-tools runqlat (every task)",
-            match place {
-                Place::Pod => pod_rel.clone(),
-                Place::System => format!("/{SCHED_SYSTEM_CGROUP}"),
-            }
-        ));
+        let mut row = overhead_row(&rounds, env, place, name, limit);
+        row.notes.push(pingpong_note(r, place, &pod_rel));
         row.notes.extend(notes.iter().cloned());
         out.push(row);
     }
@@ -188,4 +144,63 @@ pub(super) fn sched_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<(
         ),
     ));
     Ok(())
+}
+
+/// What the pingpong was and where it ran, against what.
+fn pingpong_note(r: u64, place: Place, pod_rel: &str) -> String {
+    let cgroup = match place {
+        Place::Pod => pod_rel.to_string(),
+        Place::System => format!("/{SCHED_SYSTEM_CGROUP}"),
+    };
+    format!(
+        "pingpong {r} {} ({cgroup}): two processes pinned to CPU 0 bounce a byte over pipes (two context \
+         switches and two wakeups per round trip); canaryscope = `canaryscope run --cgroup {pod_rel}` with \
+         all probes; runqlat = libbpf-tools runqlat (every task)",
+        where_(place)
+    )
+}
+
+fn where_(place: Place) -> &'static str {
+    match place {
+        Place::Pod => "in a reported cgroup",
+        Place::System => "outside reported cgroups",
+    }
+}
+
+/// One place's row: canaryscope's and runqlat's slowdowns of the pingpong
+/// against bare, and the target on their ratio.
+fn overhead_row(rounds: &Rounds<SchedCfg>, env: &Env, place: Place, name: &str, limit: f64) -> Row {
+    let mut row = Row::new(name, "ns/round trip");
+    row.peer_tool = env.runqlat.is_some().then(|| "runqlat".into());
+    row.baseline = rounds.median(SchedCfg(Tool::Bare, place));
+    row.canaryscope = rounds.median(SchedCfg(Tool::Canaryscope, place));
+    row.peer = rounds.median(SchedCfg(Tool::Runqlat, place));
+    let slow = |v: Option<f64>| Some((v? / row.baseline? - 1.0) * 100.0);
+    let (cs_slow, rq_slow) = (slow(row.canaryscope), slow(row.peer));
+    row.ratio("canaryscope_vs_baseline", div(row.canaryscope, row.baseline));
+    row.ratio("peer_vs_baseline", div(row.peer, row.baseline));
+    row.ratio("canaryscope_slowdown_pct", cs_slow);
+    row.ratio("peer_slowdown_pct", rq_slow);
+    let frac = match (cs_slow, rq_slow) {
+        (Some(c), Some(q)) if q > 0.0 => Some(c / q),
+        _ => None,
+    };
+    row.ratio("canaryscope_slowdown_vs_peer", frac);
+    row.target = Some(Target::new(
+        &format!(
+            "{}: slowdown ≤ {limit:.1}× runqlat's (canaryscope/runqlat slowdown ≤ {limit:.2})",
+            where_(place)
+        ),
+        limit,
+        frac,
+        "",
+    ));
+    if rq_slow.is_some_and(|q| q <= 0.0) {
+        row.notes.push("runqlat showed no slowdown above noise: the ratio is not meaningful".into());
+    }
+    rounds.add_samples_of(
+        &mut row,
+        &[SchedCfg(Tool::Bare, place), SchedCfg(Tool::Canaryscope, place), SchedCfg(Tool::Runqlat, place)],
+    );
+    row
 }

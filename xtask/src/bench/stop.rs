@@ -206,35 +206,60 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     let (trials, copies) = if plan.quick { (1, 2) } else { (3, 4) };
     eprintln!("    stop: {trials} stops of a tracer with HIP only, and with {copies} copies of NVIDIA's libcuda besides");
     let multi = kernel_has_uprobe_multi();
-    let (mut bare_prompt, mut bare_release, mut full_prompt, mut full_release, mut per_function_release) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut sigterm_prompt, mut top_quit) = (Vec::new(), Vec::new());
-    // Interleaved, so drift hits both alike.
-    for trial in 0..trials {
-        let (p, r) = one_stop(env, &libcuda, 0, 5 * trial, Links::Default, SIGINT)?;
-        bare_prompt.push(p);
-        bare_release.push(r);
-        let (p, r) = one_stop(env, &libcuda, copies, 5 * trial + 1, Links::Default, SIGINT)?;
-        full_prompt.push(p);
-        full_release.push(r);
-        let (p, _) = one_stop(env, &libcuda, copies, 5 * trial + 2, Links::Default, SIGTERM)?;
-        sigterm_prompt.push(p);
-        top_quit.push(top_quit_once(env, &libcuda, copies, 5 * trial + 3)?);
-        if multi {
-            let (_, r) = one_stop(env, &libcuda, copies, 5 * trial + 4, Links::PerFunction, SIGINT)?;
-            per_function_release.push(r);
-        }
+    let s = StopSamples::take(env, &libcuda, trials, copies, multi)?;
+    prompt_rows(&s, copies, out);
+    release_rows(s, copies, multi, out);
+    if multi {
+        out.push(daemon_stop_row(env, &libcuda, plan)?);
     }
+    Ok(())
+}
+
+/// Milliseconds per stop, each list one way of stopping.
+#[derive(Default)]
+struct StopSamples {
+    bare_prompt: Vec<f64>,
+    bare_release: Vec<f64>,
+    full_prompt: Vec<f64>,
+    full_release: Vec<f64>,
+    per_function_release: Vec<f64>,
+    sigterm_prompt: Vec<f64>,
+    top_quit: Vec<f64>,
+}
+
+impl StopSamples {
+    /// Every way, interleaved trial by trial so that drift hits all alike.
+    fn take(env: &Env, libcuda: &Path, trials: usize, copies: usize, multi: bool) -> Result<Self> {
+        let mut s = StopSamples::default();
+        for trial in 0..trials {
+            let (p, r) = one_stop(env, libcuda, 0, 5 * trial, Links::Default, SIGINT)?;
+            s.bare_prompt.push(p);
+            s.bare_release.push(r);
+            let (p, r) = one_stop(env, libcuda, copies, 5 * trial + 1, Links::Default, SIGINT)?;
+            s.full_prompt.push(p);
+            s.full_release.push(r);
+            let (p, _) = one_stop(env, libcuda, copies, 5 * trial + 2, Links::Default, SIGTERM)?;
+            s.sigterm_prompt.push(p);
+            s.top_quit.push(top_quit_once(env, libcuda, copies, 5 * trial + 3)?);
+            if multi {
+                let (_, r) = one_stop(env, libcuda, copies, 5 * trial + 4, Links::PerFunction, SIGINT)?;
+                s.per_function_release.push(r);
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// How soon the user has the prompt back: the tracer on SIGINT or SIGTERM,
+/// `top` on q.
+fn prompt_rows(s: &StopSamples, copies: usize, out: &mut Vec<Row>) {
     let mut row = Row::new("stop_prompt_ms", "ms");
-    row.baseline = median(&bare_prompt);
-    row.canaryscope = median(&full_prompt);
-    row.ratio(
-        &format!("with {copies} libcuda copies / HIP only"),
-        div(median(&full_prompt), median(&bare_prompt)),
-    );
-    row.samples.push(("hip only".into(), bare_prompt));
-    row.samples.push((format!("+{copies} libcuda"), full_prompt));
-    row.samples.push((format!("+{copies} libcuda, SIGTERM"), sigterm_prompt));
+    row.baseline = median(&s.bare_prompt);
+    row.canaryscope = median(&s.full_prompt);
+    row.ratio(&format!("with {copies} libcuda copies / HIP only"), div(row.canaryscope, row.baseline));
+    row.samples.push(("hip only".into(), s.bare_prompt.clone()));
+    row.samples.push((format!("+{copies} libcuda"), s.full_prompt.clone()));
+    row.samples.push((format!("+{copies} libcuda, SIGTERM"), s.sigterm_prompt.clone()));
     row.target = Some(Target::new("SIGINT to prompt", PROMPT_TARGET_MS, row.canaryscope, " ms"));
     row.notes.push(
         "SIGINT (and SIGTERM) to the tracer's exit: the probes' release goes on in the background".into(),
@@ -242,19 +267,23 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
     out.push(row);
 
     let mut row = Row::new("top_quit_ms", "ms");
-    row.canaryscope = median(&top_quit);
-    row.samples.push((format!("+{copies} libcuda"), top_quit));
+    row.canaryscope = median(&s.top_quit);
+    row.samples.push((format!("+{copies} libcuda"), s.top_quit.clone()));
     row.target = Some(Target::new("q to the shell's prompt", PROMPT_TARGET_MS, row.canaryscope, " ms"));
     row.notes.push("`canaryscope top` in a tmux pane: the q key to the pane's process gone".into());
     out.push(row);
+}
 
+/// How long the kernel takes to release every probe, per libcuda copy and
+/// by kind of link.
+fn release_rows(s: StopSamples, copies: usize, multi: bool, out: &mut Vec<Row>) {
     let mut row = Row::new("stop_release_ms", "ms");
-    row.baseline = median(&bare_release);
-    row.canaryscope = median(&full_release);
-    let per_file = sub(median(&full_release), median(&bare_release)).map(|d| d / copies as f64);
+    row.baseline = median(&s.bare_release);
+    row.canaryscope = median(&s.full_release);
+    let per_file = sub(row.canaryscope, row.baseline).map(|d| d / copies as f64);
     row.ratio("per libcuda copy ms", per_file);
-    row.samples.push(("hip only".into(), bare_release));
-    row.samples.push((format!("+{copies} libcuda"), full_release.clone()));
+    row.samples.push(("hip only".into(), s.bare_release));
+    row.samples.push((format!("+{copies} libcuda"), s.full_release.clone()));
     row.notes.push("SIGINT until the kernel has released every probe (the releaser gone)".into());
     row.notes.push(match multi {
         true => "one uprobe_multi link per program and file".into(),
@@ -264,47 +293,47 @@ pub(super) fn stop_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
 
     if multi {
         let mut row = Row::new("stop_release_by_link_kind_ms", "ms");
-        row.baseline = median(&per_function_release);
-        row.canaryscope = median(&full_release);
+        row.baseline = median(&s.per_function_release);
+        row.canaryscope = median(&s.full_release);
         row.ratio("uprobe_multi / perf-event per function", div(row.canaryscope, row.baseline));
-        row.samples.push(("perf-event per function".into(), per_function_release));
-        row.samples.push(("uprobe_multi".into(), full_release.clone()));
+        row.samples.push(("perf-event per function".into(), s.per_function_release));
+        row.samples.push(("uprobe_multi".into(), s.full_release));
         row.notes.push(format!("the release with {copies} libcuda copies and HIP probed, each way"));
         out.push(row);
-
-        let daemon_trials = if plan.quick { 1 } else { 3 };
-        eprintln!(
-            "    stop: {daemon_trials} SIGTERMs of the daemon with {DAEMON_FILES} runtime files probed"
-        );
-        let (mut took, mut loaded) = (Vec::new(), Vec::new());
-        for trial in 0..daemon_trials {
-            took.push(daemon_stop(env, &libcuda, trial, Load::Idle)?);
-            loaded.push(daemon_stop(env, &libcuda, trial, Load::Flood)?);
-        }
-        let mut row = Row::new("daemon_stop_ms", "ms");
-        row.baseline = median(&took);
-        row.canaryscope = median(&loaded);
-        row.ratio("under a flood / idle", div(median(&loaded), median(&took)));
-        row.samples.push((format!("{DAEMON_FILES} files"), took));
-        row.samples.push((format!("{DAEMON_FILES} files, a flood and a scrape in flight"), loaded));
-        row.target = Some(Target::new(
-            &format!("SIGTERM to exit, {DAEMON_FILES} files probed, under a flood"),
-            DAEMON_STOP_TARGET_MS,
-            row.canaryscope,
-            " ms",
-        ));
-        row.notes.push(
-            "the daemon releases its probes before it exits: one uprobe_multi link per program and file"
-                .into(),
-        );
-        row.notes.push(
-            "under a flood: failing HIP calls as fast as one process makes them, and a /metrics request \
-             whose reply is not read, while SIGTERM comes"
-                .into(),
-        );
-        out.push(row);
     }
-    Ok(())
+}
+
+/// The daemon's SIGTERM to exit with many runtime files probed, idle and
+/// under a flood of failing calls with a scrape in flight.
+fn daemon_stop_row(env: &Env, libcuda: &Path, plan: &Plan) -> Result<Row> {
+    let daemon_trials = if plan.quick { 1 } else { 3 };
+    eprintln!("    stop: {daemon_trials} SIGTERMs of the daemon with {DAEMON_FILES} runtime files probed");
+    let (mut took, mut loaded) = (Vec::new(), Vec::new());
+    for trial in 0..daemon_trials {
+        took.push(daemon_stop(env, libcuda, trial, Load::Idle)?);
+        loaded.push(daemon_stop(env, libcuda, trial, Load::Flood)?);
+    }
+    let mut row = Row::new("daemon_stop_ms", "ms");
+    row.baseline = median(&took);
+    row.canaryscope = median(&loaded);
+    row.ratio("under a flood / idle", div(median(&loaded), median(&took)));
+    row.samples.push((format!("{DAEMON_FILES} files"), took));
+    row.samples.push((format!("{DAEMON_FILES} files, a flood and a scrape in flight"), loaded));
+    row.target = Some(Target::new(
+        &format!("SIGTERM to exit, {DAEMON_FILES} files probed, under a flood"),
+        DAEMON_STOP_TARGET_MS,
+        row.canaryscope,
+        " ms",
+    ));
+    row.notes.push(
+        "the daemon releases its probes before it exits: one uprobe_multi link per program and file".into(),
+    );
+    row.notes.push(
+        "under a flood: failing HIP calls as fast as one process makes them, and a /metrics request whose \
+         reply is not read, while SIGTERM comes"
+            .into(),
+    );
+    Ok(row)
 }
 
 /// What the daemon is doing when SIGTERM comes.
