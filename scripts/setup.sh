@@ -15,6 +15,8 @@ fi
 # offline toolchains lack; bpf-linker must share that compiler's LLVM major (22).
 PACKAGES=(
     rustc-web cargo-web libstd-rust-web-dev-bpf
+    # clippy for that same compiler: the eBPF crate's lints (cargo xtask test)
+    rust-web-clippy
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev
     libamdhip64-5 gcc make pkg-config
     bpftool bpftrace libbpf-tools prometheus

@@ -102,20 +102,34 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
     crash.si_code = si_code;
     crash.addr = if sig != SIGABRT && (info as u64) > 1 { read(info, SIGINFO_ADDR).unwrap_or(0) } else { 0 };
     crash.tid = tid;
-    let regs = if FIND_VMA {
+    crash.ip = read(user_regs::<FIND_VMA>(current)?, PT_REGS_IP).unwrap_or(0);
+    note_call_in_flight(crash, tid);
+    note_mapping::<FIND_VMA>(crash, current);
+    let tgid = (pid_tgid >> 32) as u32;
+    CRASHES.insert(&tgid, crash, 0).map_err(|e| e as i64)?;
+    Ok(0)
+}
+
+/// Where the faulting thread's user registers are: `current`'s pt_regs.
+#[inline(always)]
+fn user_regs<const FIND_VMA: bool>(current: u64) -> Result<*const u8, i64> {
+    if FIND_VMA {
         // The verifier wants a BTF-typed task for this helper; this is the
         // same task as `current`.
         // SAFETY: helper without arguments, then a trusted task pointer.
-        unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 }
+        Ok(unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8 })
     } else {
         let stack: *const u8 = read(current as *const u8, offsets().task_stack)?;
-        stack.wrapping_add((THREAD_SIZE - PT_REGS_SIZE) as usize)
-    };
-    crash.ip = read(regs, PT_REGS_IP).unwrap_or(0);
+        Ok(stack.wrapping_add((THREAD_SIZE - PT_REGS_SIZE) as usize))
+    }
+}
 
+/// The GPU call the thread was in when it faulted. The innermost API wins:
+/// a crash inside hipMalloc called by cuMemAlloc is reported as hipMalloc
+/// (the CUDA frame is visible in the library).
+#[inline(always)]
+fn note_call_in_flight(crash: &mut CrashInfo, tid: u32) {
     crash.in_call_api = 0;
-    // The innermost API wins: a crash inside hipMalloc called by cuMemAlloc
-    // is reported as hipMalloc (the CUDA frame is visible in the library).
     for api in Api::ALL {
         let key = InflightKey { tid, api: api as u32 };
         // SAFETY: read-only access to a map value.
@@ -130,49 +144,54 @@ fn try_crash<const FIND_VMA: bool>(ctx: &RawTracePointContext) -> Result<i32, i6
             break;
         }
     }
+}
 
+/// Which mapping (and file) the faulting instruction pointer is in, while
+/// the address space is still whole: by `bpf_find_vma`, or by walking the
+/// tree of mappings on kernels without it.
+#[inline(always)]
+fn note_mapping<const FIND_VMA: bool>(crash: &mut CrashInfo, current: u64) {
     crash.ip_mapping = IpMapping::Unknown as u32;
     crash.file_name = [0; LIBRARY_NAME_LEN];
     let o = offsets();
-    if o.have_vma != 0 && crash.ip != 0 {
-        let mut found = VmaFound {
-            mapping: IpMapping::Unknown as u32,
-            start: 0,
-            pgoff: 0,
-            ino: 0,
-            name: [0; LIBRARY_NAME_LEN],
-        };
-        if FIND_VMA {
-            // The helper only accepts a stack pointer as the callback's context.
-            // SAFETY: `vma_found` is a BPF callback with the signature the
-            // helper requires; `found` lives on this stack for the whole call.
-            unsafe {
-                bpf_find_vma(
-                    bpf_get_current_task_btf(),
-                    crash.ip,
-                    vma_found as *mut c_void,
-                    (&mut found as *mut VmaFound).cast::<c_void>(),
-                    0,
-                )
-            };
-        } else if o.have_vma_tree != 0 {
-            if let Some(vma) = walk_vma_tree(current as *const u8, crash.ip, &o) {
-                describe_vma(vma, &mut found, &o);
-            }
-        } else {
-            found.mapping = IpMapping::NotLookedUp as u32;
+    if o.have_vma == 0 || crash.ip == 0 {
+        if !FIND_VMA {
+            crash.ip_mapping = IpMapping::NotLookedUp as u32;
         }
-        crash.ip_mapping = found.mapping;
-        crash.vma_start = found.start;
-        crash.vma_pgoff = found.pgoff;
-        crash.file_ino = found.ino;
-        crash.file_name = found.name;
-    } else if !FIND_VMA {
-        crash.ip_mapping = IpMapping::NotLookedUp as u32;
+        return;
     }
-    let tgid = (pid_tgid >> 32) as u32;
-    CRASHES.insert(&tgid, crash, 0).map_err(|e| e as i64)?;
-    Ok(0)
+    let mut found = VmaFound {
+        mapping: IpMapping::Unknown as u32,
+        start: 0,
+        pgoff: 0,
+        ino: 0,
+        name: [0; LIBRARY_NAME_LEN],
+    };
+    if FIND_VMA {
+        // The helper only accepts a stack pointer as the callback's context.
+        // SAFETY: `vma_found` is a BPF callback with the signature the
+        // helper requires; `found` lives on this stack for the whole call.
+        unsafe {
+            bpf_find_vma(
+                bpf_get_current_task_btf(),
+                crash.ip,
+                vma_found as *mut c_void,
+                (&mut found as *mut VmaFound).cast::<c_void>(),
+                0,
+            )
+        };
+    } else if o.have_vma_tree != 0 {
+        if let Some(vma) = walk_vma_tree(current as *const u8, crash.ip, &o) {
+            describe_vma(vma, &mut found, &o);
+        }
+    } else {
+        found.mapping = IpMapping::NotLookedUp as u32;
+    }
+    crash.ip_mapping = found.mapping;
+    crash.vma_start = found.start;
+    crash.vma_pgoff = found.pgoff;
+    crash.file_ino = found.ino;
+    crash.file_name = found.name;
 }
 
 #[repr(C)]

@@ -43,22 +43,6 @@ pub fn read<T>(base: *const u8, offset: u32) -> Result<T, i64> {
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<T>()) }.map_err(|e| e as i64)
 }
 
-/// `task->cgroups->dfl_cgrp->kn->id`: the cgroup2 id of any task, not only
-/// the current one (the OOM victim, the task being switched in).
-///
-/// match-proto: struct css_set *task_struct::cgroups; struct cgroup
-/// *css_set::dfl_cgrp; struct kernfs_node *cgroup::kn; u64 kernfs_node::id (5.5+).
-#[inline(always)]
-pub fn task_cgroup_id(task: *const u8, o: &KernelOffsets) -> Result<u64, i64> {
-    if o.have_task_cgroup == 0 {
-        return Err(-1);
-    }
-    let css_set: *const u8 = read(task, o.task_cgroups)?;
-    let cgroup: *const u8 = read(css_set, o.css_set_dfl_cgrp)?;
-    let kn: *const u8 = read(cgroup, o.cgroup_kn)?;
-    read(kn, o.kernfs_node_id)
-}
-
 /// `cgroup->kn->id`.
 ///
 /// match-proto: struct kernfs_node *cgroup::kn; u64 kernfs_node::id (5.5+).

@@ -15,6 +15,7 @@ use std::{
 use serde_json::json;
 use support::{k8s::*, *};
 
+#[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]
 #[ignore = "needs root, python3 and prometheus; run by `cargo xtask test`"]
 fn canary_failures_carry_pod_labels_alerts_fire_and_series_go_with_the_pod() {

@@ -57,6 +57,7 @@ const STABLE_CLEAN: &[&str] = &[
     "OOM kills",
 ];
 
+#[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]
 #[ignore = "needs root, python3 with grafana-foundation-sdk, and prometheus; run by `cargo xtask test`"]
 fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures() {

@@ -38,6 +38,7 @@ fn has(metrics: &str, family: &str, labels: &[&str]) -> bool {
     })
 }
 
+#[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {

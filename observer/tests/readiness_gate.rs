@@ -676,6 +676,7 @@ fn pod_function_value(text: &str, metric: &str, name: &str, function: &str) -> O
 /// timeout marks neither, a process the old daemon held at its stop runs
 /// on, and the new daemon's counters start from zero, one series per label
 /// set, which is a counter reset to Prometheus' `rate()`.
+#[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]
 #[ignore = "needs root and python3; run by `cargo xtask test`"]
 fn a_daemon_restart_under_running_gated_pods_moves_no_condition_and_leaves_nothing_held() {

@@ -63,6 +63,7 @@ fn run_ok(mut cmd: std::process::Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+#[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]
 #[ignore = "needs root and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
 fn a_gpu_pods_start_up_costs_at_most_40_series_and_a_cpu_pods_10() {

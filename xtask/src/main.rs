@@ -78,11 +78,15 @@ pub fn step(msg: &str) {
     eprintln!("\x1b[1m==> [{:02}:{:02}] {msg}\x1b[0m", secs / 60, secs % 60);
 }
 
-/// Runs a command from the workspace root, echoing it, failing on a non-zero exit.
+/// Runs a command from the workspace root (unless it names a folder of its
+/// own), echoing it, failing on a non-zero exit.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}").replace('"', "");
     let started = Instant::now();
-    let status = cmd.current_dir(root()).status().with_context(|| format!("cannot start {shown}"))?;
+    if cmd.get_current_dir().is_none() {
+        cmd.current_dir(root());
+    }
+    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed ({status}) after {:.0?}", started.elapsed());
     }

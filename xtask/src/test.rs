@@ -46,37 +46,170 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     // run assert nothing about time. With VM boots ahead, whose emulator
     // keeps one of the two cores busy, they run beside the boots on the
     // other core; without, in turn.
-    let beside_vms = !args.no_vm;
-    let mut side = SideJobs::default();
-    let mut inline_or_beside = |name: &'static str, what: &str, mut cmd: Command| -> Result<()> {
-        if beside_vms {
-            side.start(name, what, cmd)
-        } else {
-            step(what);
-            run(&mut cmd)
-        }
-    };
+    let mut checks = Checks { beside_vms: !args.no_vm, side: SideJobs::default() };
     if !args.no_lint {
-        // Seconds, and the cheapest way to learn a change broke the layers.
-        step("layers: observer/src imports run downward only");
-        crate::layers::check()?;
-        step("rustfmt --check");
-        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;
-        if !beside_vms {
-            step("clippy (warnings are errors)");
-            run(cargo().args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]))?;
-        }
+        lint(checks.beside_vms)?;
     }
     fixtures::build_all()?;
     crate::build()?;
     step("unit tests");
     run(cargo().args(["test", "--release", "--workspace", "--exclude", "observer-ebpf"]))?;
+    let skips = integration_tests(args.filter.as_deref())?;
+    // Every boot's test binaries, found before anything beside the boots
+    // takes cargo's locks; and the host's column of the kernel matrix,
+    // before the benchmark beside the boots attaches and releases probes:
+    // the kernel does both one probe at a time, so `check` would wait
+    // minutes behind it.
+    let boot_args = if checks.beside_vms { vm_boot_args()? } else { Vec::new() };
+    if checks.beside_vms {
+        crate::matrix::check_host()?;
+    }
+    checks.run_all(&args)?;
+    if checks.beside_vms {
+        for (boot, args) in VM_BOOTS.iter().zip(&boot_args) {
+            step(&format!("VM tests on {}: {}", boot.kernel_name, boot.why));
+            let mut vm = Command::new(root().join("tests/vm/test.sh"));
+            run(vm.args(["--kernel", boot.kernel]).args(args).env(SHAPE_VAR, boot.shape))?;
+        }
+        step("README.md: the kernel matrix from each kernel's `canaryscope check`");
+        crate::matrix::write_readme()?;
+    }
+    checks.side.finish()?;
+    report_skips(&skips);
+    step(&format!("all tests passed in {:.0?}", started.elapsed()));
+    Ok(())
+}
+
+/// The checks that assert nothing about time, run beside the VM boots or,
+/// without them, in turn.
+struct Checks {
+    beside_vms: bool,
+    side: SideJobs,
+}
+
+impl Checks {
+    fn inline_or_beside(&mut self, name: &'static str, what: &str, mut cmd: Command) -> Result<()> {
+        if self.beside_vms {
+            self.side.start(name, what, cmd)
+        } else {
+            step(what);
+            run(&mut cmd)
+        }
+    }
+
+    /// Clippy over the host crates (when beside the boots), the bounded
+    /// fuzzing, deploy/, the image and the benchmark smoke run.
+    fn run_all(&mut self, args: &TestArgs) -> Result<()> {
+        if !args.no_lint && self.beside_vms {
+            self.inline_or_beside("clippy", "clippy (warnings are errors)", clippy_host())?;
+        }
+        if !args.no_fuzz {
+            let mut fuzz = Command::new(root().join("fuzz/run.sh"));
+            fuzz.arg("15");
+            let what =
+                "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
+            self.inline_or_beside("fuzz", what, fuzz)?;
+        }
+        let deploy_check = root().join("deploy/check.sh");
+        if deploy_check.exists() {
+            let what =
+                "deploy/: the Helm chart and its renders, promtool rules, alert unit tests, manifest validation";
+            self.inline_or_beside("deploy-check", what, Command::new(deploy_check))?;
+        }
+        if !args.no_image {
+            let what =
+                "container image: buildah FROM scratch, OCI archive, config check, run from its rootfs";
+            if self.beside_vms {
+                let mut image = Command::new(std::env::current_exe()?);
+                image.arg("image");
+                self.inline_or_beside("image", what, image)?;
+            } else {
+                step(what);
+                crate::image::run()?;
+            }
+        }
+        if !args.no_bench {
+            // This xtask, as `cargo xtask bench` runs it: a release build of
+            // xtask would unify features anew and rebuild kube and the observer.
+            // The smoke run asserts results, never times, and shares no kernel
+            // with the guests, so it too runs beside the boots.
+            let mut bench = Command::new(std::env::current_exe()?);
+            bench.args(["bench", "--quick"]);
+            self.inline_or_beside("bench", "benchmark smoke run (cargo xtask bench --quick)", bench)?;
+        }
+        Ok(())
+    }
+}
+
+/// The layers, rustfmt and the eBPF crate's clippy: seconds, and the
+/// cheapest way to learn a change broke them. The host crates' clippy
+/// (minutes) runs here only when there are no VM boots to run beside.
+fn lint(beside_vms: bool) -> Result<()> {
+    step("layers: observer/src imports run downward only");
+    crate::layers::check()?;
+    step("rustfmt --check");
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;
+    step("clippy over the eBPF programs (Debian's clippy, bpfel-unknown-none; warnings are errors)");
+    run(&mut clippy_ebpf()?)?;
+    if !beside_vms {
+        step("clippy (warnings are errors)");
+        run(&mut clippy_host())?;
+    }
+    Ok(())
+}
+
+/// Clippy over every crate but the eBPF one, whose target rustup's
+/// toolchain cannot check (see `clippy_ebpf`).
+fn clippy_host() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]);
+    cmd
+}
+
+/// Debian's toolchain, the one observer/build.rs builds the eBPF crate
+/// with (rustup's has no `core` for bpfel-unknown-none, so its clippy
+/// cannot check the crate).
+const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+const DEBIAN_CLIPPY: &str = "/usr/bin/cargo-clippy";
+
+/// Clippy over the eBPF crate with Debian's clippy (`rust-web-clippy`), as
+/// the crate is built: same compiler, target and flags, so the workspace's
+/// lints hold there too.
+fn clippy_ebpf() -> Result<Command> {
+    if !std::path::Path::new(DEBIAN_CLIPPY).exists() {
+        bail!("{DEBIAN_CLIPPY} is missing: the eBPF crate's lints need Debian's rust-web-clippy (scripts/setup.sh)");
+    }
+    let mut cmd = Command::new(DEBIAN_CARGO);
+    // The outer cargo's toolchain, flags and jobserver belong to the host
+    // build (observer/build.rs clears them for the same reason).
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if key.starts_with("CARGO") || key.starts_with("RUST") {
+            cmd.env_remove(&key);
+        }
+    }
+    // `cargo clippy` runs the first `cargo-clippy` on PATH: rustup's proxy
+    // would come first and check with rustup's compiler.
+    let path = std::env::var("PATH").unwrap_or_default();
+    cmd.env("PATH", format!("/usr/bin:{path}"))
+        .env("RUSTC", "/usr/bin/rustc")
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", root().join("target/ebpf"))
+        // Its own .cargo/config.toml names the target, linker and flags.
+        .current_dir(root().join("observer-ebpf"))
+        .args(["clippy", "--release", "--target", "bpfel-unknown-none", "--", "-D", "warnings"]);
+    Ok(cmd)
+}
+
+/// The integration tests as root on this kernel; returns the file where
+/// tests that could not run here noted why.
+fn integration_tests(filter: Option<&str>) -> Result<std::path::PathBuf> {
     step("integration tests as root on this kernel (real eBPF, real HIP runtime, real cgroups)");
     let mut integration = cargo();
     integration.args(["test", "--release", "-p", "observer", "--test", "*", "--"]);
     integration.args(["--ignored", "--test-threads=1"]);
-    if let Some(filter) = &args.filter {
+    if let Some(filter) = filter {
         integration.arg(filter);
     }
     // Tests that cannot run on a kernel note it here (support::skip), host
@@ -90,66 +223,7 @@ pub fn run_all(args: TestArgs) -> Result<()> {
     let host_shape = std::env::var(SHAPE_VAR).unwrap_or_else(|_| SHAPE_HOST.to_string());
     integration.env(SHAPE_VAR, host_shape);
     run(integration.env("CANARYSCOPE_FIXTURES", root().join("target/fixtures")))?;
-    // Every boot's test binaries, found before anything beside the boots
-    // takes cargo's locks; and the host's column of the kernel matrix,
-    // before the benchmark beside the boots attaches and releases probes:
-    // the kernel does both one probe at a time, so `check` would wait
-    // minutes behind it.
-    let boot_args = if beside_vms { vm_boot_args()? } else { Vec::new() };
-    if beside_vms {
-        crate::matrix::check_host()?;
-    }
-    if !args.no_lint && beside_vms {
-        let mut clippy = cargo();
-        clippy.args(["clippy", "--release", "--all-targets", "--", "-D", "warnings"]);
-        inline_or_beside("clippy", "clippy (warnings are errors)", clippy)?;
-    }
-    if !args.no_fuzz {
-        let mut fuzz = Command::new(root().join("fuzz/run.sh"));
-        fuzz.arg("15");
-        let what =
-            "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
-        inline_or_beside("fuzz", what, fuzz)?;
-    }
-    let deploy_check = root().join("deploy/check.sh");
-    if deploy_check.exists() {
-        let what =
-            "deploy/: the Helm chart and its renders, promtool rules, alert unit tests, manifest validation";
-        inline_or_beside("deploy-check", what, Command::new(deploy_check))?;
-    }
-    if !args.no_image {
-        let what = "container image: buildah FROM scratch, OCI archive, config check, run from its rootfs";
-        if beside_vms {
-            let mut image = Command::new(std::env::current_exe()?);
-            image.arg("image");
-            inline_or_beside("image", what, image)?;
-        } else {
-            step(what);
-            crate::image::run()?;
-        }
-    }
-    if !args.no_bench {
-        // This xtask, as `cargo xtask bench` runs it: a release build of
-        // xtask would unify features anew and rebuild kube and the observer.
-        // The smoke run asserts results, never times, and shares no kernel
-        // with the guests, so it too runs beside the boots.
-        let mut bench = Command::new(std::env::current_exe()?);
-        bench.args(["bench", "--quick"]);
-        inline_or_beside("bench", "benchmark smoke run (cargo xtask bench --quick)", bench)?;
-    }
-    if beside_vms {
-        for (boot, args) in VM_BOOTS.iter().zip(&boot_args) {
-            step(&format!("VM tests on {}: {}", boot.kernel_name, boot.why));
-            let mut vm = Command::new(root().join("tests/vm/test.sh"));
-            run(vm.args(["--kernel", boot.kernel]).args(args).env(SHAPE_VAR, boot.shape))?;
-        }
-        step("README.md: the kernel matrix from each kernel's `canaryscope check`");
-        crate::matrix::write_readme()?;
-    }
-    side.finish()?;
-    report_skips(&skips);
-    step(&format!("all tests passed in {:.0?}", started.elapsed()));
-    Ok(())
+    Ok(skips)
 }
 
 /// One VM boot of the suite: a kernel, why it is booted, and what runs there.

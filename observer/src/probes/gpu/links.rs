@@ -55,7 +55,10 @@ pub(super) struct AttachOutcome {
 /// Attaches the entry and return programs to each resolved function of
 /// `library` that `wanted` picks, through `path`, for `scope`; with
 /// `count_hot`, hot functions get the counting return program alone.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one attach's inputs, each from a different owner; its two callers build none of them together"
+)]
 pub(super) fn attach_functions(
     ebpf: &mut Ebpf,
     mut slots: Option<&mut Slots>,
