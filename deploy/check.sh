@@ -16,6 +16,9 @@
 #                       `kubectl kustomize` the kustomizations.
 #   readme-generator    npm @bitnami/readme-generator-for-helm 2.7.2 (install-tools.sh too):
 #                       the chart README's tables from values.yaml
+#   canaryscope         the binary the chart runs: $CANARYSCOPE_BIN, or target/release/canaryscope
+#                       (`cargo build --release -p observer`; `cargo xtask test` builds it
+#                       first). The chart's rendered command lines are run through it.
 # CRD schemas (Argo Rollouts, Flagger, Prometheus Operator) are vendored in
 # deploy/schemas/, so no network is needed.
 #
@@ -66,9 +69,11 @@
 #                   run against a real Prometheus in the integration test `dashboard`
 #  12 chart         deploy/tools/chartcheck.py: `helm lint --strict` (default and all-on
 #                   values); each documented value typed by values.schema.json and, set
-#                   away from its default, found in the rendered manifests; the defaults
-#                   are the daemon's and every flag passed is one it has; bad values
-#                   refused with a message naming the value; the chart README's tables ==
+#                   away from its default, found in the rendered manifests; every render's
+#                   DaemonSet and judge command lines taken by the real binary
+#                   (`canaryscope run|judge --check-config`), the default render's settings
+#                   the daemon's own defaults, and the schema's durations exactly the
+#                   binary's; bad values refused with a message naming the value; the chart README's tables ==
 #                   readme-generator's; selectors and other immutable fields == the golden
 #                   render deploy/helm/ci/immutable-fields.yaml (`helm upgrade` never needs
 #                   a delete)

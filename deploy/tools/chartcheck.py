@@ -7,9 +7,12 @@ Subcommands
                   NOTES.txt too), default and all-on values
   values          every value values.yaml documents (`## @param`) is typed by
                   values.schema.json and set by a case in REACH below, which renders the
-                  chart with it and finds it in the manifests; the defaults are the
-                  daemon's own (observer/src/config/mod.rs), and every flag the chart passes
-                  is one `canaryscope run` / `judge` has (observer/src/*/mod.rs)
+                  chart with it and finds it in the manifests; every render's command
+                  lines (the DaemonSet's and the judge's) are taken by the real binary
+                  (`canaryscope run|judge --check-config`), and the default render's
+                  settings are the ones the daemon runs with given no flag at all
+  durations       the schema's duration grammar and the chart's own reading of durations
+                  (templates/_helpers.tpl) take exactly what the binary takes
   refused         each case in REFUSED is refused by `helm template` (values.schema.json
                   or a `fail` in templates/_helpers.tpl) with a message naming the value
   readme          the chart README's parameter tables are what readme-generator-for-helm
@@ -20,7 +23,9 @@ Subcommands
   write-readme    regenerate the README's tables
   write-golden    rewrite the golden render (only with a new major chart version)
 
-Needs helm (and, for readme, readme-generator) on PATH, python3 with PyYAML.
+Needs helm (and, for readme, readme-generator) on PATH, python3 with PyYAML, and the
+canaryscope binary: $CANARYSCOPE_BIN, or target/release/canaryscope (`cargo build
+--release -p observer`).
 """
 import argparse
 import json
@@ -45,11 +50,9 @@ SCHEMA = os.path.join(CHART, "values.schema.json")
 README = os.path.join(CHART, "README.md")
 GOLDEN = os.path.join(dc.DEPLOY, "helm", "ci", "immutable-fields.yaml")
 REPO = os.path.dirname(dc.DEPLOY)
-CONFIG_RS = os.path.join(REPO, "observer", "src", "config", "mod.rs")
-RUN_RS = os.path.join(REPO, "observer", "src", "run", "mod.rs")
-JUDGE_RS = os.path.join(REPO, "observer", "src", "judge", "mod.rs")
-# Where an Args struct's `#[command(flatten)]` fields are defined.
-FLATTENED = {"ProbeArgs": os.path.join(REPO, "observer", "src", "config", "probe_args.rs")}
+# The binary the chart runs: its flags, defaults and grammar are asked of it, never read
+# out of its source.
+BINARY = os.environ.get("CANARYSCOPE_BIN") or os.path.join(REPO, "target", "release", "canaryscope")
 
 
 # ---------------------------------------------------------------------------------
@@ -105,6 +108,7 @@ def labels(obj):
 # (checked below), so it shows the value's own effect.
 
 IMAGE = "registry.internal/ai/canaryscope"
+DEBIAN_HIP = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5"
 TOLERATIONS = [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}}
@@ -145,8 +149,9 @@ REACH = [
      lambda d: pod(d)["terminationGracePeriodSeconds"] == 1200000),
     ("podAnnotations", {"podAnnotations": {"inference.internal/owner": "ml-platform"}},
      lambda d: daemonset(d)["spec"]["template"]["metadata"]["annotations"] == {"inference.internal/owner": "ml-platform"}),
-    ("extraArgs", {"extraArgs": ["--lib=/opt/rocm/lib/libamdhip64.so"]},
-     lambda d: args(d)[-1] == "--lib=/opt/rocm/lib/libamdhip64.so"),
+    # A library that is there where the checks run (Debian's HIP, scripts/setup.sh), since the
+    # binary the arguments are run through checks that a --lib file exists.
+    ("extraArgs", {"extraArgs": ["--lib=" + DEBIAN_HIP]}, lambda d: args(d)[-1] == "--lib=" + DEBIAN_HIP),
     ("hold", {"hold": True}, lambda d: "--hold" in args(d)),
     ("readinessGate", {"readinessGate": False},
      lambda d: "--no-readiness-gate" in args(d) and ("", "pods/status", ("patch",)) not in role_rules(d)
@@ -190,8 +195,8 @@ REACH = [
      lambda d: judge(d) is not None and {s["metadata"]["name"] for s in by_kind(d, "Service")}
      == {"canaryscope-judge", "canaryscope"}),
     ("judge.replicas", {"judge": {"enabled": True, "replicas": 3}}, lambda d: judge(d)["spec"]["replicas"] == 3),
-    ("judge.prometheusUrl", {"judge": {"enabled": True, "prometheusUrl": "https://prometheus.observability.svc:9091/prom"}},
-     lambda d: "--prometheus=https://prometheus.observability.svc:9091/prom" in judge_container(d)["args"]),
+    ("judge.prometheusUrl", {"judge": {"enabled": True, "prometheusUrl": "http://prometheus.observability.svc:9091/prom"}},
+     lambda d: "--prometheus=http://prometheus.observability.svc:9091/prom" in judge_container(d)["args"]),
     ("judge.extraArgs", {"judge": {"enabled": True, "extraArgs": ["--alpha=0.01"]}},
      lambda d: judge_container(d)["args"][-1] == "--alpha=0.01"),
     ("judge.resources.requests.cpu", {"judge": {"enabled": True, "resources": {"requests": {"cpu": "20m"}}}},
@@ -275,6 +280,9 @@ REFUSED = [
     ({"serviceMonitor": {"labels": {"release": 1}}}, ["/serviceMonitor/labels/release"]),
     ({"createNamespace": "true"}, ["/createNamespace", "want boolean"]),
     ({"judge": {"enabled": True, "prometheusUrl": "prometheus-k8s.monitoring.svc:9090"}}, ["/judge/prometheusUrl"]),
+    # The judge's client speaks no TLS: an https URL would crash-loop the judge.
+    ({"judge": {"enabled": True, "prometheusUrl": "https://prometheus-k8s.monitoring.svc:9091"}},
+     ["/judge/prometheusUrl"]),
     ({"judge": {"enabled": True, "replicas": -1}}, ["/judge/replicas"]),
     ({"judge": {"enabled": True, "extraArgs": "--alpha=0.01"}}, ["/judge/extraArgs", "want array"]),
 ]
@@ -308,50 +316,63 @@ def schema_node(schema, path):
     return node
 
 
-def flags_of(path, struct="Args"):
-    """The long flags of a clap Args struct (`--track-label`), read from its source: each
-    `#[arg(...)]` line with `long` (or `long = "name"`) before its `pub field:`, and the
-    flags of each struct flattened into it."""
-    with open(path) as f:
-        text = f.read()
-    body = text[text.index("pub struct %s {" % struct):]
-    body = body[:body.index("\n}\n")]
-    flags, attr = set(), None
-    for line in body.splitlines():
-        line = line.strip()
-        if line.startswith("#[arg(") or line == "#[command(flatten)]":
-            attr = line
-            continue
-        flattened = re.match(r"pub \w+: (\w+),", line)
-        if attr == "#[command(flatten)]" and flattened:
-            if flattened.group(1) not in FLATTENED:
-                raise ValueError("%s: %s is flattened into %s; say where it is defined"
-                                 % (rel(path), flattened.group(1), struct))
-            flags |= flags_of(FLATTENED[flattened.group(1)], flattened.group(1))
-            attr = None
-            continue
-        m = re.match(r"pub (\w+):", line)
-        if m and attr is not None:
-            m2 = re.search(r'\blong\s*=\s*"([^"]+)"', attr)
-            bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', attr)
-            if m2:
-                flags.add("--" + m2.group(1))
-            elif re.search(r"\blong\b", bare):
-                flags.add("--" + m.group(1).replace("_", "-"))
-            attr = None
-    if not flags:
-        raise ValueError("%s: no flags found in struct %s" % (rel(path), struct))
-    return flags
+# ---------------------------------------------------------------------------------
+# Through the binary: the chart's command lines parsed by the real `canaryscope`
 
 
-def rust_const(name):
-    with open(CONFIG_RS) as f:
-        m = re.search(r"pub const %s: [^=]+= (.+?);" % name, f.read())
-    if not m:
-        err("%s: no constant %s" % (rel(CONFIG_RS), name))
-        return None
-    v = m.group(1).strip()
-    return json.loads(v) if v.startswith('"') else int(v.replace("_", ""))
+class BinaryMissing(Exception):
+    pass
+
+
+def binary():
+    if not os.access(BINARY, os.X_OK):
+        raise BinaryMissing("%s is not there: build it (cargo build --release -p observer) or name it "
+                            "in CANARYSCOPE_BIN" % BINARY)
+    return BINARY
+
+
+def pod_env(container):
+    """The container's environment as its process sees it in the pod: the literal values,
+    a stand-in for each value the kubelet fills in (the node's name), and the in-cluster
+    API's address, which the daemon takes as the sign it runs in a cluster."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    for e in container.get("env", []):
+        env[e["name"]] = e["value"] if "value" in e else "stand-in-" + e["name"].lower().replace("_", "-")
+    return env
+
+
+def check_config(argv, env):
+    """(settings printed, None) when `canaryscope ARGV` with --check-config takes the command
+    line, else (None, its error): `--check-config` goes right after the subcommand, so no
+    flag of the chart's can take it as its value."""
+    p = subprocess.run([binary(), argv[0], "--check-config"] + list(argv[1:]), env=env,
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode == 0:
+        return p.stdout, None
+    return None, "exit %d: %s" % (p.returncode, (p.stderr.strip() or p.stdout.strip()))
+
+
+def containers_of(docs):
+    """(what, container) for each container the chart runs the binary in."""
+    out = [("the DaemonSet's `canaryscope run`", daemon(docs))]
+    if judge(docs) is not None:
+        out.append(("the judge's `canaryscope judge`", judge_container(docs)))
+    return out
+
+
+def refused_by_binary(docs):
+    """The binary's errors for the command lines of a render, one line each."""
+    problems = []
+    for what, c in containers_of(docs):
+        # No command: the image's entrypoint, /usr/bin/canaryscope (`cargo xtask image` checks it).
+        if c.get("command", ["/usr/bin/canaryscope"]) != ["/usr/bin/canaryscope"]:
+            problems.append("%s: command %s is not the image's /usr/bin/canaryscope" % (what, c["command"]))
+            continue
+        _out, problem = check_config(c.get("args", []), pod_env(c))
+        if problem:
+            problems.append("%s refuses %s: %s" % (what, " ".join(c.get("args", [])), problem))
+    return problems
 
 
 def check_values():
@@ -392,11 +413,17 @@ def check_values():
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         default_job = pool.submit(render, {})
+        allon_job = pool.submit(lambda: dc.helm_docs(release=dc.ALL_ON_RELEASE, values=[dc.ALL_ON_VALUES]))
         jobs = [(p, v, c, pool.submit(render, v)) for p, v, c in REACH]
         special = [(w, c, pool.submit(render, v, rel_, kv)) for w, rel_, kv, v, c in SPECIAL]
     default, problem = default_job.result()
     if problem:
         err("the default values do not render: %s" % problem)
+        return
+    try:
+        allon = allon_job.result()
+    except dc.RenderError as e:
+        err("the all-on values do not render: %s" % e)
         return
     for p, v, check, job in jobs:
         docs, problem = job.result()
@@ -417,53 +444,98 @@ def check_values():
             err("%s: setting %s does not show in the rendered manifests" % (p, shown))
         elif by_default:
             err("%s: the case %s also holds with the default values, so it shows nothing" % (p, shown))
+        for problem in refused_by_binary(docs):
+            err("%s: with %s, %s" % (p, shown, problem))
     for what, check, job in special:
         docs, problem = job.result()
         if problem or not check(docs):
             err("%s: does not hold%s" % (what, ": " + problem if problem else ""))
         else:
             ok(what)
+    for label, docs in (("the default values", default), ("the all-on values", allon)):
+        for problem in refused_by_binary(docs):
+            err("%s: %s" % (label, problem))
     if len(dc.ERRORS) == before:
-        ok("%d cases: each of the %d documented values, set away from its default, reaches the manifests"
-           % (len(REACH), len(params)))
+        ok("%d cases: each of the %d documented values, set away from its default, reaches the manifests, "
+           "and the binary takes every render's command lines" % (len(REACH), len(params)))
 
-    # The chart's defaults are the daemon's (values.yaml says so).
+    # The chart's defaults are the daemon's (values.yaml says so): the settings the daemon
+    # prints for the default render's command line are those it has given no flag at all.
     before = len(dc.ERRORS)
-    want = {
-        "stallThreshold": rust_const("DEFAULT_STALL_THRESHOLD"),
-        "seriesGrace": rust_const("DEFAULT_SERIES_GRACE"),
-        "maxCgroups": rust_const("DEFAULT_MAX_CGROUPS"),
-        "trackLabel": rust_const("DEFAULT_TRACK_LABEL"),
-        "hotCalls": rust_const("DEFAULT_HOT_CALLS"),
-        "hotDetail": rust_const("DEFAULT_HOT_DETAIL_RUN"),
-        "hotWindow": rust_const("DEFAULT_HOT_WINDOW"),
-    }
-    for key, daemon_default in want.items():
-        if values.get(key) != daemon_default:
-            err("values.yaml %s: %r, the daemon's default is %r (observer/src/config/mod.rs)"
-                % (key, values.get(key), daemon_default))
-    with open(CONFIG_RS) as f:
-        families = re.findall(r'^\s*\("(\w+)",', f.read().split("FAMILY_NAMES")[1].split("];")[0], re.M)
-    if values.get("probes") != families:
-        err("values.yaml probes: %s, the daemon's families are %s" % (values.get("probes"), families))
-    if [a for a in args(default) if a.startswith("--listen")] != ["--listen=" + rust_const("DEFAULT_LISTEN")]:
-        err("the chart's --listen is not the daemon's default %s" % rust_const("DEFAULT_LISTEN"))
-    # Every flag the chart passes (all-on: every option) is one the subcommand has.
-    try:
-        allon = dc.helm_docs(release=dc.ALL_ON_RELEASE, values=[dc.ALL_ON_VALUES])
-        run_flags, judge_flags = flags_of(RUN_RS), flags_of(JUDGE_RS)
-        for where, given, known in (("canaryscope run", args(allon)[1:], run_flags),
-                                    ("canaryscope judge", judge_container(allon)["args"][1:], judge_flags)):
-            for a in given:
-                flag = a.split("=", 1)[0]
-                if flag not in known:
-                    err("the chart passes %s to `%s`, which has no such flag (%s)"
-                        % (flag, where, ", ".join(sorted(known))))
-    except (dc.RenderError, ValueError) as e:
-        err(str(e))
+    c = daemon(default)
+    chart_settings, problem = check_config(c["args"], pod_env(c))
+    bare_settings, bare_problem = check_config(["run"], pod_env(c))
+    if problem or bare_problem:
+        err("the daemon refuses %s: %s" % ("the default render" if problem else "no flags", problem or bare_problem))
+    elif chart_settings != bare_settings:
+        import difflib
+        diff = [l for l in difflib.unified_diff(bare_settings.splitlines(), chart_settings.splitlines(),
+                                                "no flags", "the chart's defaults", lineterm="", n=0)
+                if l[:1] in "+-" and l[:3] not in ("+++", "---")]
+        err("the default render runs the daemon away from its own defaults:\n      %s"
+            % "\n      ".join(diff))
     if len(dc.ERRORS) == before:
-        ok("the defaults are the daemon's, and every flag the chart passes exists (%s, %s)"
-           % (rel(CONFIG_RS), rel(RUN_RS)))
+        ok("the default render's settings are the daemon's own defaults (canaryscope run --check-config)")
+
+
+# Duration spellings to try on both sides: numbers of each shape, with the units the
+# binary takes and ones a user might try (Go's, Kubernetes', Prometheus').
+DURATION_NUMBERS = ["0", "1", "10", "007", "1.5", "0.25", ".5", "5.", "1e3", "-1"]
+DURATION_UNITS = ["", "ns", "us", "µs", "ms", "s", "m", "h", "d", "w", "y", "min", "sec", "S", "M", "H",
+                  "h30m", " s"]
+# Around the one-second floor of --hot-window and --gate-timeout, in each unit, so that the
+# chart's own reading of a duration (templates/_helpers.tpl, canaryscope.seconds) is held
+# to the binary's.
+NEAR_ONE_SECOND = ["999ms", "1000ms", "1s", "0.999s", "1", "0.5", "999999us", "1000000us", "1000000µs",
+                   "999999999ns", "1000000000ns", "0.0166m", "0.017m", "0.0002h", "0.0003h"]
+
+
+def binary_takes(flag, value):
+    """None when `canaryscope run` takes FLAG=VALUE, else its error."""
+    _out, problem = check_config(["run", "--no-kubernetes", "%s=%s" % (flag, value)],
+                                 {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    return problem
+
+
+def check_durations():
+    print("durations: the schema's grammar and the chart's reading of it are the binary's")
+    with open(SCHEMA) as f:
+        pattern = re.compile(json.load(f)["definitions"]["duration"]["pattern"])
+    before = len(dc.ERRORS)
+    tried = 0
+    for number in DURATION_NUMBERS:
+        for unit in DURATION_UNITS:
+            text = number + unit
+            schema = pattern.search(text) is not None
+            refused = binary_takes("--series-grace", text)
+            tried += 1
+            if schema and refused:
+                err("values.schema.json takes the duration %r, which the binary refuses: %s" % (text, refused))
+            # The units are the binary's: for a plain number, the schema takes what it takes.
+            if number == "10" and not schema and not refused:
+                err("the binary takes the duration %r, which values.schema.json refuses: its unit list "
+                    "is not the binary's" % text)
+
+    def render(value):
+        try:
+            dc.helm_template(overrides={"hotWindow": value, "gateTimeout": value})
+            return None
+        except dc.RenderError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        renders = list(pool.map(render, NEAR_ONE_SECOND))
+    for value, chart_refusal in zip(NEAR_ONE_SECOND, renders):
+        for flag in ("--hot-window", "--gate-timeout"):
+            refused = binary_takes(flag, value)
+            if bool(chart_refusal) != bool(refused):
+                err("%s=%s: the chart %s, the binary %s" % (
+                    flag, value, "refuses it (%s)" % chart_refusal.splitlines()[0] if chart_refusal else "takes it",
+                    "refuses it (%s)" % refused if refused else "takes it"))
+    if len(dc.ERRORS) == before:
+        ok("%d spellings: the schema takes none the binary refuses, and every unit the binary takes; "
+           "%d values near 1s: hotWindow and gateTimeout refused by the chart as by the binary"
+           % (tried, len(NEAR_ONE_SECOND)))
 
 
 def check_refused():
@@ -634,16 +706,19 @@ def write_readme(_):
 
 def run(checks, what):
     for c in checks:
-        c()
+        try:
+            c()
+        except BinaryMissing as e:
+            err(str(e))
     finish(what)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    table = {"lint": [check_lint], "values": [check_values], "refused": [check_refused],
-             "readme": [check_readme], "upgrade": [check_upgrade]}
-    table["all"] = [check_lint, check_values, check_refused, check_readme, check_upgrade]
+    table = {"lint": [check_lint], "values": [check_values], "durations": [check_durations],
+             "refused": [check_refused], "readme": [check_readme], "upgrade": [check_upgrade]}
+    table["all"] = [check_lint, check_values, check_durations, check_refused, check_readme, check_upgrade]
     for name, checks in table.items():
         sub.add_parser(name).set_defaults(fn=lambda _ns, c=checks, n=name: run(c, "chart " + n))
     sub.add_parser("write-readme").set_defaults(fn=write_readme)

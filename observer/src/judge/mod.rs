@@ -70,6 +70,11 @@ pub struct Args {
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_lookback)]
     pub deadline: Duration,
     /// Print the simulated false-rollback and detection rates as JSON and exit.
+    /// Check the arguments as the judge does, print what it would serve
+    /// with, and exit (0; or 2 with the judge's own error). Starts nothing:
+    /// deploy/check.sh runs the chart's rendered arguments through it.
+    #[arg(long)]
+    pub check_config: bool,
     #[arg(long, hide = true)]
     pub simulate: bool,
     /// The canary's share of the exposure in the simulation.
@@ -139,6 +144,14 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let addr: SocketAddr = args.listen.parse().map_err(|_| {
         CliError::usage(format!("--listen {}: expected HOST:PORT, e.g. 0.0.0.0:9808", args.listen))
     })?;
+    if args.check_config {
+        println!(
+            "canaryscope judge would serve on {addr}, asking {url}, with {policy:#?}, a start-up lookback \
+             of {:?} and a deadline of {:?}",
+            args.startup_lookback, args.deadline
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

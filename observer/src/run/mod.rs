@@ -116,10 +116,20 @@ pub struct Args {
     /// --lib, --probes and --stall-threshold, shown among the options above.
     #[command(flatten)]
     pub probe: ProbeArgs,
+    /// Check the flags, the environment and the config file as `run` does,
+    /// print the settings it would run with, and exit (0; or 2 with `run`'s
+    /// own error). Needs no root and starts nothing: deploy/check.sh runs
+    /// the chart's rendered arguments through it.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let settings = Settings::from_run_args(&args)?;
+    if args.check_config {
+        println!("canaryscope run would start with {settings:#?}");
+        return Ok(ExitCode::SUCCESS);
+    }
     require_root("canaryscope run")?;
     // The exposition is megabytes at a thousand pods and is replaced as a
     // whole. glibc raises its mmap threshold to the size of the largest
