@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <build|run|test|vm|matrix|bench|image|fixtures|layers>`.
+//! Project tasks: `cargo xtask <build|run|test|lint|vm|matrix|bench|image|fixtures|layers>`.
 //!
 //! Every task says what it is doing before it does it: builds, VM boots and
 //! benchmarks take long enough that silence would look like a hang.
@@ -38,6 +38,9 @@ enum Task {
     },
     /// Check that observer/src imports run downward only (layers, no cycle, no forbidden arrow).
     Layers,
+    /// The suite's lint step alone: layers, rustfmt, and clippy over every crate, the eBPF one
+    /// with Debian's clippy.
+    Lint,
     /// Build the C test programs and libraries into target/fixtures.
     Fixtures,
     /// The whole test suite: format, lints, unit tests, root integration tests, deploy checks, image, VM, bench smoke.
@@ -132,6 +135,7 @@ fn main() -> ExitCode {
             run(Command::new(bin).args(args))
         }),
         Task::Layers => layers::check(),
+        Task::Lint => test::lint(false),
         Task::Fixtures => fixtures::build_all().map(|_| ()),
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),

@@ -144,7 +144,7 @@ impl Checks {
 /// The layers, rustfmt and the eBPF crate's clippy: seconds, and the
 /// cheapest way to learn a change broke them. The host crates' clippy
 /// (minutes) runs here only when there are no VM boots to run beside.
-fn lint(beside_vms: bool) -> Result<()> {
+pub fn lint(beside_vms: bool) -> Result<()> {
     step("layers: observer/src imports run downward only");
     crate::layers::check()?;
     step("rustfmt --check");
