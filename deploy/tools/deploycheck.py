@@ -6,8 +6,6 @@ Subcommands
                         is the Helm chart deploy/helm/canaryscope rendered by `helm template`
                         with deploy/helm/base-values.yaml: write it, or with --check compare
                         (and the chart's dashboard ConfigMap with deploy/grafana's generator)
-  sync-rules            the same as render-base: deploy/prometheusrule.yaml is the chart's
-                        PrometheusRule, whose spec is deploy/prometheus/rules.yaml
   rules-equal           PrometheusRule spec == plain rule file
   contract [--scrape F] metric names / labels used by rules, tests and templates are the
                         ones of the metric contract (deploy/metric-contract.json, generated
@@ -314,12 +312,7 @@ def rendered_queries():
 
 
 # ---------------------------------------------------------------------------------
-# sync-rules / rules-equal
-
-def cmd_sync_rules(_):
-    """prometheusrule.yaml is the chart's PrometheusRule, whose spec is rules.yaml: render
-    the base anew."""
-    cmd_render_base(argparse.Namespace(check=False))
+# rules-equal
 
 
 def cmd_rules_equal(_):
@@ -1551,7 +1544,6 @@ def cmd_extract_schemas(ns):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("sync-rules").set_defaults(fn=cmd_sync_rules)
     p = sub.add_parser("render-base")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
     p.set_defaults(fn=cmd_render_base)

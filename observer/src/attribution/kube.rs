@@ -444,11 +444,6 @@ impl PodCache {
         self.len() == 0
     }
 
-    /// The cache keys (pod UIDs) of the pods `keep` accepts.
-    pub fn uids_where(&self, keep: impl Fn(&PodMeta) -> bool) -> std::collections::HashSet<String> {
-        self.read().iter().filter(|(_, m)| keep(m)).map(|(k, _)| k.clone()).collect()
-    }
-
     /// `judge` of every pod, by cache key.
     pub fn classify<T>(&self, judge: impl Fn(&PodMeta) -> T) -> HashMap<String, T> {
         self.read().iter().map(|(k, m)| (k.clone(), judge(m))).collect()

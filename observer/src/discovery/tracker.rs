@@ -264,11 +264,6 @@ impl LibraryTracker {
         self.processes.len()
     }
 
-    /// Why a process carries hot-call probes, if it does.
-    pub fn hot_reason(&self, pid: u32) -> Option<Reason> {
-        self.processes.get(&pid).and_then(|p| p.reason)
-    }
-
     /// A process mapped code: read its maps a little later, as the loader
     /// is usually mid-way through mapping a burst of libraries.
     pub fn code_mapped(&mut self, header: &EventHeader) {

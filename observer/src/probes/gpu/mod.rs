@@ -225,16 +225,6 @@ impl GpuProbes {
         self.attached.values()
     }
 
-    /// Processes that carry hot-tier probes on at least one file.
-    pub fn hot_pids(&self) -> std::collections::BTreeSet<u32> {
-        self.attached.values().flat_map(|l| l.hot.keys().copied()).collect()
-    }
-
-    /// Whether `pid` carries the hot-tier probes of file `id`.
-    pub fn has_hot(&self, id: &FileId, pid: u32) -> bool {
-        self.attached.get(id).is_some_and(|l| l.hot.contains_key(&pid))
-    }
-
     /// The flavor of a probed file.
     pub fn flavor_of(&self, id: &FileId) -> Option<Flavor> {
         self.attached.get(id).map(|l| l.library.flavor)
