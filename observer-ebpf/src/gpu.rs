@@ -1,9 +1,12 @@
 //! GPU runtime calls: one uprobe and one uretprobe program shared by every
-//! probed function of `libamdhip64` and `libcuda`/`libnvcuda`; the attach
-//! cookie (see `observer_common::gpu::cookie`) says which function fired.
+//! probed function of the HIP runtime (`libamdhip64`), the CUDA driver
+//! (`libcuda`/`libnvcuda`) and the CUDA runtime (`libcudart`, or linked
+//! statically into an executable); the attach cookie (see
+//! `observer_common::gpu::cookie`) says which function fired.
 //!
-//! match-proto: every probed function returns `hipError_t` / `CUresult`, a
-//! 32-bit enum in `eax` (x86-64 SysV), so the return value is read as `i32`.
+//! match-proto: every probed function returns `hipError_t` / `CUresult` /
+//! `cudaError_t`, a 32-bit enum in `eax` (x86-64 SysV), so the return value
+//! is read as `i32`.
 
 use aya_ebpf::{
     helpers::{

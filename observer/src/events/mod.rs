@@ -255,7 +255,7 @@ pub enum Raw {
 }
 
 impl Raw {
-    /// The record kind, as `canaryscope_ringbuf_records_total` labels it.
+    /// The record kind, as `canaryscope_ring_events_total` labels it.
     pub fn name(&self) -> &'static str {
         match self {
             Self::GpuCall(_) => "gpu_call",
