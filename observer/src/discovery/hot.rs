@@ -134,10 +134,6 @@ impl Selection {
         self.canary = Some(judge);
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// Whether selection is per process at all (rather than everyone or nobody).
     pub fn per_process(&self) -> bool {
         matches!(self.policy, Policy::Filter { .. } | Policy::Daemon { .. })

@@ -259,11 +259,6 @@ impl LibraryTracker {
         counts
     }
 
-    /// Processes that map a probed GPU runtime file.
-    pub fn gpu_processes(&self) -> usize {
-        self.processes.len()
-    }
-
     /// A process mapped code: read its maps a little later, as the loader
     /// is usually mid-way through mapping a burst of libraries.
     pub fn code_mapped(&mut self, header: &EventHeader) {

@@ -327,10 +327,6 @@ impl<K: Ord + Clone> PodGauges<K> {
         changed
     }
 
-    pub fn contains(&self, cgroup: u64, key: &K) -> bool {
-        self.live.contains_key(&(cgroup, key.clone()))
-    }
-
     pub fn forget(&mut self, cgroup: u64) {
         self.live.retain(|(c, _), _| *c != cgroup);
     }

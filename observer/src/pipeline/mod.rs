@@ -348,11 +348,6 @@ impl Pipeline {
         self.tracker.hot_counts()
     }
 
-    /// Processes that map a probed GPU runtime file.
-    pub fn gpu_processes(&self) -> usize {
-        self.tracker.gpu_processes()
-    }
-
     fn announce(&mut self, out: &mut Vec<Event>) {
         for a in self.tracker.take_announcements() {
             let Announcement { library, flavor, functions, reason, held_ns, probed_at, origin } = a;
