@@ -150,7 +150,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         &canary,
         canary.command(&fixture("busy_threads")).args([&cpus.to_string(), "120"]).stdout(Stdio::null()),
     ));
-    // The canary serves HTTP too (Python's own server: 200 and 404),
+    // The canary serves HTTP too (Python's own server: 200, 404 and 501),
     // measured from the node.
     let web_port = free_port();
     let _web = Proc(
@@ -174,6 +174,13 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         for path in ["/", "/missing", "/", "/"] {
             assert!(http_get(web_port, path).is_some(), "the canary answers {path}");
         }
+        // A method Python's server does not implement: 501, a 5xx.
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", web_port)).expect("connect");
+        std::io::Write::write_all(&mut s, b"DELETE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        assert!(answer.starts_with("HTTP/1.0 501"), "{answer}");
         let out = canary.command(&fixture("hip_probe")).output().expect("hip_probe");
         assert!(out.status.success(), "{out:?}");
         crash_in_launch(&canary, false);
