@@ -21,6 +21,12 @@ pub fn is_gpu_library_name(name: &[u8]) -> bool {
 /// or inspected and found not to be a runtime): hash ino -> 1. A mapping of
 /// any other GPU-named file is reported at once, and held when asked.
 pub const GPU_FILES_KNOWN_MAP: &str = "GPU_FILES_KNOWN";
+/// Value of a [`GPU_FILES_KNOWN_MAP`] entry for a CUDA driver library:
+/// handled, yet each process's mapping of it is still reported (and held,
+/// when asked). A runtime linked into a shared object loads the driver
+/// library on its first call, so that mapping is when userspace reads the
+/// process's other code for it. A process maps its driver library once.
+pub const KNOWN_DRIVER: u32 = 2;
 /// Capacity of [`GPU_FILES_KNOWN_MAP`]; once it is full, every mapping of a
 /// file not in it is reported again (and held, with `--hold`).
 pub const MAX_GPU_FILES_KNOWN: u32 = 4096;

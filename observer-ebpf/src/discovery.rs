@@ -19,7 +19,7 @@ use aya_ebpf::{
 use observer_common::{
     discovery::{
         ExecEvent, GpuFileKey, GpuMapEvent, PendingGpuMap, GPU_LIBRARY_PREFIXES, HOLD_CGROUP_DEPTH,
-        MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
+        KNOWN_DRIVER, MAX_GPU_FILES_KNOWN, MAX_HELD, MAX_HOT_SCOPES, MMAP_COALESCE_NS,
     },
     discovery::{LibraryMapEvent, LIBRARY_NAME_LEN},
     EventKind,
@@ -127,8 +127,10 @@ fn gpu_file_to_report(fd: u64, pid_tgid: u64) -> Result<PendingGpuMap, i64> {
     let dev: u32 = read(sb, o.super_block_s_dev)?;
     let key = GpuFileKey { dev, _pad: 0, ino };
     // SAFETY: read-only map lookup.
-    let known = unsafe { GPU_FILES_KNOWN.get(&key) }.is_some();
-    if known && !selected_for_hot_calls(pid_tgid) {
+    let handled = unsafe { GPU_FILES_KNOWN.get(&key) }.copied();
+    let known = handled.is_some();
+    // A driver library's mapping is news for each process (KNOWN_DRIVER).
+    if known && handled != Some(KNOWN_DRIVER) && !selected_for_hot_calls(pid_tgid) {
         return Err(0);
     }
     let dentry: *const u8 = read(file, o.file_f_path_dentry)?;

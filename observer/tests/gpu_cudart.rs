@@ -469,6 +469,108 @@ fn a_runtime_linked_into_the_executable_is_probed_there() {
     );
 }
 
+/// NVIDIA's runtime linked into a shared object, as CuPy's extension
+/// modules carry it (`libcudart_static.a`, its functions local symbols of
+/// `.symtab`): no `libcudart` file exists. The static runtime loads the
+/// driver library on its first call; at that mapping (held) the process's
+/// other code is read for the runtime and probed, so the calls that follow
+/// are seen, whether the object came through `dlopen` (13.x: 35, with the
+/// driver's version) or `DT_NEEDED` (12.x: 100 at both layers). A stripped
+/// copy is named as unprobed, with why, by the tracer and by `check`.
+#[test]
+#[ignore = "needs root and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
+fn a_runtime_linked_into_a_shared_object_is_probed_there() {
+    assert_root();
+    let tracer = Tracer::start(TRACE);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let copies = Copies::new("CUDART13");
+    // Fresh copies, new inodes: CuPy's module name, a DT_NEEDED user with
+    // its library beside it, and a stripped module.
+    let module =
+        copies.dir.join("site-packages/cupy_backends/cuda/api/runtime.cpython-311-x86_64-linux-gnu.so");
+    let needed = copies.dir.join("app/cudart_static_needed");
+    let needed_lib = copies.dir.join("app/lib/libgpu_static_rt.so");
+    let stripped = copies.dir.join("stripped/runtime.cpython-311-x86_64-linux-gnu.so");
+    for (from, to) in [
+        ("cudart-static-so/cu13/libgpu_static_rt.so", &module),
+        ("cudart-static-so/cudart_static_needed", &needed),
+        ("cudart-static-so/cu12/libgpu_static_rt.so", &needed_lib),
+        ("cudart-static-so/cu13-stripped/libgpu_static_rt.so", &stripped),
+    ] {
+        fs::create_dir_all(to.parent().expect("dir")).expect("mkdir");
+        fs::copy(fixture(from), to).expect("copy a fixture");
+    }
+    let run = |program: &Path, arg: Option<&Path>| -> (u64, Value) {
+        let mut cmd = pod.command(program);
+        cmd.args(arg).env("LD_LIBRARY_PATH", &copies.driver_dir);
+        let out = detached(cmd);
+        assert!(out.status.success(), "{out:?}");
+        let printed: Value = serde_json::from_slice(&out.stdout).expect("the app prints JSON");
+        (printed["pid"].as_u64().expect("pid"), printed)
+    };
+    let probed = |path: &Path| {
+        let path = path.to_str().expect("utf8").to_string();
+        tracer.wait_for(&format!("{path} probed"), wait(), move |e| {
+            e["kind"] == "library_probed" && e["library"] == path.as_str()
+        })
+    };
+    let call = |pid: u64, function: &str| {
+        tracer.wait_for(&format!("{function} of pid {pid}"), wait(), |e| {
+            e["kind"] == "gpu_call" && e["function"] == function && e["pid"] == pid
+        })
+    };
+
+    // dlopen, 13.x: cudaErrorInsufficientDriver, with the driver's version.
+    let (pid, printed) = run(&fixture("cudart-static-so/cudart_static_dlopen"), Some(&module));
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let announced = probed(&module);
+    assert_eq!(announced["flavor"], "cudart", "{announced}");
+    assert!(announced["functions"].as_u64().is_some_and(|n| n > 10), "{announced}");
+    let reason = announced["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("CUDA runtime linked into ") && reason.ends_with("held until probed"),
+        "{announced}"
+    );
+    let count = call(pid, "cudaGetDeviceCount");
+    assert_eq!(count["api"], "cudart", "{count}");
+    assert_eq!(count["library"], module.to_str().expect("utf8"), "{count}");
+    assert_eq!(count["result_name"], "cudaErrorInsufficientDriver", "{count}");
+    assert_eq!(count["driver_version"], printed["driver_version"], "{count}");
+
+    // DT_NEEDED, 12.x: no device, at the runtime and at the driver beneath.
+    let (pid, printed) = run(&needed, None);
+    assert_eq!(printed["device_count_rc"], 100, "{printed}");
+    assert_eq!(probed(&needed_lib)["flavor"], "cudart");
+    let runtime = call(pid, "cudaGetDeviceCount");
+    assert_eq!(runtime["library"], needed_lib.to_str().expect("utf8"), "{runtime}");
+    assert_eq!(runtime["result_name"], "cudaErrorNoDevice", "{runtime}");
+    let driver = call(pid, "cuInit");
+    assert_eq!(driver["api"], "cuda", "{driver}");
+    assert_eq!(driver["result_name"], "CUDA_ERROR_NO_DEVICE", "{driver}");
+    assert_eq!(driver["tid"], runtime["tid"], "the driver's failure inside the runtime's call");
+
+    // Stripped: named, with why, and unprobed.
+    let printed = run(&fixture("cudart-static-so/cudart_static_dlopen"), Some(&stripped)).1;
+    assert_eq!(printed["device_count_rc"], 35, "{printed}");
+    let refused = probed(&stripped);
+    assert_eq!(refused["functions"], 0, "{refused}");
+    assert!(
+        refused["reason"].as_str().is_some_and(|r| r.contains("stripped of its symbol table")),
+        "{refused}"
+    );
+    let out = Command::new(canaryscope())
+        .args(["check", "--json", "--lib"])
+        .arg(&stripped)
+        .output()
+        .expect("check");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    let entry = report["gpu_libraries"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["path"].as_str() == stripped.to_str()))
+        .unwrap_or_else(|| panic!("the stripped module is missing: {report:#}"));
+    assert!(entry["problem"].as_str().is_some_and(|p| p.contains("stripped of its symbol table")), "{entry}");
+}
+
 /// A framework's wheel layout: the runtime is reached only through the
 /// RUNPATH of the framework's own library (`torch/lib/...` naming
 /// `$ORIGIN/../../nvidia/cu13/lib`), never through the executable, its

@@ -149,11 +149,13 @@ done
 # The 13.x runtime as nvcc links it by default (-cudart static), for an
 # executable that carries the runtime itself.
 CUDART13_STATIC="$(dirname "$CUDART13")/libcudart_static.a"
-for v in LIBCUDA CUDART11 CUDART12 CUDART13 CUDART13_STATIC; do
+# The 12.x one, for a shared object that carries the runtime (CuPy's shape).
+CUDART12_STATIC="$(dirname "$CUDART12")/libcudart_static.a"
+for v in LIBCUDA CUDART11 CUDART12 CUDART13 CUDART13_STATIC CUDART12_STATIC; do
     [ -e "${!v}" ] || die "$v: ${!v} is missing after the fetch"
 done
 env_file="$DEST/paths.env"
-printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\nCUDART13_STATIC=%s\n' \
-    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC" > "$env_file.tmp"
+printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\nCUDART13_STATIC=%s\nCUDART12_STATIC=%s\n' \
+    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC" "$CUDART12_STATIC" > "$env_file.tmp"
 if cmp -s "$env_file.tmp" "$env_file"; then rm -f "$env_file.tmp"; else mv "$env_file.tmp" "$env_file"; fi
 printf '%s\n' "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC"

@@ -24,6 +24,7 @@ pub fn build_all() -> Result<std::path::PathBuf> {
             .ok_or_else(|| anyhow::anyhow!("target/nvidia/paths.env names no {key}"))
     };
     let (cudart13, cudart_static) = (path_of("CUDART13")?, path_of("CUDART13_STATIC")?);
+    let cudart12_static = path_of("CUDART12_STATIC")?;
     step("building test fixtures (gcc) into target/fixtures");
     run(Command::new("make")
         .arg("-s")
@@ -32,6 +33,7 @@ pub fn build_all() -> Result<std::path::PathBuf> {
         .arg(format!("OUT={}", out.display()))
         .arg(format!("HIP_LIB={HIP_LIB}"))
         .arg(format!("CUDART13={cudart13}"))
-        .arg(format!("CUDART_STATIC={cudart_static}")))?;
+        .arg(format!("CUDART_STATIC={cudart_static}"))
+        .arg(format!("CUDART12_STATIC={cudart12_static}")))?;
     Ok(out)
 }

@@ -60,3 +60,39 @@ pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
     }
     out
 }
+
+/// The other code a process maps: every file with an executable mapping
+/// that is neither named like a GPU runtime (those are [`process_libraries`])
+/// nor the process's executable, as (path to open, path it sees), each
+/// once. A runtime linked into one of them is found by its symbol table.
+pub fn process_code_objects(pid: u32) -> Vec<(PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let exe = fs::metadata(format!("/proc/{pid}/exe")).map(|m| m.ino()).ok();
+    let maps = String::from_utf8_lossy(&maps);
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for mapping in maps.lines().filter_map(crate::procfs::parse_line) {
+        let path = mapping.file_path();
+        let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !mapping.executable
+            || mapping.inode == 0
+            || !path.starts_with('/')
+            || Some(mapping.inode) == exe
+            || candidate_api(name).is_some()
+            || !seen.insert(path.to_string())
+        {
+            continue;
+        }
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let open_path = if !mapping.deleted() && via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
+        };
+        out.push((open_path, path.to_string()));
+    }
+    out
+}

@@ -112,7 +112,8 @@ pub struct LibraryTracker {
     /// Files inspected and found not to be GPU runtimes, with the change
     /// time they had then: a file rewritten in place is looked at again.
     rejected: HashMap<FileId, i128>,
-    /// Executables read for a CUDA runtime linked into them ([`linked`]).
+    /// Executables and shared objects read for a runtime linked into them
+    /// ([`linked`]).
     executables_read: HashSet<FileId>,
     /// Processes whose maps are read once their loader is likely done.
     pending_scans: Vec<PendingScan>,
@@ -434,6 +435,8 @@ impl LibraryTracker {
         if let Some(executable) = self.consider_linked_runtime(kernel, pid, &probed, origin) {
             probed.insert(executable);
         }
+        let linked = self.consider_linked_objects(kernel, pid, &probed, origin);
+        probed.extend(linked);
         if !probed.is_empty() {
             self.register(pid, probed);
             self.apply(kernel, pid, Instant::now());
@@ -656,8 +659,14 @@ impl LibraryTracker {
             }
         }
         drop(file);
-        // Probed, failed or not a runtime: mapping it again is no news.
-        kernel.mark_known(GpuFileKey::from_stat(id.dev, id.ino));
+        // Probed, failed or not a runtime: mapping it again is no news,
+        // but for a driver library's (see `linked`).
+        let key = GpuFileKey::from_stat(id.dev, id.ino);
+        if self.probes.flavor_of(&id).is_some_and(|f| f.api() == observer_common::gpu::Api::Cuda) {
+            kernel.mark_known_driver(key);
+        } else {
+            kernel.mark_known(key);
+        }
         self.probes.is_probed(&id).then_some(id)
     }
 }

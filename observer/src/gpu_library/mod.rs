@@ -97,9 +97,16 @@ pub enum LibraryError {
     NotElf { path: String, reason: String },
     #[error("{path}: not a GPU runtime library (expected libamdhip64.so*, libcuda.so*, libnvcuda.so* or libcudart*.so*)")]
     NotGpuLibrary { path: String },
+    #[error("{path}: {STRIPPED_RUNTIME}")]
+    StrippedRuntime { path: String },
     #[error("{path}: exports none of the probed {api} functions")]
     NoFunctions { path: String, api: &'static str },
 }
+
+/// Why a file that carries the CUDA runtime linked in is not probed.
+pub const STRIPPED_RUNTIME: &str =
+    "CUDA runtime linked in, but the file is stripped of its symbol table: its \
+                                    runtime calls are not probed (the driver library's are)";
 
 /// Opens and inspects one library file.
 pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryError> {
@@ -116,7 +123,18 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
         None if has_symbol(&file, "hipInit") => Api::Hip,
         None if has_symbol(&file, "cuInit") => Api::Cuda,
         None if has_symbol(&file, "cudaGetDeviceCount") => Api::Cudart,
-        None => return Err(LibraryError::NotGpuLibrary { path: display_path.to_string() }),
+        // A file that carries a runtime linked in (`--lib` of a CuPy module).
+        None => {
+            return match linked_runtime::inspect_shared_object(path, display_path)? {
+                linked_runtime::LinkedRuntime::Probe(library) => Ok(library),
+                linked_runtime::LinkedRuntime::Stripped => {
+                    Err(LibraryError::StrippedRuntime { path: display_path.to_string() })
+                }
+                linked_runtime::LinkedRuntime::Absent => {
+                    Err(LibraryError::NotGpuLibrary { path: display_path.to_string() })
+                }
+            }
+        }
     };
     let flavor = match api {
         Api::Hip => Flavor::Hip,
@@ -128,6 +146,13 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
     };
     let (functions, aliases) = resolve_functions(&file, file.dynamic_symbols(), api.functions());
     if functions.is_empty() {
+        // Named like a runtime, exporting none of it: it may carry one
+        // linked in (a wheel's own build of a runtime module).
+        if let Ok(linked_runtime::LinkedRuntime::Probe(library)) =
+            linked_runtime::inspect_shared_object(path, display_path)
+        {
+            return Ok(library);
+        }
         return Err(LibraryError::NoFunctions { path: display_path.to_string(), api: api.as_str() });
     }
     Ok(GpuLibrary {
@@ -159,7 +184,10 @@ fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
 /// The string entries of an ELF file's dynamic section whose tag is one of
 /// `tags` (`DT_NEEDED`, `DT_RUNPATH`, ...), in order; none for a file of
 /// another format or without a dynamic section.
-pub fn dynamic_strings(file: &object::File<'_>, tags: &[u32]) -> Vec<String> {
+pub fn dynamic_strings<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    tags: &[u32],
+) -> Vec<String> {
     use object::read::elf::Dyn;
     let object::File::Elf64(elf) = file else { return Vec::new() };
     let (endian, sections) = (elf.endian(), elf.elf_section_table());
@@ -172,7 +200,8 @@ pub fn dynamic_strings(file: &object::File<'_>, tags: &[u32]) -> Vec<String> {
     entries
         .iter()
         .filter(|entry| entry.tag32(endian).is_some_and(|tag| tags.contains(&tag)))
-        .filter_map(|entry| entry.string(endian, strings).ok())
+        .filter_map(|entry| u32::try_from(Into::<u64>::into(entry.d_val(endian))).ok())
+        .filter_map(|offset| strings.get(offset).ok())
         .map(|value| String::from_utf8_lossy(value).into_owned())
         .collect()
 }
@@ -183,9 +212,9 @@ pub fn dynamic_strings(file: &object::File<'_>, tags: &[u32]) -> Vec<String> {
 /// the other is returned as its alias.
 /// `symbols`: a library's exports (its dynamic symbols), or an
 /// executable's own symbol table, where a statically linked runtime is.
-pub fn resolve_functions(
-    file: &object::File<'_>,
-    symbols: object::read::SymbolIterator<'_, '_>,
+pub fn resolve_functions<'data, 'file, R: object::ReadRef<'data>>(
+    file: &'file object::File<'data, R>,
+    symbols: object::read::SymbolIterator<'data, 'file, R>,
     wanted: &'static [GpuFunction],
 ) -> (BTreeMap<&'static str, u64>, Vec<(&'static str, &'static str)>) {
     let mut offsets: HashMap<&'static str, u64> = HashMap::new();
@@ -193,7 +222,10 @@ pub fn resolve_functions(
         if !symbol.is_definition() || symbol.address() == 0 {
             continue;
         }
-        let Ok(name) = symbol.name() else { continue };
+        // A symbol table keeps a versioned definition's version in its name.
+        let Ok(name) = symbol.name().map(|n| n.split_once('@').map_or(n, |(plain, _)| plain)) else {
+            continue;
+        };
         let Some(want) = wanted.iter().find(|w| w.name == name) else {
             continue;
         };

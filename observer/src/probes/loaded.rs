@@ -9,7 +9,7 @@ use aya::{
 use observer_common::{
     discovery::{
         pod_path_key, GpuFileKey, GPU_FILES_KNOWN_MAP, HELD_MAP, HOLD_CGROUPS_MAP, HOT_CGROUPS_MAP,
-        HOT_TGIDS_MAP, POD_PARENTS_MAP, POD_PATHS_MAP, POD_PATH_LEN, UNCLASSIFIED_PODS_MAP,
+        HOT_TGIDS_MAP, KNOWN_DRIVER, POD_PARENTS_MAP, POD_PATHS_MAP, POD_PATH_LEN, UNCLASSIFIED_PODS_MAP,
     },
     gpu::{
         DriverVersion, GpuStats, GpuStatsKey, InflightKey, InflightStack, DRIVER_VERSIONS_MAP, INFLIGHT_MAP,
@@ -272,8 +272,18 @@ impl Loaded {
     /// Tells the kernel side that this file is handled, so mapping it
     /// neither raises an event nor holds a process.
     pub fn mark_known(&mut self, key: GpuFileKey) {
+        self.mark_handled(key, 1);
+    }
+
+    /// Marks a CUDA driver library handled, with each process's mapping of
+    /// it still reported ([`KNOWN_DRIVER`]).
+    pub fn mark_known_driver(&mut self, key: GpuFileKey) {
+        self.mark_handled(key, KNOWN_DRIVER);
+    }
+
+    fn mark_handled(&mut self, key: GpuFileKey, value: u32) {
         // A full map only costs a report (or hold) per mapping of a later file.
-        if let Err(e) = self.known_files.insert(key, 1, 0) {
+        if let Err(e) = self.known_files.insert(key, value, 0) {
             log::debug!("{GPU_FILES_KNOWN_MAP}: {e}");
         }
     }

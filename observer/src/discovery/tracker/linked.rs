@@ -5,18 +5,25 @@
 //! probed like a runtime file: at exec when the executable carries the
 //! runtime's mark (found in the read `ahead` makes anyway), or after a scan
 //! finds it mapping a driver library and no runtime file.
+//!
+//! A runtime linked into a shared object (CuPy's extension modules) is
+//! found the same way, in the other code a process maps once it maps a
+//! CUDA driver library: the static runtime loads the driver library itself
+//! on its first call, and the kernel side reports each mapping of a driver
+//! library (held, with the hold), so the scan runs before the calls that
+//! follow. Each file's symbol table is read once per inode.
 use std::{collections::BTreeSet, os::fd::AsRawFd, os::unix::fs::MetadataExt, path::PathBuf};
 
 use log::{debug, info};
 use observer_common::{comm_str, gpu::Api, EventHeader};
 
 use super::{Announcement, LibraryTracker, MAX_REJECTED};
-use crate::discovery::ahead::Candidate;
+use crate::discovery::{ahead::Candidate, scan::process_code_objects};
 use crate::{
     gpu_library::{
         candidate_api,
-        linked_runtime::{inspect_executable, LinkedRuntime},
-        FileId, Flavor,
+        linked_runtime::{inspect_executable, inspect_shared_object, LinkedRuntime},
+        FileId, Flavor, STRIPPED_RUNTIME,
     },
     probes::Loaded,
 };
@@ -55,6 +62,102 @@ impl LibraryTracker {
             return None;
         }
         self.probe_executable(kernel, pid, origin)
+    }
+
+    /// After a scan: the probed files `pid` maps (`mapped`) include a CUDA
+    /// driver library, so a runtime may be linked into one of the shared
+    /// objects it maps. Returns those that carry probes.
+    pub(super) fn consider_linked_objects(
+        &mut self,
+        kernel: &mut Loaded,
+        pid: u32,
+        mapped: &BTreeSet<FileId>,
+        origin: Option<&EventHeader>,
+    ) -> Vec<FileId> {
+        if !mapped.iter().any(|id| self.probes.flavor_of(id).is_some_and(|f| f.api() == Api::Cuda)) {
+            return Vec::new();
+        }
+        let who =
+            origin.map(|h| format!("{}[{pid}]", comm_str(&h.comm))).unwrap_or_else(|| format!("pid {pid}"));
+        let mut probed = Vec::new();
+        for (path, display) in process_code_objects(pid) {
+            if let Some(id) = self.probe_object(kernel, path, display, &who, origin) {
+                probed.push(id);
+            }
+        }
+        probed
+    }
+
+    /// Reads one shared object once per inode for a linked runtime, probes
+    /// it, or records why it cannot.
+    fn probe_object(
+        &mut self,
+        kernel: &mut Loaded,
+        path: PathBuf,
+        display: String,
+        who: &str,
+        origin: Option<&EventHeader>,
+    ) -> Option<FileId> {
+        // Held open: a path through /proc/PID/root lasts as long as the process.
+        let file = std::fs::File::open(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
+        if self.probes.is_attached(&id) {
+            return self.probes.is_probed(&id).then_some(id);
+        }
+        if !self.executables_read.insert(id) {
+            return None;
+        }
+        if self.executables_read.len() > MAX_REJECTED {
+            self.executables_read.clear();
+        }
+        let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let started = std::time::Instant::now();
+        let found = inspect_shared_object(&held_open, &display);
+        debug!("{display}: read for a linked runtime in {:?}", started.elapsed());
+        let (flavor, functions, reason) = match found {
+            Ok(LinkedRuntime::Probe(library)) => {
+                let flavor = library.flavor;
+                match self.attach_library(kernel, library) {
+                    Ok(functions) => {
+                        info!("probing {display} ({flavor:?} runtime linked in, {functions} functions): mapped by {who}");
+                        (
+                            flavor,
+                            functions,
+                            format!(
+                                "{} runtime linked into {display}, mapped by {who}",
+                                runtime_name(flavor)
+                            ),
+                        )
+                    }
+                    Err(e) => {
+                        log::warn!("cannot probe {e}");
+                        return None;
+                    }
+                }
+            }
+            Ok(LinkedRuntime::Stripped) => {
+                log::warn!("{display}: {STRIPPED_RUNTIME}");
+                self.probes.refuse_file(id, display.clone(), STRIPPED_RUNTIME.to_string());
+                (Flavor::Cudart, 0, format!("{STRIPPED_RUNTIME}; mapped by {who}"))
+            }
+            Ok(LinkedRuntime::Absent) => return None,
+            Err(e) => {
+                debug!("{e}");
+                return None;
+            }
+        };
+        self.announcements.push(Announcement {
+            library: display,
+            flavor,
+            functions,
+            reason,
+            held_ns: None,
+            probed_at: self.probes.probed_at(&id),
+            origin: origin.copied(),
+        });
+        drop(file);
+        self.probes.is_probed(&id).then_some(id)
     }
 
     /// Reads the executable of `pid` once per inode for a linked runtime,
@@ -116,5 +219,13 @@ impl LibraryTracker {
         }
         drop(file);
         self.probes.is_probed(&id).then_some(id)
+    }
+}
+
+/// How a reason names the runtime linked in.
+fn runtime_name(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Hip => "HIP",
+        _ => "CUDA",
     }
 }
