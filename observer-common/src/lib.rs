@@ -53,6 +53,7 @@ pub mod gpu;
 pub mod http;
 pub mod kernel;
 pub mod kfd;
+pub mod library_load;
 pub mod memlimit;
 pub mod oom;
 pub mod sched;
@@ -115,6 +116,7 @@ wire_enum! {
         Exec = 8,
         GpuMap = 9,
         MemoryLimitRefusal = 10,
+        LibraryLoadFailed = 11,
     }
 }
 
@@ -235,6 +237,7 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::discovery::ExecEvent {}
     unsafe impl aya::Pod for crate::discovery::GpuMapEvent {}
     unsafe impl aya::Pod for crate::discovery::GpuFileKey {}
+    unsafe impl aya::Pod for crate::library_load::LoadFailedEvent {}
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod hold_scope;
 mod http;
 mod kernel;
 mod kfd;
+mod library_load;
 mod memlimit;
 mod oom;
 mod sched;

@@ -125,6 +125,7 @@ pub fn detail(event: &Event) -> String {
             format!("{method} {answer} in {}{probe}", duration(*duration_ns))
         }
         Detail::HttpUnparsed { protocol } => format!("a {protocol} connection, not parsed (HTTP/1.x only)"),
+        Detail::LibraryLoadFailed { .. } => load_failed(&event.detail),
         Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
             let held = held_ns.map(|ns| format!(", process held {}", duration(ns))).unwrap_or_default();
             let after = probes_after
@@ -135,6 +136,17 @@ pub fn detail(event: &Event) -> String {
             format!("{library} ({flavor}, {functions} functions): {reason}{held}{after}")
         }
     }
+}
+
+/// A failed library load: what was asked for, and what its loader missed.
+fn load_failed(detail: &Detail) -> String {
+    let Detail::LibraryLoadFailed { library, missing, path, gpu_library, .. } = detail else {
+        return String::new();
+    };
+    let at = path.as_deref().map(|p| format!(" ({p})")).unwrap_or_default();
+    let needs =
+        if gpu_library == library { String::new() } else { format!("; it needs GPU library {gpu_library}") };
+    format!("dlopen of {library}{at} failed: {missing} cannot be found{needs}")
 }
 
 fn crash(

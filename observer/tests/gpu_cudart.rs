@@ -558,11 +558,13 @@ fn a_runtime_linked_into_a_shared_object_is_probed_there() {
         refused["reason"].as_str().is_some_and(|r| r.contains("stripped of its symbol table")),
         "{refused}"
     );
-    let out = Command::new(canaryscope())
-        .args(["check", "--json", "--lib"])
-        .arg(&stripped)
-        .output()
-        .expect("check");
+    assert_check_says_stripped(&stripped);
+}
+
+/// `check --lib` names a stripped object that carries the runtime, with why.
+fn assert_check_says_stripped(stripped: &Path) {
+    let out =
+        Command::new(canaryscope()).args(["check", "--json", "--lib"]).arg(stripped).output().expect("check");
     let report: Value = serde_json::from_slice(&out.stdout).expect("check --json");
     let entry = report["gpu_libraries"]
         .as_array()

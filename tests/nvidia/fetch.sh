@@ -9,7 +9,10 @@
 #     `apt-get download` and `dpkg-deb -x` into target/nvidia/debian/;
 #   - PyPI wheels nvidia-cuda-runtime-cu12 (12.9, libcudart.so.12) and
 #     nvidia-cuda-runtime (13.x, libcudart.so.13), pinned by version and hash,
-#     unpacked into target/nvidia/pypi/<name>/ in their site-packages layout.
+#     unpacked into target/nvidia/pypi/<name>/ in their site-packages layout;
+#   - two extension modules of CuPy's wheel (cupy-cuda12x 14.2): its cuBLAS
+#     binding, which needs libcublas.so.12, and its runtime module, which
+#     carries NVIDIA's runtime linked in.
 #
 # Nothing is installed: the host's library directories, apt sources and apt
 # lists stay as they are. Idempotent; a second run only prints the paths.
@@ -38,6 +41,14 @@ WHEELS=(
     "nvidia-cuda-runtime 13.5.37 df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d"
 )
 WHEEL_PLATFORM=manylinux2014_x86_64
+# A framework's wheel, for a GPU library that fails to load through the real
+# loader: CuPy's cuBLAS binding module needs libcublas.so.12, which its own
+# wheel does not carry (nvidia-cublas-cu12 does). Only its extension modules
+# are kept (CPython 3.11's, as Debian 12's python3).
+CUPY_WHEEL="cupy-cuda12x 14.2.0 5fe2366cc5c61a7ee4a527ce1e8951cb89092d0fb0b5830623cf114d1942c585"
+CUPY_PYTHON=3.11
+CUPY_MEMBERS=(cupy_backends/cuda/libs/cublas.cpython-311-x86_64-linux-gnu.so
+    cupy_backends/cuda/api/runtime.cpython-311-x86_64-linux-gnu.so)
 
 LIBCUDA="$DEST/debian/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1"
 CUDART11="$DEST/debian/usr/lib/x86_64-linux-gnu/libcudart.so.11.0"
@@ -145,17 +156,52 @@ for w in "${WHEELS[@]}"; do
     mv "$dir.tmp" "$dir"
 done
 
+# ------------------------------------------------------------ CuPy's modules
+read -r name version sha256 <<< "$CUPY_WHEEL"
+dir="$DEST/pypi/$name"
+if [ ! -e "$dir/.ready" ] || [ "$(cat "$dir/.ready")" != "$name==$version" ]; then
+    need python3 python3
+    say "fetching $name $version from PyPI (its CUDA binding modules only are kept)"
+    wheels="$DEST/wheels"
+    mkdir -p "$wheels"
+    req="$wheels/$name.requirements"
+    printf '%s==%s --hash=sha256:%s\n' "$name" "$version" "$sha256" > "$req"
+    log="$wheels/$name.log"
+    python3 -m pip download -q --disable-pip-version-check --no-input --no-cache-dir --no-deps \
+        --only-binary=:all: --platform "$WHEEL_PLATFORM" --python-version "$CUPY_PYTHON" \
+        --require-hashes -r "$req" -d "$wheels" > "$log" 2>&1 \
+        || die "pip download $name==$version failed: $(cause "$log") (log: $log)"
+    whl="$(ls "$wheels/$(tr - _ <<< "$name")-$version-"*.whl 2>/dev/null | head -n1 || true)"
+    [ -n "$whl" ] || die "pip download left no wheel of $name $version in ${wheels#"$REPO"/}"
+    rm -rf "$dir.tmp"
+    python3 - "$whl" "$dir.tmp" "${CUPY_MEMBERS[@]}" <<'PY' || die "unpacking $whl failed"
+import sys, zipfile
+wheel, dest, members = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(wheel) as z:
+    for m in members:
+        z.extract(m, dest)
+PY
+    # The modules are all that is kept of the wheel.
+    rm -f "$whl"
+    printf '%s==%s\n' "$name" "$version" > "$dir.tmp/.ready"
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+fi
+CUPY_CUBLAS="$dir/${CUPY_MEMBERS[0]}"
+CUPY_RUNTIME="$dir/${CUPY_MEMBERS[1]}"
+
 # ------------------------------------------------------------ result
 # The 13.x runtime as nvcc links it by default (-cudart static), for an
 # executable that carries the runtime itself.
 CUDART13_STATIC="$(dirname "$CUDART13")/libcudart_static.a"
 # The 12.x one, for a shared object that carries the runtime (CuPy's shape).
 CUDART12_STATIC="$(dirname "$CUDART12")/libcudart_static.a"
-for v in LIBCUDA CUDART11 CUDART12 CUDART13 CUDART13_STATIC CUDART12_STATIC; do
+for v in LIBCUDA CUDART11 CUDART12 CUDART13 CUDART13_STATIC CUDART12_STATIC CUPY_CUBLAS CUPY_RUNTIME; do
     [ -e "${!v}" ] || die "$v: ${!v} is missing after the fetch"
 done
 env_file="$DEST/paths.env"
-printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\nCUDART13_STATIC=%s\nCUDART12_STATIC=%s\n' \
-    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC" "$CUDART12_STATIC" > "$env_file.tmp"
+printf 'LIBCUDA=%s\nCUDART11=%s\nCUDART12=%s\nCUDART13=%s\nCUDART13_STATIC=%s\nCUDART12_STATIC=%s\nCUPY_CUBLAS=%s\nCUPY_RUNTIME=%s\n' \
+    "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC" "$CUDART12_STATIC" "$CUPY_CUBLAS" \
+    "$CUPY_RUNTIME" > "$env_file.tmp"
 if cmp -s "$env_file.tmp" "$env_file"; then rm -f "$env_file.tmp"; else mv "$env_file.tmp" "$env_file"; fi
 printf '%s\n' "$LIBCUDA" "$CUDART11" "$CUDART12" "$CUDART13" "$CUDART13_STATIC"

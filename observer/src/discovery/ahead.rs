@@ -256,7 +256,7 @@ fn standard_dirs(root: &str) -> Vec<String> {
 }
 
 /// The value of one variable in /proc/PID/environ.
-fn environ_var(pid: u32, name: &[u8]) -> Option<String> {
+pub(super) fn environ_var(pid: u32, name: &[u8]) -> Option<String> {
     let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
     environ.split(|b| *b == 0).find_map(|entry| {
         let value = entry.strip_prefix(name)?.strip_prefix(b"=")?;

@@ -28,6 +28,18 @@ pub fn gpu_paths(cache: &[u8]) -> Vec<String> {
     out
 }
 
+/// Every library path an ld.so.cache names, each once, in its order.
+pub fn all_paths(cache: &[u8]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    cache
+        .split(|b| *b == 0)
+        .filter(|entry| entry.first() == Some(&b'/'))
+        .filter_map(|entry| std::str::from_utf8(entry).ok())
+        .filter(|path| seen.insert(*path))
+        .map(str::to_string)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

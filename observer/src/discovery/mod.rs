@@ -11,5 +11,6 @@ pub mod hold;
 pub mod hold_scope;
 pub mod hot;
 pub mod ldcache;
+pub mod load_failure;
 pub mod scan;
 pub mod tracker;

@@ -31,6 +31,7 @@ use crate::{
 };
 
 mod linked;
+mod loaders;
 
 /// How often probed library files are checked for deletion.
 const RETIRE_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -117,6 +118,8 @@ pub struct LibraryTracker {
     executables_read: HashSet<FileId>,
     /// Processes whose maps are read once their loader is likely done.
     pending_scans: Vec<PendingScan>,
+    /// The loader libraries probed at `dlopen` ([`loaders`]).
+    loaders: crate::probes::library_load::LoaderProbes,
     /// The kernel side reports mappings of runtime files by name (see
     /// [`leave_to_kernel_report`]).
     kernel_names_mappings: bool,
@@ -162,6 +165,7 @@ impl LibraryTracker {
             rejected: HashMap::new(),
             executables_read: HashSet::new(),
             pending_scans: Vec::new(),
+            loaders: Default::default(),
             kernel_names_mappings: false,
             last_retire_check: Instant::now(),
             announcements: Vec::new(),
@@ -437,6 +441,7 @@ impl LibraryTracker {
         }
         let linked = self.consider_linked_objects(kernel, pid, &probed, origin);
         probed.extend(linked);
+        self.watch_loaders(kernel, pid);
         if !probed.is_empty() {
             self.register(pid, probed);
             self.apply(kernel, pid, Instant::now());

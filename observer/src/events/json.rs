@@ -123,6 +123,13 @@ enum JsonDetail<'a> {
     HttpUnparsed {
         protocol: &'static str,
     },
+    GpuLibraryLoadFailed {
+        library: &'a str,
+        missing: &'a str,
+        requested: &'a str,
+        path: Option<&'a str>,
+        gpu_library: &'a str,
+    },
     LibraryProbed {
         library: &'a str,
         flavor: &'static str,
@@ -220,6 +227,7 @@ impl<'a> JsonDetail<'a> {
                 Self::HttpRequest { method, status: *status, class, duration_ns: *duration_ns, probe: *probe }
             }
             Detail::HttpUnparsed { protocol } => Self::HttpUnparsed { protocol },
+            Detail::LibraryLoadFailed { .. } => Self::load_failed(detail),
             Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
                 Self::LibraryProbed {
                     library,
@@ -261,6 +269,16 @@ impl<'a> JsonDetail<'a> {
             library_offset: library_offset.map(|o| format!("{o:#x}")),
             in_call: in_call.as_deref(),
             crash_tid: *crash_tid,
+        }
+    }
+
+    /// A failed library load (kept out of [`Self::of`], whose arms are many).
+    fn load_failed(detail: &'a Detail) -> Self {
+        match detail {
+            Detail::LibraryLoadFailed { library, missing, requested, path, gpu_library } => {
+                Self::GpuLibraryLoadFailed { library, missing, requested, path: path.as_deref(), gpu_library }
+            }
+            other => Self::of(other),
         }
     }
 

@@ -140,6 +140,19 @@ pub enum Detail {
         runnable_threads: u32,
         quota_cores: f64,
     },
+    /// A `dlopen`/`dlmopen` of a GPU library, or of one that needs a GPU
+    /// library, failed: `library` is what the process asked for (base
+    /// name), `missing` the file its loader could not find (base name;
+    /// `unknown` when every file was found and the load failed otherwise).
+    LibraryLoadFailed {
+        library: String,
+        missing: String,
+        /// The full name asked for, and the path it resolved to.
+        requested: String,
+        path: Option<String>,
+        /// Which GPU library it is, or needs.
+        gpu_library: String,
+    },
     /// canaryscope started probing a GPU runtime library file, and why it
     /// chose that file (the origin is the process that led to it, if any).
     LibraryProbed {
@@ -252,6 +265,7 @@ pub enum Raw {
     Exec(ExecEvent),
     GpuMap(GpuMapEvent),
     MemoryLimitRefusal(MemLimitEvent),
+    LibraryLoadFailed(Box<observer_common::library_load::LoadFailedEvent>),
 }
 
 impl Raw {
@@ -267,6 +281,7 @@ impl Raw {
             Self::Exec(_) => "exec",
             Self::GpuMap(_) => "gpu_map",
             Self::MemoryLimitRefusal(_) => "memory_limit_refusal",
+            Self::LibraryLoadFailed(_) => "library_load_failed",
         }
     }
 }
@@ -308,6 +323,7 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
         EventKind::Exec => Ok(Raw::Exec(read(data, kind)?)),
         EventKind::GpuMap => Ok(Raw::GpuMap(read(data, kind)?)),
         EventKind::MemoryLimitRefusal => Ok(Raw::MemoryLimitRefusal(read(data, kind)?)),
+        EventKind::LibraryLoadFailed => Ok(Raw::LibraryLoadFailed(Box::new(read(data, kind)?))),
     }
 }
 
@@ -346,6 +362,7 @@ impl Event {
             Detail::CpuThrottle { .. } => "cpu_throttle",
             Detail::CpuOversubscribed { .. } => "cpu_oversubscribed",
             Detail::LibraryProbed { .. } => "library_probed",
+            Detail::LibraryLoadFailed { .. } => "gpu_library_load_failed",
             Detail::GpuVramStranded { .. } => "gpu_vram_stranded",
             Detail::HttpRequest { .. } => "http_request",
             Detail::HttpUnparsed { .. } => "http_unparsed",

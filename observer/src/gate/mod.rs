@@ -75,6 +75,7 @@ pub const REASON_STALLED: &str = "CallStalled";
 pub const REASON_CRASHED: &str = "RuntimeCrashed";
 pub const REASON_NO_ACTIVITY: &str = "NoRuntimeActivity";
 pub const REASON_STARTUP_INCOMPLETE: &str = "StartupIncomplete";
+pub const REASON_LIBRARY_LOAD_FAILED: &str = "LibraryLoadFailed";
 
 /// The condition the daemon wants a pod to have.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,6 +281,18 @@ impl Gate {
                     message.push_str(&format!(" during {call}"));
                 }
                 Some((REASON_CRASHED, message, None))
+            }
+            // A framework that lost its GPU library falls back to the CPU:
+            // it serves, slower by an order of magnitude or more.
+            Detail::LibraryLoadFailed { library, missing, .. } => {
+                let message = match missing.as_str() {
+                    m if m == library => format!("dlopen of {library} failed: {library} not found"),
+                    crate::discovery::load_failure::UNKNOWN => {
+                        format!("dlopen of {library} failed (its dependencies were all found)")
+                    }
+                    m => format!("dlopen of {library} failed: {m} not found"),
+                };
+                Some((REASON_LIBRARY_LOAD_FAILED, message, None))
             }
             _ => None,
         }

@@ -15,6 +15,7 @@ pub mod exposure;
 pub mod families;
 pub mod fetch;
 mod gpu_calls;
+mod gpu_library_loads;
 mod hardware;
 mod http;
 mod kfd;
@@ -60,6 +61,7 @@ pub struct Metrics {
     gpu: gpu_calls::GpuCalls,
     exits: exits::Exits,
     oom: oom::Oom,
+    library_loads: gpu_library_loads::GpuLibraryLoads,
     kfd: kfd::Kfd,
     hardware: hardware::Hardware,
     vram: vram::Vram,
@@ -160,6 +162,13 @@ impl Metrics {
             Detail::HttpUnparsed { protocol } => {
                 if self.admit(cgroup) {
                     self.http.unparsed(cgroup, protocol);
+                }
+            }
+            Detail::LibraryLoadFailed { library, missing, gpu_library, .. } => {
+                if self.admit(cgroup) {
+                    self.library_loads.failed(cgroup, library, missing);
+                    // A start-up that failed before any GPU call: the judge's too.
+                    self.exposure.init_failed(cgroup, gpu_library_api(gpu_library));
                 }
             }
         }
@@ -313,6 +322,7 @@ impl Metrics {
             self.gpu.keep_pods(&on_node);
             self.exits.keep_pods(&on_node);
             self.oom.keep_pods(&on_node);
+            self.library_loads.keep_pods(&on_node);
             self.kfd.keep_pods(&on_node);
             self.hardware.keep_pods(&on_node);
             self.cpu.keep_pods(&on_node);
@@ -334,6 +344,7 @@ impl Metrics {
         self.gpu.retire(cgroup, labels, &mut self.retired);
         self.exits.retire(cgroup, labels);
         self.oom.retire(cgroup, labels);
+        self.library_loads.retire(cgroup, labels);
         self.kfd.retire(cgroup, labels, &mut self.retired);
         self.hardware.retire(cgroup, labels);
         self.cpu.retire(cgroup, labels, &mut self.retired);
@@ -417,6 +428,7 @@ impl Metrics {
         let r = Render::new(&self.series, &self.retired, view);
         self.gpu.render_calls(&mut fams, &r);
         self.gpu.render_pod_state(&mut fams, &r);
+        self.library_loads.render(&mut fams, &r);
         self.exits.render_crashes(&mut fams, &r);
         self.oom.render_kills(&mut fams, &r);
         self.exits.render_exits(&mut fams, &r);
@@ -456,3 +468,17 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests;
+
+/// The API layer a failed library load counts under for the judge: AMD's
+/// libraries under HIP, the others under the CUDA runtime, which a
+/// framework's start-up calls first.
+fn gpu_library_api(gpu_library: &str) -> observer_common::gpu::Api {
+    use observer_common::gpu::Api;
+    const AMD: [&str; 7] =
+        ["libamdhip64", "libhip", "librocm", "librocblas", "libMIOpen", "librccl", "libhsa"];
+    if AMD.iter().any(|p| gpu_library.starts_with(p)) {
+        Api::Hip
+    } else {
+        Api::Cudart
+    }
+}

@@ -295,7 +295,7 @@ impl Attributor {
                 vec![Event { origin, detail: Detail::GpuHardware { kind, function, detail, attributed } }]
             }
             // Discovery records are the library tracker's.
-            Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) => Vec::new(),
+            Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) | Raw::LibraryLoadFailed(_) => Vec::new(),
         }
     }
 

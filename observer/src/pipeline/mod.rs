@@ -252,6 +252,10 @@ impl Pipeline {
                     self.tracker.exec(&mut self.kernel, &ev.header, cgroup.as_deref())
                 }
                 Raw::GpuMap(ev) => self.tracker.gpu_file_mapped(&mut self.kernel, &ev),
+                Raw::LibraryLoadFailed(ev) => {
+                    self.announce(&mut out);
+                    out.extend(self.load_failed(&ev));
+                }
                 other => {
                     self.announce(&mut out);
                     let first = out.len();
@@ -294,6 +298,28 @@ impl Pipeline {
     /// TCP segments of pods the kernel had no ring room for.
     pub fn http_segments_lost(&self) -> u64 {
         self.http.as_ref().map_or(0, http::HttpStage::segments_lost)
+    }
+
+    /// A failed `dlopen`: an event when the library is a GPU library or
+    /// needs one, with the file the process's loader could not find.
+    fn load_failed(&mut self, ev: &observer_common::library_load::LoadFailedEvent) -> Option<Event> {
+        let requested = observer_common::comm_str(&ev.name);
+        let Some(failure) = crate::discovery::load_failure::explain(ev.header.pid, requested) else {
+            log::debug!("pid {}: dlopen of {requested} failed (no GPU library)", ev.header.pid);
+            return None;
+        };
+        let event = Event {
+            origin: self.attribution.origin(&ev.header),
+            detail: Detail::LibraryLoadFailed {
+                library: failure.library,
+                missing: failure.missing,
+                requested: failure.requested,
+                path: failure.path,
+                gpu_library: failure.gpu_library,
+            },
+        };
+        self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
+        Some(event)
     }
 
     /// The node's pods, which say why the host killed a pod's container

@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod gpu_slots;
 pub mod http;
 pub mod kfd;
+pub mod library_load;
 pub mod loaded;
 pub(crate) mod releaser;
 pub mod table;

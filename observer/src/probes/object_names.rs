@@ -7,6 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 use observer_common::{gpu::COUNT_PROGRAM, USERSPACE_GLOBALS, USERSPACE_MAPS};
 
+/// The loader's probes (`library_load`), attached per libc file.
+const LOADER_PROGRAMS: [&str; 3] = [
+    observer_common::library_load::DLOPEN_ENTER_PROGRAM,
+    observer_common::library_load::DLMOPEN_ENTER_PROGRAM,
+    observer_common::library_load::DLOPEN_EXIT_PROGRAM,
+];
+
 use super::{
     gpu::{ENTER_PROGRAM, EXIT_PROGRAM},
     table::{self, Hook},
@@ -75,7 +82,9 @@ fn every_program_userspace_attaches_is_in_the_object_in_its_section() {
     let slots = (0..observer_common::gpu::MAX_GPU_SLOTS)
         .filter_map(super::gpu_slots::slot_programs)
         .flat_map(|(enter, exit)| [enter, exit]);
-    for program in [ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM].into_iter().chain(slots) {
+    for program in
+        [ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM].into_iter().chain(slots).chain(LOADER_PROGRAMS)
+    {
         if !matches!(symbols.get(program), Some((s, SymbolKind::Text)) if s == "uprobe" || s == "uretprobe") {
             wrong.push(format!("{program}: not a uprobe program in the object"));
         }
@@ -103,6 +112,7 @@ fn every_program_in_the_object_is_attached_by_userspace() {
         .chain([ENTER_PROGRAM, EXIT_PROGRAM, COUNT_PROGRAM])
         .chain(slots)
         .chain(http)
+        .chain(LOADER_PROGRAMS)
         .collect();
     let in_object: Vec<String> = symbols()
         .into_iter()

@@ -269,6 +269,16 @@ fn rich() -> Metrics {
     // Put on a revision once its pod's labels are known.
     m.record(&event(1, stranded(true)));
     m.record(&event(2, stranded(false)));
+    m.record(&event(
+        1,
+        Detail::LibraryLoadFailed {
+            library: "libonnxruntime_providers_cuda.so".into(),
+            missing: "libcublasLt.so.13".into(),
+            requested: "/app/libonnxruntime_providers_cuda.so".into(),
+            path: Some("/app/libonnxruntime_providers_cuda.so".into()),
+            gpu_library: "libonnxruntime_providers_cuda.so".into(),
+        },
+    ));
     m
 }
 
