@@ -131,7 +131,17 @@ struct View {
 
 impl View {
     fn of(pid: u32) -> Self {
-        let root = format!("/proc/{pid}/root");
+        // A process that exited right after its failed load (Python's
+        // ImportError ends a script) leaves no view to read: the node's
+        // own is the next best, and names the same files where the image
+        // and the node share their layout.
+        let root = match fs::metadata(format!("/proc/{pid}/root/")) {
+            Ok(_) => format!("/proc/{pid}/root"),
+            Err(_) => {
+                log::debug!("pid {pid} is gone: its failed load is resolved in the node's root");
+                String::new()
+            }
+        };
         let cwd =
             fs::read_link(format!("/proc/{pid}/cwd")).map(|p| p.display().to_string()).unwrap_or_default();
         let ld_library_path = environ_var(pid, b"LD_LIBRARY_PATH")
