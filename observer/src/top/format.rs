@@ -45,6 +45,21 @@ pub fn cells(r: &Row) -> [String; 15] {
     ]
 }
 
+/// How many columns, from the first, fit `width` terminal columns: the
+/// rest are left out whole rather than every column squeezed (which cut
+/// the pod names a person reads rows by). The name and track always show.
+pub fn fitting(width: u16) -> usize {
+    let mut used = 0u16;
+    for (i, w) in WIDTHS.iter().enumerate() {
+        let need = used.saturating_add(*w).saturating_add(u16::from(i > 0));
+        if need > width && i >= 2 {
+            return i;
+        }
+        used = need;
+    }
+    WIDTHS.len()
+}
+
 /// A cell cut to `width` characters, keeping its tail: a cgroup path's
 /// informative part (the pod's and container's ids) is at its end, and rows
 /// of one QoS level share the start. A cut shows as a leading `…`.
@@ -117,6 +132,17 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn columns_that_do_not_fit_are_left_out_whole() {
+        assert_eq!(fitting(200), HEADERS.len());
+        // 140 columns: the name keeps its 44, the last columns go.
+        let n = fitting(140);
+        assert!(n < HEADERS.len() && n > 5, "{n}");
+        let used: u16 = WIDTHS[..n].iter().sum::<u16>() + n as u16 - 1;
+        assert!(used <= 140, "{used}");
+        assert_eq!(fitting(10), 2, "name and track always");
+    }
 
     #[test]
     fn units_read_at_a_glance() {

@@ -151,7 +151,9 @@ impl Screen {
                     .areas(frame.area());
             frame.render_widget(Paragraph::new(Line::from(view.header())), header);
             let rows = view.shown();
-            let widths = format::WIDTHS.map(Constraint::Length);
+            let fit = format::fitting(table.width);
+            let widths: Vec<Constraint> =
+                format::WIDTHS[..fit].iter().map(|w| Constraint::Length(*w)).collect();
             let bold = Style::default().add_modifier(Modifier::BOLD);
             let table_rows = rows.iter().map(|r| {
                 let style = if r.gpu_failures + r.crashes + r.oom_kills + r.abnormal_exits + r.gpu_stalls > 0
@@ -160,11 +162,11 @@ impl Screen {
                 } else {
                     Style::default()
                 };
-                TableRow::new(format::screen_cells(r).into_iter().map(Cell::from)).style(style)
+                TableRow::new(format::screen_cells(r).into_iter().take(fit).map(Cell::from)).style(style)
             });
             let widget = Table::new(table_rows, widths)
                 .header(
-                    TableRow::new(format::HEADERS.map(Cell::from))
+                    TableRow::new(format::HEADERS[..fit].iter().map(|h| Cell::from(*h)))
                         .style(Style::default().add_modifier(Modifier::REVERSED)),
                 )
                 .column_spacing(1);
