@@ -235,11 +235,13 @@ fn facilities(root: bool) -> Vec<Item> {
     let (kprobes, kdetail) = kprobes_available();
     facilities.push(item("kprobes", kprobes, kdetail));
     let cgroup2 = cgroup2_root();
+    let http = http_item(cgroup2.as_deref());
     facilities.push(item(
         "cgroup2",
         cgroup2.is_some(),
         cgroup2.map(|p| format!("mounted at {}", p.display())).unwrap_or_else(|| "not mounted".into()),
     ));
+    facilities.push(http);
     let multi = crate::probes::KernelFunctions::read().has_uprobe_multi();
     facilities.push(item(
         "uprobe_multi",
@@ -260,6 +262,32 @@ fn facilities(root: bool) -> Vec<Item> {
     ));
     facilities.extend(vram_items(&vram_gpus::survey(&vram_gpus::KfdPaths::default())));
     facilities
+}
+
+/// Where the HTTP family's programs attach here: the parent cgroups of
+/// pods, under the cgroup2 mount.
+fn http_item(cgroup2: Option<&Path>) -> Item {
+    let Some(cgroup2) = cgroup2 else {
+        return item("http", false, "no cgroup2 mount: pods' HTTP requests are not seen");
+    };
+    let roots: Vec<&str> = crate::pipeline::runq_scope::KUBEPODS_ROOTS
+        .iter()
+        .copied()
+        .filter(|r| cgroup2.join(r.trim_start_matches('/')).is_dir())
+        .collect();
+    match roots.is_empty() {
+        true => item(
+            "http",
+            false,
+            "no /kubepods.slice or /kubepods under the cgroup2 mount yet: the request hooks attach when one \
+             appears (and under run's --cgroup prefixes)",
+        ),
+        false => item(
+            "http",
+            true,
+            format!("pods' HTTP/1.x requests seen at {} (cgroup_skb: pods' sockets only)", roots.join(", ")),
+        ),
+    }
 }
 
 /// What VRAM per pod and stranded VRAM read here, and what they cannot.
@@ -427,6 +455,20 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_is_seen_where_a_parent_cgroup_of_pods_exists() {
+        let root = std::env::temp_dir().join(format!("canaryscope-check-http-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("scratch");
+        let missing = http_item(Some(&root));
+        assert!(!missing.ok && missing.detail.contains("attach when one appears"), "{}", missing.detail);
+        std::fs::create_dir_all(root.join("kubepods")).expect("kubepods");
+        let seen = http_item(Some(&root));
+        assert!(seen.ok && seen.detail.contains("/kubepods"), "{}", seen.detail);
+        assert!(!http_item(None).ok);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn hot_counts_are_read_from_the_exposition() {
