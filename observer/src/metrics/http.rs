@@ -148,7 +148,7 @@ impl<K: Ord + Copy, V: Default> ByRevision<K, V> {
     /// and when scraped, what purged ones left.
     fn shown<'a>(&'a self, r: &Render<'a>, merge: impl Fn(&mut V, &V)) -> BTreeMap<(Owner<'a>, K), V> {
         let mut out: BTreeMap<(Owner, K), V> = BTreeMap::new();
-        for ((cgroup, k), v) in &self.live {
+        for ((cgroup, k), v) in self.live.iter().filter(|((c, _), _)| !r.series.revision_held(*c)) {
             merge(out.entry((owner(r.series.labels(*cgroup), r.view), *k)).or_default(), v);
         }
         if r.view == View::Scrape {

@@ -106,6 +106,8 @@ impl Retired {
 pub struct Owners<'a> {
     list: Vec<Owner<'a>>,
     by_cgroup: HashMap<u64, u32>,
+    /// Cgroups whose revision is not known yet (see `Series::revision_held`).
+    held: HashSet<u64>,
     /// The owner of entries whose cgroup has no labels.
     empty: u32,
 }
@@ -117,7 +119,10 @@ impl<'a> Owners<'a> {
     /// whose cgroup paths share a long prefix was most of a render's time
     /// at a thousand pods. Cgroups with one label set share an owner.
     pub fn new(series: &'a Series, retired: &'a Retired, view: View) -> Self {
-        let live = series.iter().map(|(c, _)| owner(series.labels(*c), view));
+        let held: HashSet<u64> =
+            series.iter().map(|(c, _)| *c).filter(|c| series.revision_held(*c)).collect();
+        let live =
+            series.iter().filter(|(c, _)| !held.contains(c)).map(|(c, _)| owner(series.labels(*c), view));
         let retired = [retired.gpu.keys().map(|(r, _)| r).collect::<Vec<_>>()]
             .into_iter()
             .chain([retired.kfd.keys().map(|(r, _)| r).collect()])
@@ -131,7 +136,7 @@ impl<'a> Owners<'a> {
         let id = |o: &Owner| list.binary_search(o).unwrap_or(0) as u32;
         let by_cgroup = series.iter().map(|(c, _)| (*c, id(&owner(series.labels(*c), view)))).collect();
         let empty = id(&owner(NO_LABELS, view));
-        Owners { by_cgroup, empty, list }
+        Owners { by_cgroup, held, empty, list }
     }
 
     pub fn of_cgroup(&self, cgroup: u64) -> u32 {
@@ -155,7 +160,10 @@ impl<'a> Owners<'a> {
         cgroup: impl Fn(&K) -> u64 + 's,
         retired: &'s BTreeMap<(RevisionKey, K), LatencyHistogram>,
     ) -> impl Iterator<Item = (u32, &'s K, &'s LatencyHistogram)> + 's {
-        let live = live.iter().map(move |(k, s)| (self.of_cgroup(cgroup(k)), k, s));
+        let live = live.iter().filter_map(move |(k, s)| {
+            let c = cgroup(k);
+            (!self.held.contains(&c)).then(|| (self.of_cgroup(c), k, s))
+        });
         let retired = retired.iter().filter(move |_| view == View::Scrape);
         live.chain(retired.map(move |((r, k), s)| (self.of(&retired_owner(r)), k, s)))
     }

@@ -152,6 +152,16 @@ impl Series {
         }
     }
 
+    /// Whether the cgroup's revision is not known yet (no labels bound, or
+    /// its pod not listed) and it is younger than the hold: its entries
+    /// stay out of revision-scoped series until it is, rather than adding
+    /// to a provisional revision's series that would drop them later.
+    pub fn revision_held(&self, cgroup: u64) -> bool {
+        self.tracked
+            .get(&cgroup)
+            .is_some_and(|t| t.naming == Naming::Unlisted && t.admitted_at.elapsed() < self.provisional_hold)
+    }
+
     /// Whether a cgroup's labels are provisional: its series may appear or
     /// move at a refresh without any new event.
     pub fn any_provisional(&self) -> bool {
