@@ -111,7 +111,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${#missing[@]} Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # No package may start a service while installed (nginx-light would
+    # take port 80, and fail the install where it is in use): the tests and
+    # the bench start what they need themselves. Debian's own mechanism,
+    # policy-rc.d, for the length of the install, unless the machine has one.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [ "$own_policy" = 1 ]; then rm -f "$policy"; trap - EXIT; fi
 else
     step "Debian packages: all ${#PACKAGES[@]} present"
 fi
