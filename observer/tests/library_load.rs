@@ -134,6 +134,15 @@ fn a_gated_pod_whose_gpu_library_fails_to_load_gets_library_load_failed() {
     let pod_cgroup = node_pod.create("worker");
     let (_, error) = Site::printed(node_pod.output(&pod_cgroup, &mut site.command(&pod_cgroup)));
     assert!(error.contains(MISSING), "{error}");
+    // The count first: it needs no API server, so a failure below says
+    // whether the daemon saw the failed load at all.
+    let line = daemon.wait_metric("the pod's failed load", wait(), |l| {
+        l.starts_with("canaryscope_gpu_library_load_failures_total{")
+            && l.contains(&format!("pod=\"{name}\""))
+            && l.contains(&format!("library=\"{MODULE}\""))
+            && l.contains(&format!("missing=\"{MISSING}\""))
+    });
+    assert_eq!(metric_value(&line), 1.0, "{line}");
     let want = format!("container worker: dlopen of {MODULE} failed: {MISSING} not found");
     let deadline = std::time::Instant::now() + wait();
     loop {
@@ -148,16 +157,18 @@ fn a_gated_pod_whose_gpu_library_fails_to_load_gets_library_load_failed() {
         if condition.as_ref().is_some_and(|c| matches(c) && c["message"] == want.as_str()) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no False/LibraryLoadFailed {want:?}: {condition:?}");
+        if std::time::Instant::now() >= deadline {
+            let gate: Vec<String> = daemon
+                .metrics()
+                .lines()
+                .filter(|l| l.starts_with("canaryscope_readiness_gate_"))
+                .map(str::to_string)
+                .collect();
+            let patches = control(api_port, "GET", "/control/patches", "");
+            panic!("no False/LibraryLoadFailed {want:?}: {condition:?}\npod: {pod}\ngate: {gate:#?}\npatches: {patches}");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let line = daemon.wait_metric("the pod's failed load", wait(), |l| {
-        l.starts_with("canaryscope_gpu_library_load_failures_total{")
-            && l.contains(&format!("pod=\"{name}\""))
-            && l.contains(&format!("library=\"{MODULE}\""))
-            && l.contains(&format!("missing=\"{MISSING}\""))
-    });
-    assert_eq!(metric_value(&line), 1.0, "{line}");
     let startup = daemon.wait_metric("the revision's failed start-up", wait(), |l| {
         l.starts_with("canaryscope_gpu_startup_failures_total{") && l.contains("revision=\"canaryhash\"")
     });
