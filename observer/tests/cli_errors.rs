@@ -124,9 +124,9 @@ fn top_from_a_bad_or_unreachable_url_is_a_usage_error() {
 /// runbooks quote it, so a change is made on purpose. `CANARYSCOPE_BLESS=1`
 /// rewrites the files after such a change.
 #[test]
-fn help_of_the_probing_commands_is_as_kept() {
+fn help_of_each_command_is_as_kept() {
     let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cli");
-    for command in ["trace", "run", "top"] {
+    for command in ["trace", "run", "top", "judge"] {
         let out = Command::new(canaryscope())
             .args([command, "--help"])
             .env_remove("COLUMNS")

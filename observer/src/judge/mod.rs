@@ -36,7 +36,21 @@ use self::{
 };
 use crate::{error::CliError, event_loop::StopSignals};
 
+/// What `judge --help` says it answers: a user should not need the README
+/// to wire an AnalysisTemplate or a Flagger webhook.
+const ENDPOINTS: &str = "\
+Endpoints (HTTP, on --listen):
+  GET|POST /v1/judge                      Argo Rollouts' web metric: always 200, the JSON judgement
+                                          (namespace, workload, canary, baseline; optional window, interval, end);
+                                          the AnalysisTemplate reads result.verdict: pass, fail, inconclusive
+  POST     /v1/flagger/rollout            Flagger's rollout webhook: 409 on fail (counts toward its
+                                          rollback threshold), 200 on pass or inconclusive
+  POST     /v1/flagger/confirm-promotion  Flagger's confirm-promotion webhook: 200 only on pass, else 412
+  GET      /healthz                       200 while the judge serves
+A malformed request gets a one-line 400 that says what is wrong.";
+
 #[derive(Parser, Debug, Clone)]
+#[command(after_help = ENDPOINTS)]
 pub struct Args {
     /// Address to answer on.
     #[arg(long, default_value = "0.0.0.0:9808", value_name = "ADDR")]
@@ -69,7 +83,6 @@ pub struct Args {
     /// AnalysisTemplate's `timeoutSeconds` (20).
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_lookback)]
     pub deadline: Duration,
-    /// Print the simulated false-rollback and detection rates as JSON and exit.
     /// Check the arguments as the judge does, print what it would serve
     /// with, and exit (0; or 2 with the judge's own error). Starts nothing:
     /// deploy/check.sh runs the chart's rendered arguments through it.
