@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod doclinks;
 mod fixtures;
 mod image;
 mod layers;
@@ -55,7 +56,7 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Write README.md's kernel matrix from the last suite's `check` reports (host and VMs).
+    /// Write docs/kernels.md's kernel matrix from the last suite's `check` reports (host and VMs).
     Matrix,
     /// Build the container image (OCI archive) the DaemonSet runs.
     Image,
@@ -140,7 +141,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run_all(args),
         Task::Bench(args) => bench::run(args),
         Task::Image => image::run(),
-        Task::Matrix => matrix::write_readme(),
+        Task::Matrix => matrix::write_page(),
         Task::Fuzz { seconds, targets } => {
             run(Command::new(root().join("fuzz/run.sh")).arg(seconds.to_string()).args(targets))
         }

@@ -2,7 +2,7 @@
 //! `canaryscope check --json` found it on this host and in each VM kernel
 //! the suite booted (tests/vm/test.sh saves the guest's report as
 //! target/vm/check-KERNEL.json before the tests run). The table goes into
-//! README.md between two markers, so the suite writes it, not a person.
+//! docs/kernels.md between two markers, so the suite writes it, not a person.
 use std::{collections::BTreeMap, fs, path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
@@ -13,7 +13,7 @@ use crate::root;
 const START: &str = "<!-- kernel-matrix:start (cargo xtask matrix writes this table) -->";
 const END: &str = "<!-- kernel-matrix:end -->";
 
-/// The families in the order the README explains them.
+/// The families in the order docs/how-it-sees.md explains them.
 const FAMILIES: [(&str, &str); 10] = [
     ("gpu", "GPU runtime calls (uprobes)"),
     ("discovery", "new runtime files before their first call"),
@@ -48,8 +48,11 @@ pub fn check_host() -> Result<()> {
     Ok(())
 }
 
-/// Renders the table from the saved reports and writes it into README.md.
-pub fn write_readme() -> Result<()> {
+/// The page the table lives on, relative to the workspace root.
+pub const PAGE: &str = "docs/kernels.md";
+
+/// Renders the table from the saved reports and writes it into the kernels page.
+pub fn write_page() -> Result<()> {
     let dir = root().join("target/vm");
     let mut columns = Vec::new();
     if let Ok(host) = read(&dir.join("check-host.json")) {
@@ -70,17 +73,23 @@ pub fn write_readme() -> Result<()> {
         bail!("no check reports in {}: run the suite (cargo xtask test) first", dir.display());
     }
     let table = render(&columns);
-    let readme_path = root().join("README.md");
-    let readme = fs::read_to_string(&readme_path).context("README.md")?;
-    let (Some(start), Some(end)) = (readme.find(START), readme.find(END)) else {
-        bail!("README.md lacks the kernel-matrix markers");
-    };
-    let updated = format!("{}{START}\n{table}{}", &readme[..start], &readme[end..]);
-    if updated != readme {
-        fs::write(&readme_path, updated)?;
-        eprintln!("    README.md: kernel matrix updated ({} kernels)", columns.len());
+    let path = root().join(PAGE);
+    let page = fs::read_to_string(&path).context(PAGE)?;
+    let updated = replace_between_markers(&page, &table)
+        .with_context(|| format!("{PAGE} lacks the kernel-matrix markers"))?;
+    if updated != page {
+        fs::write(&path, updated)?;
+        eprintln!("    {PAGE}: kernel matrix updated ({} kernels)", columns.len());
     }
     Ok(())
+}
+
+/// `page` with what lies between the markers replaced by `table`; `None`
+/// when either marker is missing or they are out of order.
+fn replace_between_markers(page: &str, table: &str) -> Option<String> {
+    let start = page.find(START)?;
+    let end = page[start..].find(END)? + start;
+    Some(format!("{}{START}\n{table}{}", &page[..start], &page[end..]))
 }
 
 fn read(path: &Path) -> Result<Value> {
@@ -170,5 +179,22 @@ mod tests {
         let table = render(&[c]);
         assert!(table.starts_with("| probe family | 6.1.0-57-amd64 (VM) |\n|---|---|\n"), "{table}");
         assert_eq!(table.lines().count(), 2 + FAMILIES.len());
+    }
+
+    #[test]
+    fn the_table_replaces_only_what_lies_between_the_markers() {
+        let page = format!("# Kernels\n\n{START}\n| old |\n{END}\n\nWhat runs where.\n");
+        let updated = replace_between_markers(&page, "| new |\n").expect("markers");
+        assert_eq!(updated, format!("# Kernels\n\n{START}\n| new |\n{END}\n\nWhat runs where.\n"));
+        assert_eq!(replace_between_markers("no markers", "| new |\n"), None);
+        assert_eq!(replace_between_markers(&format!("{END}\n{START}\n"), "| new |\n"), None);
+    }
+
+    /// The suite writes the table at its end, after an hour of VM boots: a
+    /// page that lost its markers should fail here, in seconds.
+    #[test]
+    fn the_kernels_page_has_the_markers() {
+        let page = fs::read_to_string(root().join(PAGE)).expect(PAGE);
+        assert!(replace_between_markers(&page, "").is_some(), "{PAGE} lacks the kernel-matrix markers");
     }
 }

@@ -71,8 +71,8 @@ pub fn run_all(args: TestArgs) -> Result<()> {
             let mut vm = Command::new(root().join("tests/vm/test.sh"));
             run(vm.args(["--kernel", boot.kernel]).args(args).env(SHAPE_VAR, boot.shape))?;
         }
-        step("README.md: the kernel matrix from each kernel's `canaryscope check`");
-        crate::matrix::write_readme()?;
+        step("docs/kernels.md: the kernel matrix from each kernel's `canaryscope check`");
+        crate::matrix::write_page()?;
     }
     checks.side.finish()?;
     report_skips(&skips);
@@ -141,12 +141,14 @@ impl Checks {
     }
 }
 
-/// The layers, rustfmt and the eBPF crate's clippy: seconds, and the
+/// The layers, the docs' links, rustfmt and the eBPF crate's clippy: seconds, and the
 /// cheapest way to learn a change broke them. The host crates' clippy
 /// (minutes) runs here only when there are no VM boots to run beside.
 pub fn lint(beside_vms: bool) -> Result<()> {
     step("layers: observer/src imports run downward only");
     crate::layers::check()?;
+    step("documentation: relative links resolve, every docs/ page linked from README.md");
+    crate::doclinks::check()?;
     step("rustfmt --check");
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"]))?;
