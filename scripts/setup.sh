@@ -24,8 +24,8 @@ PACKAGES=(
     # the keys of Debian 11's archive, for the 5.10 VM kernel (tests/vm/run.sh)
     debian-archive-keyring
     buildah util-linux python3
-    # tmux: the terminal of the `top` tests; chromium: draws the README's panel
-    # picture from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
+    # tmux: the terminal of the `top` tests; chromium: draws docs/dashboard-panels.png
+    # from the dashboard test (CANARYSCOPE_DASHBOARD_PICTURE)
     tmux chromium
     # the HTTP request tests' and bench's real clients and servers: wrk,
     # ApacheBench, curl, nghttpd (h2c), nginx (the bench's keep-alive server)

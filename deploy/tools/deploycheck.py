@@ -879,7 +879,7 @@ def gate_on(docs):
 
 def check_daemonset_policy(where, docs, secure, shipped=True):
     """The privilege policy of the daemon. `shipped`: deploy/'s own files, whose image
-    has no registry host (it is imported into containerd, README)."""
+    has no registry host (it is imported into containerd, docs/image.md)."""
     before = len(ERRORS)
     ds = by_kind(docs, "DaemonSet")
     if len(ds) != 1:
