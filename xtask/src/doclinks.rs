@@ -1,8 +1,8 @@
-//! The documentation's relative links resolve: every `[text](target)` in a
-//! Markdown file git tracks or would (untracked, not ignored) names a file or folder that exists and, with
-//! `#anchor`, a heading of that page; and every page of docs/ is linked
-//! from the front page, which is where a reader starts. Web links are not
-//! followed (the suite runs offline).
+//! The documentation's relative links resolve: every `[text](target)` in
+//! a Markdown file git tracks (or would: untracked and not ignored) names a
+//! file or folder that exists and, with `#anchor`, a heading of that page;
+//! and every page of docs/ is linked from the front page, where a reader
+//! starts. Web links are not followed: the suite runs offline.
 use std::{
     collections::BTreeSet,
     fs,
