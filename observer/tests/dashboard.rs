@@ -274,7 +274,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// For the README, on request (CANARYSCOPE_DASHBOARD_PICTURE=out.png): the
+/// For docs/dashboard.md, on request (CANARYSCOPE_DASHBOARD_PICTURE=out.png): the
 /// panels of the canary's failures drawn by Prometheus' own graph page (one
 /// graph per panel query, over the test's last 30 s) in headless
 /// Chromium. Grafana itself is not installed here.

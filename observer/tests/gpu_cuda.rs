@@ -168,8 +168,9 @@ fn is_file(event: &serde_json::Value, lib: &Path) -> bool {
 /// thing, as a user's does, and waits only before its later calls. Its
 /// runtime file is probed because of its exec, within a second of it, and
 /// its calls from then on are all seen. Whether its very first call is
-/// seen is a race with the attach that only the hold settles (README, "A
-/// new library, before its first call"; first_call.rs tests the hold):
+/// seen is a race with the attach that only the hold settles
+/// (docs/how-it-sees.md, "A new library, before its first call";
+/// first_call.rs tests the hold):
 /// reported here, not required.
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]

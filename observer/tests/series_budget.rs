@@ -1,4 +1,4 @@
-//! The series budget (README: the series budget), on a real scrape of the
+//! The series budget (docs/daemon.md: the series budget), on a real scrape of the
 //! real daemon: what one pod costs Prometheus once its containers have
 //! started up. Successful calls and latency histograms are kept per
 //! revision on the node, which pods of the revision share; what carries a

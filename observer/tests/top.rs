@@ -150,7 +150,7 @@ fn the_screen_shows_a_failing_cgroup_redraws_on_resize_and_q_restores_the_termin
     let (screen, _) = tmux.wait("the failing cgroup's row", Duration::from_secs(10), |s| {
         s.iter().any(|l| l.contains(&uid) && failures(l).is_some_and(|n| n >= 1))
     });
-    // For the README, on request: the screen as a person saw it.
+    // For docs/top.md, on request: the screen as a person saw it.
     if let Some(out) = std::env::var_os("CANARYSCOPE_TOP_SCREEN") {
         fs::write(out, screen.join("\n") + "\n").expect("screen capture");
     }

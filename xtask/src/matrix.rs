@@ -14,7 +14,7 @@ const START: &str = "<!-- kernel-matrix:start (cargo xtask matrix writes this ta
 const END: &str = "<!-- kernel-matrix:end -->";
 
 /// The families in the order docs/how-it-sees.md explains them.
-const FAMILIES: [(&str, &str); 10] = [
+const FAMILIES: [(&str, &str); 11] = [
     ("gpu", "GPU runtime calls (uprobes)"),
     ("discovery", "new runtime files before their first call"),
     ("kfd", "KFD ioctls"),
@@ -25,6 +25,7 @@ const FAMILIES: [(&str, &str); 10] = [
     ("memlimit", "refused allocations (rlimits)"),
     ("sched", "run-queue latency"),
     ("throttle", "CPU throttling"),
+    ("http", "HTTP requests of pods (cgroup_skb)"),
 ];
 
 /// One kernel's report: its release and each family's verdict.

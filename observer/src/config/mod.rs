@@ -212,7 +212,7 @@ fn choose<T: Copy>(text: &str, what: &str, choices: &[(&str, T)]) -> Result<T, S
 pub enum HotDetail {
     /// A return probe alone: every call counted by result, every failure an
     /// event; no duration, no stall, no "in call" for a crash. About half
-    /// the cost of a timed pair per call (README: hot calls).
+    /// the cost of a timed pair per call (docs/how-it-sees.md: hot calls).
     Counts,
     /// An entry and a return probe, as for cold calls: durations, stalls,
     /// and the call a crash happened in.

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::attribution::labels::WorkloadLabels;
 
-// VRAM, read from KFD's and amdgpu's sysfs each second (README: stranded
+// VRAM, read from KFD's and amdgpu's sysfs each second (docs/daemon.md: stranded
 // VRAM): per container while its processes hold it; what dead processes
 // left per revision whose process died abnormally, else per node.
 pub const GPU_VRAM: MetricDecl = decl(

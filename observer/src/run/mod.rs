@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long)]
     pub no_kubernetes: bool,
     /// Stop a process that maps a GPU runtime file never seen before until
-    /// its probes are attached, so its first call is seen (see README: the hold).
+    /// its probes are attached, so its first call is seen (see docs/how-it-sees.md: the hold).
     #[arg(long)]
     pub hold: bool,
     /// Where launches, asynchronous copies and other per-operation GPU calls

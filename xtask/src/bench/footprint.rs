@@ -140,7 +140,7 @@ impl PodKind {
         }
     }
 
-    /// The series budget of one pod (README: the series budget).
+    /// The series budget of one pod (docs/daemon.md: the series budget).
     fn budget(self) -> f64 {
         match self {
             PodKind::Gpu => 40.0,
