@@ -1,9 +1,7 @@
 //! Bad input gets one clear line and exit status 2, never a backtrace.
-mod support;
 
 use std::process::Command;
-
-use support::canaryscope;
+use test_support::canaryscope;
 
 fn run(args: &[&str]) -> (i32, String) {
     let out = Command::new(canaryscope()).args(args).output().expect("run canaryscope");
@@ -61,7 +59,7 @@ fn bad_hot_call_settings_are_usage_errors() {
 #[test]
 #[ignore = "needs root to drop to another user; run by `cargo xtask test`"]
 fn running_without_root_says_so() {
-    support::assert_root();
+    test_support::assert_root();
     // Run as `nobody` through setuid in pre_exec, from a world-readable copy:
     // the checkout may sit under a directory `nobody` cannot enter (/root).
     use std::os::unix::{fs::PermissionsExt, process::CommandExt};
@@ -110,7 +108,7 @@ fn top_from_a_bad_or_unreachable_url_is_a_usage_error() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("http://HOST[:PORT]"), "says what a URL looks like: {err}");
     // Bound then dropped: nothing listens there.
-    let port = support::free_port();
+    let port = test_support::free_port();
     let url = format!("http://127.0.0.1:{port}/metrics");
     let (code, err) = run(&["top", "--from", &url, "--once", "--json"]);
     assert_eq!(code, 2, "{err}");

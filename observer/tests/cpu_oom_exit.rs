@@ -1,11 +1,11 @@
 //! CPU inference and solver failure modes with real processes in real
 //! cgroups with real limits: CFS throttling and oversubscription, OOM kills,
 //! CPU-rlimit kills, and clean exits that must not be reported.
-mod support;
 
 use std::time::Duration;
-
-use support::*;
+use test_support::{
+    assert_root, child_pid, fixture, metric_value, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
+};
 
 /// Mean run-queue latency of one container's histogram, from the per-pod
 /// view (Prometheus gets one histogram per revision).

@@ -17,7 +17,6 @@
 //!   the series grace has purged the first restarts' cgroups. Not
 //!   `increase()`: a series born at 1 makes it miss the first death and
 //!   extrapolate.
-mod support;
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -32,7 +31,14 @@ use std::{
 };
 
 use serde_json::Value;
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, fixture, http_get,
+    k8s::{
+        node_daemon, prom, prom_query, scheduled_pod, scratch_dir, start_apiserver, start_prometheus,
+        write_kubeconfig, NodePod, Proc,
+    },
+    random_pod_uid, Daemon, PodCgroup,
+};
 
 /// Deaths in one crash loop: the first container and four restarts.
 const DEATHS: usize = 5;

@@ -3,7 +3,6 @@
 //! objects to kube-rs) and a real Prometheus evaluating the shipped alert
 //! rules and the Argo Rollouts analysis query. Two "pods" on this node,
 //! canary and stable, are real cgroups laid out as kubelet + containerd do.
-mod support;
 
 use std::{
     fs,
@@ -13,7 +12,14 @@ use std::{
 };
 
 use serde_json::json;
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, entry_bytes, fixture,
+    k8s::{
+        control, node_daemon, prom_query, repo, schedule_canary_and_stable, scheduled_pod, scratch_dir,
+        start_apiserver, start_prometheus, write_kubeconfig, NodePod, NS,
+    },
+    metric_value, out_pid, random_pod_uid, wait_trapped, Daemon, PodCgroup, Stepped, BREAKPOINT,
+};
 
 #[expect(clippy::too_many_lines, reason = "one scenario against the real daemon, read top to bottom")]
 #[test]

@@ -11,7 +11,6 @@
 //! Two panels get no data here, for want of hardware: "KFD ioctl errors"
 //! needs /dev/kfd (vm_kfd.rs shows it data in the VM), and "GPU faults" a
 //! GPU that faults. Their queries are run all the same.
-mod support;
 
 use std::{
     fs,
@@ -19,8 +18,16 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
-
-use support::{dashboard::*, k8s::*, *};
+use test_support::{
+    assert_root,
+    dashboard::{dashboard, panel_queries, shows},
+    fixture, free_port, http_get,
+    k8s::{
+        prom, prom_query, repo, schedule_canary_and_stable, scratch_dir, start_apiserver,
+        start_prometheus_of, write_kubeconfig, Proc, Rollout, NS,
+    },
+    random_hex, random_pod_uid, Daemon, PodCgroup,
+};
 
 /// Whether the query returns at least one series now.
 fn has_series(port: u16, query: &str) -> bool {

@@ -2,7 +2,6 @@
 //! cgroups. An exit by SIGKILL alone says nothing; the cause and the
 //! sender's place (same container, another pod, the host) decide whether a
 //! canary failed.
-mod support;
 
 use std::{
     io::{BufRead, BufReader},
@@ -12,7 +11,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use test_support::{assert_root, child_pid, fixture, out_pid, random_hex, random_pod_uid, PodCgroup, Tracer};
 
 const PYTHON: &str = "/usr/bin/python3";
 

@@ -1,7 +1,6 @@
 //! Environment faults a node agent meets in production, each survived and
 //! visible: a full ring buffer, a GPU library replaced or deleted while
 //! probed, processes that exit while they are being probed.
-mod support;
 
 use std::{
     fs,
@@ -9,8 +8,10 @@ use std::{
     process::Command,
     time::Duration,
 };
-
-use support::*;
+use test_support::{
+    assert_root, canaryscope, field, fixture, fixtures_dir, metric_value, out_pid, random_hex,
+    random_pod_uid, Daemon, PodCgroup, Stepped, Tracer,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -7,7 +7,6 @@
 //! LD_LIBRARY_PATH, its run path, its root's ld.so.cache and standard
 //! directories) are probed at exec. With `--hold`: any path, any timing;
 //! the process is stopped at the mapping until its probes exist.
-mod support;
 
 use std::{
     fs,
@@ -17,7 +16,10 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, fixture, fixtures_dir, in_vm, out_pid, random_hex, random_pod_uid, still_running, wait_gone,
+    PodCgroup, Tracer,
+};
 
 const RUNS: usize = 10;
 // Every tracer here runs with `--all`: with /dev/kfd (the VM) cuInit and

@@ -2,11 +2,12 @@
 //! forward to the real HIP runtime and pass HIP's error number through):
 //! failures, the HIP call beneath, crashes inside the library, libraries
 //! found later or only through a container's root, and in-kernel aggregation.
-mod support;
 
 use std::{path::Path, process::Command, time::Duration};
-
-use support::{shape::KernelShape, *};
+use test_support::{
+    assert_root, canaryscope, field, fixture, fixtures_dir, metric_value, out_pid, random_hex,
+    random_pod_uid, shape::KernelShape, uprobe_multi_links, Daemon, PodCgroup, Stepped, Tracer,
+};
 
 fn zluda_lib() -> std::path::PathBuf {
     fixture("cuda_app");

@@ -5,7 +5,6 @@
 //! Every case runs on fresh copies of the files (new inodes), without
 //! `--lib`, and under the hold, so a first call right after the mapping is
 //! seen by design.
-mod support;
 
 use std::{
     collections::BTreeMap,
@@ -16,7 +15,11 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, canaryscope, fixture, in_vm,
+    k8s::{control, scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod, NS},
+    metric_value, out_pid, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
+};
 
 /// Init failures are cold calls, probed in every process; the hot tier is
 /// left out because every probed function costs the kernel a grace period
@@ -82,7 +85,7 @@ impl Copies {
 
     /// [`Self::probe`] as the first process of the container of `cg` in
     /// `pod`, whose start the kubelet reports.
-    fn probe_in(&self, pod: &support::k8s::NodePod, cg: &PodCgroup) -> (u64, Value) {
+    fn probe_in(&self, pod: &test_support::k8s::NodePod, cg: &PodCgroup) -> (u64, Value) {
         use std::os::unix::process::CommandExt;
         let mut cmd = cg.command(&fixture("cudart_probe"));
         cmd.arg(&self.runtime).env("LD_LIBRARY_PATH", &self.driver_dir);
@@ -255,7 +258,6 @@ fn each_layer_counts_its_own_init_failure() {
 #[test]
 #[ignore = "needs root, python3 and NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
 fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
-    use support::k8s::*;
     assert_root();
     let dir = scratch_dir();
     let name = "infer-canaryhash-cudart1";

@@ -1,11 +1,9 @@
 //! The real HIP runtime (Debian's libamdhip64) fails to initialise on a
 //! machine without a GPU; canaryscope must see exactly those failures, with
 //! the caller's pid and cgroup.
-mod support;
 
 use std::{path::Path, process::Command, time::Duration};
-
-use support::*;
+use test_support::{assert_root, fixture, out_pid, random_hex, random_pod_uid, PodCgroup, Tracer};
 
 /// Event waits are generous: the VM runs under software emulation.
 const WAIT: Duration = Duration::from_secs(20);

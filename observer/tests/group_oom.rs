@@ -1,11 +1,12 @@
 //! A group OOM kill (`memory.oom.group`, as kubelet sets on cgroup v2 since
 //! Kubernetes 1.28): one OOM kills every process of the container. That is
 //! one OOM kill, with its victims counted, and one `oom_kill` exit each.
-mod support;
 
 use std::{fs, os::unix::process::ExitStatusExt, path::Path, time::Duration};
-
-use support::*;
+use test_support::{
+    assert_root, cgroup2_root, fixture, in_vm, metric_value, random_hex, random_pod_uid, self_killing_marker,
+    skip, Daemon, PodCgroup, Tracer,
+};
 
 /// Whether the memory controller is on the unified hierarchy; only there
 /// does `memory.oom.group` exist.

@@ -7,14 +7,15 @@
 //! first launch, and the probes go once the window passes quietly. The
 //! daemon counts a selected process's hot calls at return (no durations)
 //! unless told to time them; `trace` times them unless told to count.
-mod support;
 
 use std::{
     process::Command,
     time::{Duration, Instant},
 };
-
-use support::{shape::KernelShape, *};
+use test_support::{
+    assert_root, entry_bytes, field, fixture, in_vm, metric_value, random_hex, random_pod_uid,
+    shape::KernelShape, wait_trapped, Daemon, PodCgroup, Stepped, Tracer, BREAKPOINT,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 

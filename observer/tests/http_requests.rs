@@ -2,7 +2,6 @@
 //! workloads: real servers nobody here wrote (uvicorn, gunicorn, nghttpd)
 //! in pods' cgroups, real clients (ApacheBench, curl, raw sockets), and
 //! the counts checked against the clients' own.
-mod support;
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -14,7 +13,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::{
+use test_support::{
     assert_root, cgroup2_root, free_port,
     k8s::{prom_query, start_prometheus},
     random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
@@ -23,7 +22,7 @@ use support::{
 const WAIT: Duration = Duration::from_secs(30);
 
 fn app_dir() -> PathBuf {
-    support::k8s::repo().join("tests/http")
+    test_support::k8s::repo().join("tests/http")
 }
 
 /// A server process in a pod's container cgroup, killed with its children
@@ -175,7 +174,7 @@ fn histogram(daemon: &Daemon, cg: &PodCgroup, class: &str) -> Vec<(f64, f64)> {
         .filter_map(|l| {
             let le = l.split("le=\"").nth(1)?.split('"').next()?;
             let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-            Some((le, support::metric_value(l)))
+            Some((le, test_support::metric_value(l)))
         })
         .collect()
 }
@@ -205,7 +204,7 @@ fn latency_quantiles_match_the_clients_and_a_slower_canary_shows() {
     assert_root();
     kubepods_root();
     let daemon = Daemon::start(&["--probes", "http,exits", "--no-kubernetes"]);
-    let dir = support::k8s::scratch_dir();
+    let dir = test_support::k8s::scratch_dir();
     let (_prometheus, prom_port) = start_prometheus(&dir, daemon.port, None);
     let (canary, stable) = (pod(), pod());
     let (canary_server, stable_server) = (Server::uvicorn(&canary), Server::uvicorn(&stable));
@@ -333,7 +332,7 @@ fn an_h2c_connection_is_counted_unparsed_and_invents_no_request() {
     kubepods_root();
     let tracer = Tracer::start(&["--probes", "http,exits", "--all"]);
     let cg = pod();
-    let docroot = support::k8s::scratch_dir();
+    let docroot = test_support::k8s::scratch_dir();
     std::fs::write(docroot.join("index.html"), "hello").expect("docroot");
     let h2 = Server::start(
         &cg,

@@ -5,7 +5,6 @@
 //! provider asks it. Then the multi-node cases over recorded series
 //! (`promtool tsdb create-blocks-from openmetrics`), where a node-wide
 //! fault must not fail the canary and a fault on most nodes must.
-mod support;
 
 use std::{
     fs,
@@ -15,7 +14,14 @@ use std::{
 };
 
 use serde_json::Value;
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, canaryscope, fixture, free_port, http_get,
+    k8s::{
+        prom, prom_query, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
+        NodePod, Proc, NS,
+    },
+    random_pod_uid, Daemon, PodCgroup,
+};
 
 /// `canaryscope judge` on a free port, asking the Prometheus on `prom_port`.
 fn start_judge(prom_port: u16, extra: &[&str]) -> (Proc, u16) {

@@ -6,14 +6,13 @@
 //! attach are exercised by the other suites run on the same kernel.
 //!
 //! Which shape each family must take comes from the matrix's declaration of
-//! the kernel (`support::shape`), not from the observer's own helper table
+//! the kernel (`test_support::shape`), not from the observer's own helper table
 //! or BTF reading, which a bug would move along with the expectation.
-mod support;
 
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
 use serde_json::Value;
-use support::{shape::KernelShape, *};
+use test_support::{assert_root, canaryscope, metric_value, shape::KernelShape, Daemon};
 
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]

@@ -5,11 +5,9 @@
 //! KFD-numbered ioctls on it and on a second device that must be ignored.
 //! On a kernel with kprobes (the VM) the fallback is forced, so it is
 //! tested on both kinds of kernel.
-mod support;
 
 use std::{process::Command, time::Duration};
-
-use support::*;
+use test_support::{assert_root, Tracer};
 
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]

@@ -4,7 +4,6 @@
 //! Python as an application would. Python reports an ImportError and goes
 //! on; canaryscope names the module and the missing file, counts it per
 //! pod, and a gated pod gets a reason of its own.
-mod support;
 
 use std::{
     fs,
@@ -14,7 +13,11 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, in_vm,
+    k8s::{control, scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod, NS},
+    metric_value, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
+};
 
 const MODULE: &str = "cublas.cpython-311-x86_64-linux-gnu.so";
 const MISSING: &str = "libcublas.so.12";
@@ -112,7 +115,6 @@ fn a_gpu_library_that_fails_to_load_names_the_missing_file() {
 #[test]
 #[ignore = "needs root, python3 and CuPy's module (tests/nvidia/fetch.sh); run by `cargo xtask test`"]
 fn a_gated_pod_whose_gpu_library_fails_to_load_gets_library_load_failed() {
-    use support::k8s::*;
     assert_root();
     let dir = scratch_dir();
     let name = "infer-canaryhash-load1";

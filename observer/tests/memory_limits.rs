@@ -1,12 +1,13 @@
 //! Memory-limit refusals: a process under RLIMIT_AS whose allocation is
 //! refused gets no signal and may not even die (Python raises MemoryError),
 //! so the refusal itself is the event. Real processes in real cgroups.
-mod support;
 
 use std::{path::Path, time::Duration};
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, fixture, metric_value, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
+};
 
 const PYTHON: &str = "/usr/bin/python3";
 const MIB: u64 = 1 << 20;

@@ -6,15 +6,13 @@
 //! checks every rule, alert and analysis query of deploy/ against that
 //! scrape (and against the declared families for what cannot be caused
 //! here: GPU hardware faults, KFD).
-mod support;
 
 use std::{
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
-
-use support::*;
+use test_support::{assert_root, fixture, random_hex, random_pod_uid, Daemon, PodCgroup};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -11,7 +11,6 @@
 //! the mapping until the copy is probed, which the daemon's announcement
 //! says (`held until probed`), so its first call is counted by design, not
 //! by luck. Without a GPU here, `cuInit` fails.
-mod support;
 
 use std::{
     os::unix::process::CommandExt,
@@ -21,7 +20,14 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, field, fixture, fixtures_dir,
+    k8s::{
+        control, scheduled_pod, scratch_dir, start_apiserver, with_containers, write_kubeconfig, NodePod,
+        Proc, NS,
+    },
+    metric_value, random_pod_uid, self_killing_marker, Daemon, Layout, PodCgroup, Stepped,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 const GATE: &str = "canaryscope.io/gpu-runtime";

@@ -4,12 +4,18 @@
 //! would for its content type), and GPU workers in real pod cgroups running
 //! the ZLUDA-shaped library: failing its init (no GPU here), or in its
 //! healthy mode, where init, device count and allocation succeed.
-mod support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, canaryscope, fixture, fixtures_dir,
+    k8s::{
+        control, scheduled_pod, scratch_dir, start_apiserver, start_apiserver_with, write_kubeconfig,
+        NodePod, Proc, NS, REPORTED_BY_THE_TEST,
+    },
+    metric_value, random_pod_uid, Daemon, PodCgroup, Stepped,
+};
 
 const GATE: &str = "canaryscope.io/gpu-runtime";
 const WAIT: Duration = Duration::from_secs(30);

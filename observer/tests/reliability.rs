@@ -2,14 +2,15 @@
 //! load: programs and maps are gone after SIGTERM and after SIGKILL; a flood
 //! of failing GPU calls keeps aggregated counters exact and /metrics up; a
 //! thousand short-lived pods leave no series, kernel entries or memory behind.
-mod support;
 
 use std::{
     process::Command,
     time::{Duration, Instant},
 };
-
-use support::*;
+use test_support::{
+    assert_root, canaryscope, fixture, fixtures_dir, metric_value, random_hex, random_pod_uid, Daemon,
+    PodCgroup,
+};
 
 /// Every program and map of canaryscope's eBPF object, taken from the
 /// object the binary embeds, with the names the kernel keeps (at most 15
@@ -314,7 +315,7 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
     let baseline = settled_baseline();
     let daemon = Daemon::start(&["--no-kubernetes", "--hold"]);
     let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
-    let _flood = k8s::Proc(
+    let _flood = test_support::k8s::Proc(
         pod.command(&fixture("hip_loop")).args(["--fail", "1000000000"]).spawn().expect("hip_loop"),
     );
     let received = || {
@@ -342,7 +343,7 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
     // Frozen, the daemon reads nothing: the flood fills the ring buffer,
     // and the records of the mappings below are lost with the rest.
     fixture("cuda_first");
-    let dir = k8s::scratch_dir();
+    let dir = test_support::k8s::scratch_dir();
     daemon.freeze_until_ring_overflows();
     let mut held = Vec::new();
     for i in 0..3 {
@@ -361,7 +362,7 @@ fn sigterm_under_load_resumes_every_held_process_and_leaves_nothing_loaded() {
         }
         // Killed if the test fails: a stopped process would keep its pod's
         // cgroup from going.
-        held.push(k8s::Proc(late.spawn().expect("gpu_dlopen")));
+        held.push(test_support::k8s::Proc(late.spawn().expect("gpu_dlopen")));
     }
     for process in &held {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -412,7 +413,7 @@ fn ctrl_c_while_trace_is_busy_printing_stops_it() {
     use std::{io::Read, process::Stdio};
     assert_root();
     let baseline = settled_baseline();
-    let flood = k8s::Proc(
+    let flood = test_support::k8s::Proc(
         Command::new(fixture("hip_loop")).args(["--fail", "1000000000"]).spawn().expect("hip_loop"),
     );
     let mut tracer = Command::new(canaryscope())

@@ -3,7 +3,6 @@
 //! tasks leave nothing in the maps. The waits are the scheduler's own, to
 //! the nanosecond. And a scrape is the same bytes for as long as nothing
 //! changes.
-mod support;
 
 use std::{
     os::unix::process::CommandExt,
@@ -13,7 +12,10 @@ use std::{
 
 use aya::maps::{HashMap, Map, MapData, PerCpuHashMap};
 use observer_common::LatencyHistogram;
-use support::*;
+use test_support::{
+    assert_root, command_in, fixture, metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
+    SystemCgroup,
+};
 
 /// Spinning threads pinned to CPU 0: they preempt one another, so at any
 /// moment some of them wait, runnable.

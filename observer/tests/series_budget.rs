@@ -3,7 +3,6 @@
 //! started up. Successful calls and latency histograms are kept per
 //! revision on the node, which pods of the revision share; what carries a
 //! pod's own labels is its failures and its CPU accounting.
-mod support;
 
 use std::{
     collections::BTreeSet,
@@ -11,8 +10,11 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
-
-use support::{k8s::*, *};
+use test_support::{
+    assert_root, fixture,
+    k8s::{control, node_daemon, scheduled_pod, scratch_dir, start_apiserver, write_kubeconfig, NodePod, NS},
+    metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
+};
 
 /// Series with a GPU pod's own labels, at most.
 const GPU_POD_BUDGET: usize = 40;

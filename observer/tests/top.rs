@@ -1,7 +1,6 @@
 //! `canaryscope top` as a person and a script see it: the full-screen view
 //! in a real terminal (a tmux pane) on the real probes, and `--once --json`
 //! against the real daemon's `/metrics`.
-mod support;
 
 use std::{
     fs,
@@ -12,7 +11,9 @@ use std::{
 };
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, canaryscope, fixture, metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
+};
 
 /// A tmux server of its own (its own socket and an empty config), so the
 /// test neither sees nor disturbs anyone else's sessions.

@@ -4,12 +4,15 @@
 //! entry in KFD's process table has a pasid and no GPU device: its VRAM
 //! reads as none, not as an error. The dashboard's KFD panel shows the
 //! failing ioctls from a real Prometheus.
-mod support;
 
 use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
-use support::*;
+use test_support::{
+    assert_root, canaryscope,
+    dashboard::{dashboard, panel_queries, shows},
+    fixture, in_vm, random_hex, random_pod_uid, skip, Daemon, PodCgroup, Tracer,
+};
 
 /// Whether /dev/kfd is here; where it is not (any host of this kind), the
 /// test is noted as skipped, and the VM, which must have it, runs it.
@@ -120,7 +123,6 @@ fn check_lists_the_kfd_kprobe_and_hardware_hooks() {
 #[test]
 #[ignore = "needs root, /dev/kfd and prometheus; run in the VM by `cargo xtask test`"]
 fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
-    use support::{dashboard::*, k8s};
     assert_root();
     if !kfd_here("the_dashboards_kfd_panel_shows_a_pods_failing_ioctls") {
         return;
@@ -130,11 +132,11 @@ fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
         .filter(|(title, _)| title == "KFD ioctl errors")
         .collect();
     assert!(!queries.is_empty(), "no KFD ioctl errors panel");
-    let dir = k8s::scratch_dir();
+    let dir = test_support::k8s::scratch_dir();
     let daemon = Daemon::start(&["--no-kubernetes"]);
-    let (_prom, prom_port) = k8s::start_prometheus(&dir, daemon.port, None);
+    let (_prom, prom_port) = test_support::k8s::start_prometheus(&dir, daemon.port, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while k8s::prom_query(prom_port, "up{job=\"canaryscope\"} == 1").is_empty() {
+    while test_support::k8s::prom_query(prom_port, "up{job=\"canaryscope\"} == 1").is_empty() {
         assert!(std::time::Instant::now() < deadline, "Prometheus never scraped the daemon");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -147,7 +149,7 @@ fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
     };
     failing_ioctls();
     let stored = "canaryscope_kfd_ioctls_total{result!=\"0\"}";
-    while k8s::prom_query(prom_port, stored).is_empty() {
+    while test_support::k8s::prom_query(prom_port, stored).is_empty() {
         assert!(std::time::Instant::now() < deadline, "Prometheus never stored {stored}");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -155,7 +157,8 @@ fn the_dashboards_kfd_panel_shows_a_pods_failing_ioctls() {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let short = pod.short_container_id();
     loop {
-        let answers: Vec<Value> = queries.iter().map(|(_, q)| k8s::prom(prom_port, q)).collect();
+        let answers: Vec<Value> =
+            queries.iter().map(|(_, q)| test_support::k8s::prom(prom_port, q)).collect();
         if answers.iter().any(|a| shows(a, |s| s["metric"]["ioctl"].is_string())) {
             break;
         }

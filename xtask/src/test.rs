@@ -235,7 +235,7 @@ struct Boot {
     why: &'static str,
     /// What the kernel offers, declared here rather than read by the code
     /// under test: the tests expect each family's shape from it
-    /// (observer/tests/support/shape.rs names the features).
+    /// (test-support/src/shape.rs names the features).
     shape: &'static str,
     /// Lists of suites, run one list after another.
     suites: &'static [&'static [Suite]],
@@ -493,7 +493,7 @@ mod tests {
     /// only in its boot, minutes later; the words are the tests' own.
     #[test]
     fn every_declared_kernel_shape_names_known_features() {
-        let known = std::fs::read_to_string(root().join("observer/tests/support/shape.rs")).unwrap();
+        let known = std::fs::read_to_string(root().join("test-support/src/shape.rs")).unwrap();
         for shape in VM_BOOTS.iter().map(|b| b.shape).chain([SHAPE_HOST]) {
             for word in shape.split(',') {
                 assert!(known.contains(&format!("has(\"{word}\")")), "{word} in {shape}");

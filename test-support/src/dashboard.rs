@@ -2,7 +2,7 @@
 //! namespace and workload would run them, and what a panel shows.
 use serde_json::Value;
 
-use super::k8s::repo;
+use crate::k8s::repo;
 
 /// The dashboard as shipped.
 pub fn dashboard() -> Value {

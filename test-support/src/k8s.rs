@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::{json, Value};
 
-use super::{free_port, http_get, random_hex};
+use crate::{free_port, http_get, random_hex};
 
 /// The namespace of the test pods.
 pub const NS: &str = "inference";
@@ -107,7 +107,7 @@ pub struct NodePod {
     pub name: String,
     pub uid: String,
     pub json: Value,
-    layout: super::Layout,
+    layout: crate::Layout,
     report_after: Duration,
     containers: Arc<Mutex<Vec<ContainerRuns>>>,
     reports: Mutex<Vec<thread::JoinHandle<()>>>,
@@ -128,7 +128,7 @@ impl NodePod {
             name: pod["metadata"]["name"].as_str().expect("name").to_string(),
             uid: pod["metadata"]["uid"].as_str().expect("uid").to_string(),
             json: pod,
-            layout: super::Layout::SystemdContainerd,
+            layout: crate::Layout::SystemdContainerd,
             report_after,
             containers: Arc::new(Mutex::new(names)),
             reports: Mutex::new(Vec::new()),
@@ -151,16 +151,16 @@ impl NodePod {
     }
 
     /// Its containers' cgroups named as `layout` names them.
-    pub fn with_layout(mut self, layout: super::Layout) -> Self {
+    pub fn with_layout(mut self, layout: crate::Layout) -> Self {
         self.layout = layout;
         self
     }
 
     /// The kubelet makes `container`: a new container ID and its cgroup.
     /// The status does not name it until [`Self::started`].
-    pub fn create(&self, container: &str) -> super::PodCgroup {
-        let id = super::random_hex(64);
-        let cg = super::PodCgroup::with_layout(self.layout, &self.uid, &id);
+    pub fn create(&self, container: &str) -> crate::PodCgroup {
+        let id = crate::random_hex(64);
+        let cg = crate::PodCgroup::with_layout(self.layout, &self.uid, &id);
         self.note_run(container, id);
         cg
     }
@@ -176,7 +176,7 @@ impl NodePod {
     /// The container of `cg` runs now: its first process has started. The
     /// kubelet's status names it `report_after` from now (in the background;
     /// at once for zero). Later calls for the same container do nothing.
-    pub fn started(&self, cg: &super::PodCgroup) {
+    pub fn started(&self, cg: &crate::PodCgroup) {
         if self.report_after == REPORTED_BY_THE_TEST {
             return;
         }
@@ -214,14 +214,14 @@ impl NodePod {
 
     /// Spawns `command` in the container of `cg` and, if it is the
     /// container's first process, has its ID reported.
-    pub fn spawn(&self, cg: &super::PodCgroup, command: &mut Command) -> Child {
+    pub fn spawn(&self, cg: &crate::PodCgroup, command: &mut Command) -> Child {
         let child = command.spawn().expect("spawn in the pod");
         self.started(cg);
         child
     }
 
     /// Runs `command` to its end in the container of `cg`, as [`Self::spawn`].
-    pub fn output(&self, cg: &super::PodCgroup, command: &mut Command) -> std::process::Output {
+    pub fn output(&self, cg: &crate::PodCgroup, command: &mut Command) -> std::process::Output {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
         self.spawn(cg, command).wait_with_output().expect("wait")
     }
@@ -237,7 +237,7 @@ impl NodePod {
     /// The container of `cg` exited with `status`, as the kubelet's next
     /// relist sees it: the status names the exited container (its ID, its
     /// exit code). A report of its start still on its way comes first.
-    pub fn exited(&self, cg: &super::PodCgroup, status: ExitStatus) {
+    pub fn exited(&self, cg: &crate::PodCgroup, status: ExitStatus) {
         use std::os::unix::process::ExitStatusExt;
         self.reported();
         let exit_code = status.code().or(status.signal().map(|s| 128 + s)).unwrap_or(0);
@@ -255,14 +255,14 @@ impl NodePod {
     /// gone), and a new container with a new ID gets a new cgroup in the
     /// same pod, not named until [`Self::started`]; the old ID then moves
     /// to `lastState.terminated.containerID` and `restartCount` rises.
-    pub fn restart(&self, old: super::PodCgroup, status: ExitStatus) -> super::PodCgroup {
+    pub fn restart(&self, old: crate::PodCgroup, status: ExitStatus) -> crate::PodCgroup {
         self.exited(&old, status);
         let container = {
             let containers = self.containers.lock().expect("lock");
             let c = containers.iter().find(|c| c.runs.iter().any(|r| r.id == old.container_id()));
             c.expect("its container").name.clone()
         };
-        let id = super::random_hex(64);
+        let id = crate::random_hex(64);
         let new = old.restarted(&id);
         self.note_run(&container, id);
         new
@@ -270,7 +270,7 @@ impl NodePod {
 
     /// The kubelet names the container of `cg` now, whatever its pace:
     /// for a test that chooses the moment by what it has seen.
-    pub fn report(&self, cg: &super::PodCgroup) {
+    pub fn report(&self, cg: &crate::PodCgroup) {
         let mut containers = self.containers.lock().expect("lock");
         let run = containers.iter_mut().flat_map(|c| &mut c.runs).find(|r| r.id == cg.container_id());
         let run = run.unwrap_or_else(|| panic!("{}: a cgroup its kubelet did not make", self.name));
@@ -313,7 +313,7 @@ impl Drop for NodePod {
 
 /// Posts the status the kubelet has for `containers`: each container's
 /// latest instance it knows, with the one before it as its last state.
-fn post_status(api_port: u16, name: &str, containers: &[ContainerRuns], layout: super::Layout) {
+fn post_status(api_port: u16, name: &str, containers: &[ContainerRuns], layout: crate::Layout) {
     let statuses: Vec<Value> = containers
         .iter()
         .map(|c| {
@@ -496,8 +496,8 @@ pub fn prom_query(port: u16, query: &str) -> Vec<Value> {
 /// The daemon as the DaemonSet runs it on `node-a`, against the stand-in
 /// API server of `kubeconfig`, holding first calls, with series of deleted
 /// pods kept for `series_grace`.
-pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> super::Daemon {
-    super::Daemon::start(&[
+pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> crate::Daemon {
+    crate::Daemon::start(&[
         "--hold",
         "--kubeconfig",
         kubeconfig.to_str().expect("utf8"),
@@ -512,8 +512,8 @@ pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> super::Daemon {
 pub struct Rollout {
     pub canary: NodePod,
     pub stable: NodePod,
-    pub canary_cg: super::PodCgroup,
-    pub stable_cg: super::PodCgroup,
+    pub canary_cg: crate::PodCgroup,
+    pub stable_cg: crate::PodCgroup,
 }
 
 /// A rollout's two revisions scheduled while the daemon runs, as a rollout
@@ -522,8 +522,8 @@ pub struct Rollout {
 /// `report_after` after its first process starts ([`NodePod::started`]).
 pub fn schedule_canary_and_stable(api_port: u16, report_after: Duration) -> Rollout {
     let pods = vec![
-        scheduled_pod("infer-canaryhash-abcde", &super::random_pod_uid(), "canary", "canaryhash"),
-        scheduled_pod("infer-stablehash-fghij", &super::random_pod_uid(), "stable", "stablehash"),
+        scheduled_pod("infer-canaryhash-abcde", &crate::random_pod_uid(), "canary", "canaryhash"),
+        scheduled_pod("infer-stablehash-fghij", &crate::random_pod_uid(), "stable", "stablehash"),
     ];
     let mut pods = NodePod::schedule_all(api_port, pods, report_after).into_iter();
     let (canary, stable) = (pods.next().expect("canary"), pods.next().expect("stable"));
