@@ -106,6 +106,27 @@ fn item(name: &str, ok: bool, detail: impl Into<String>) -> Item {
     Item { name: name.into(), ok, detail: detail.into() }
 }
 
+/// How GPU runtime files are probed, and per process on which links.
+fn uprobe_multi_detail(multi: bool) -> String {
+    use crate::probes::uprobe_multi::{PidFilter, PID_FILTER_VAR};
+    if !multi {
+        return "no uprobe_multi links (before Linux 6.6): a perf-event link per GPU function, each \
+                released in about 0.1 s when probing stops"
+            .into();
+    }
+    match PidFilter::of_this_kernel() {
+        (PidFilter::Process, why) => format!(
+            "GPU runtime files probed with one uprobe_multi link per program, per process too: its PID \
+             filter matches every thread ({why})"
+        ),
+        (PidFilter::MainThreadOnly, why) => format!(
+            "GPU runtime files probed with one uprobe_multi link per program; per-process hot probes on \
+             perf-event links, since this kernel's uprobe_multi PID filter matches a process's main thread \
+             alone ({why}; set {PID_FILTER_VAR}=process where the fix is backported)"
+        ),
+    }
+}
+
 fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
@@ -243,17 +264,7 @@ fn facilities(root: bool) -> Vec<Item> {
     ));
     facilities.push(http);
     let multi = crate::probes::KernelFunctions::read().has_uprobe_multi();
-    facilities.push(item(
-        "uprobe_multi",
-        multi,
-        match multi {
-            true => "GPU runtime files probed with one uprobe_multi link per program",
-            false => {
-                "no uprobe_multi links (before Linux 6.6): a perf-event link per GPU function, each \
-                      released in about 0.1 s when probing stops"
-            }
-        },
-    ));
+    facilities.push(item("uprobe_multi", multi, uprobe_multi_detail(multi)));
     let kfd = Path::new("/dev/kfd").exists();
     facilities.push(item(
         "amdgpu_kfd",

@@ -9,12 +9,13 @@
 //! unless told to time them; `trace` times them unless told to count.
 
 use std::{
+    fs,
     process::Command,
     time::{Duration, Instant},
 };
 use test_support::{
     assert_root, entry_bytes, field, fixture, in_vm, metric_value, random_hex, random_pod_uid,
-    shape::KernelShape, wait_trapped, Daemon, PodCgroup, Stepped, Tracer, BREAKPOINT,
+    shape::KernelShape, uprobe_multi_links, wait_trapped, Daemon, PodCgroup, Stepped, Tracer, BREAKPOINT,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -83,6 +84,29 @@ fn an_unselected_process_takes_no_trap_and_its_failing_init_still_counts() {
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
 fn trace_pid_traps_every_thread_of_its_process_and_no_other_process() {
+    traps_every_thread_and_no_other_process(&[]);
+}
+
+/// As on 6.6–6.9, whose `uprobe_multi` PID filter matched a process's main
+/// thread alone: per-process probes take perf-event links there, and a
+/// worker thread's launch is still seen.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn with_the_pid_filter_guard_a_worker_threads_launch_is_still_seen() {
+    traps_every_thread_and_no_other_process(&[("CANARYSCOPE_UPROBE_MULTI_PID_FILTER", "thread")]);
+}
+
+/// Releases 6.6 to 6.9, whose `uprobe_multi` PID filter checked the thread.
+fn main_thread_filter(release: &str) -> bool {
+    let mut parts = release.trim().split('.');
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts
+        .next()
+        .and_then(|p| p.chars().take_while(char::is_ascii_digit).collect::<String>().parse::<u32>().ok());
+    major == Some(6) && minor.is_some_and(|m| (6..10).contains(&m))
+}
+
+fn traps_every_thread_and_no_other_process(env: &[(&str, &str)]) {
     assert_root();
     let mut selected = app(None, &["--launch", "--launch-thread", "--pause-before", "launch"]);
     let mut other = app(None, &["--launch", "--pause-before", "launch"]);
@@ -90,10 +114,22 @@ fn trace_pid_traps_every_thread_of_its_process_and_no_other_process() {
     other.wait_line("paused=launch");
     let pid = selected.pid();
     let other_pid = u64::from(other.pid());
-    let tracer = Tracer::start(&["--pid", &pid.to_string()]);
+    let tracer = Tracer::start_with_env(&["--pid", &pid.to_string()], env);
     // Probed before the tracer said it was tracing: the process was found
     // mapping the runtime at start.
     assert_eq!(entry_bytes(pid, "libcuda.so.1", "cuLaunchKernel").0, BREAKPOINT);
+    if !env.is_empty() {
+        // The same process traced without the guard beside it: where the
+        // kernel's filter matches every thread, that tracer holds its
+        // per-process probes on uprobe_multi links, and the guarded one
+        // holds those on perf-event links instead.
+        let unguarded = Tracer::start(&["--pid", &pid.to_string()]);
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease").expect("release");
+        let (with, without) = (uprobe_multi_links(unguarded.pid()), uprobe_multi_links(tracer.pid()));
+        if KernelShape::declared().uprobe_multi && !main_thread_filter(&release) {
+            assert!(with > without, "uprobe_multi links: {with} unguarded, {without} guarded");
+        }
+    }
     let (other_byte, other_on_disk) = entry_bytes(other.pid(), "libcuda.so.1", "cuLaunchKernel");
     assert_eq!(other_byte, other_on_disk, "the other process carries no breakpoint");
 

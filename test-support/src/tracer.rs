@@ -25,7 +25,13 @@ pub struct Tracer {
 impl Tracer {
     /// Starts the tracer and waits until it reports that probes are attached.
     pub fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`Self::start`] with variables set in the tracer's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(canaryscope())
+            .envs(env.iter().copied())
             .arg("trace")
             .arg("--json")
             .args(args)

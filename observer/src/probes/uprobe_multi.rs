@@ -93,11 +93,56 @@ fn bpf<T>(cmd: libc::c_int, attr: &mut T) -> io::Result<OwnedFd> {
 #[derive(Debug)]
 pub struct MultiPrograms {
     programs: HashMap<&'static str, OwnedFd>,
+    pub pid_filter: PidFilter,
 }
 
 impl MultiPrograms {
     pub fn fd(&self, program: &str) -> Option<BorrowedFd<'_>> {
         self.programs.get(program).map(AsFd::as_fd)
+    }
+}
+
+/// What a link's PID filter lets through. From 6.6 to 6.9 the check at
+/// each hit compared the calling *thread* with the filter's task, so a
+/// process's calls from worker threads (where frameworks launch GPU work)
+/// were dropped; "bpf: fix multi-uprobe PID filtering logic" (6.10, sent
+/// to the stable trees) made it compare the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PidFilter {
+    /// Every thread of the process.
+    Process,
+    /// Its main thread alone: per-process probes take perf-event links.
+    MainThreadOnly,
+}
+
+/// Overrides the guess from the kernel release: `thread` where a kernel
+/// outside 6.6–6.9 carries the bug, `process` where one inside carries the
+/// fix (a distribution's backport).
+pub const PID_FILTER_VAR: &str = "CANARYSCOPE_UPROBE_MULTI_PID_FILTER";
+
+impl PidFilter {
+    /// This kernel's filter and why it is thought so.
+    pub fn of_this_kernel() -> (Self, String) {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let guessed = Self::of_release(release.trim());
+        match std::env::var(PID_FILTER_VAR).ok().as_deref() {
+            Some("thread") => (Self::MainThreadOnly, format!("{PID_FILTER_VAR}=thread")),
+            Some("process") => (Self::Process, format!("{PID_FILTER_VAR}=process")),
+            Some(other) => {
+                log::warn!("{PID_FILTER_VAR}={other:?} is neither `thread` nor `process`: ignored");
+                (guessed, format!("kernel {}", release.trim()))
+            }
+            None => (guessed, format!("kernel {}", release.trim())),
+        }
+    }
+
+    /// From a release string such as `6.8.0-49-generic`.
+    pub fn of_release(release: &str) -> Self {
+        let mut numbers = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().ok());
+        match (numbers.next().flatten(), numbers.next().flatten()) {
+            (Some(6), Some(minor)) if (6..10).contains(&minor) => Self::MainThreadOnly,
+            _ => Self::Process,
+        }
     }
 }
 
@@ -171,7 +216,7 @@ pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&'static str]) -> Result<MultiP
             .map_err(|e| format!("loading {name} for uprobe_multi: {e}"))?;
         programs.insert(name, fd);
     }
-    Ok(MultiPrograms { programs })
+    Ok(MultiPrograms { programs, pid_filter: PidFilter::of_this_kernel().0 })
 }
 
 fn load_program(
@@ -239,6 +284,24 @@ pub fn attach(
 
 #[cfg(test)]
 mod tests {
+    use super::PidFilter;
+
+    #[test]
+    fn only_6_6_to_6_9_filter_by_the_main_thread() {
+        for (release, filter) in [
+            ("6.5.13", PidFilter::Process),
+            ("6.6.0", PidFilter::MainThreadOnly),
+            ("6.8.0-49-generic", PidFilter::MainThreadOnly),
+            ("6.9.12-arch1-1", PidFilter::MainThreadOnly),
+            ("6.10.0", PidFilter::Process),
+            ("6.12.48+deb13-amd64", PidFilter::Process),
+            ("7.0.1", PidFilter::Process),
+            ("", PidFilter::Process),
+        ] {
+            assert_eq!(PidFilter::of_release(release), filter, "{release}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -20,7 +20,7 @@ use crate::{
     probes::{
         gpu_slots::Slots,
         releaser::{self, Link},
-        uprobe_multi::{self, Fires, MultiPrograms},
+        uprobe_multi::{self, Fires, MultiPrograms, PidFilter},
         AttachError,
     },
 };
@@ -71,6 +71,10 @@ pub(super) fn attach_functions(
     scope: UProbeScope,
 ) -> AttachOutcome {
     let api = library.flavor.api();
+    // Per-process links where the kernel's filter would drop worker
+    // threads' calls are perf-event links, whose filter matches the mm.
+    let per_process = matches!(scope, UProbeScope::OneProcess(_));
+    let multi = multi.filter(|m| !(per_process && m.pid_filter == PidFilter::MainThreadOnly));
     if let (Some(multi), None) = (multi, slots.as_deref()) {
         match attach_multi(multi, path, library, library_index, &wanted, count_hot, scope) {
             Ok(outcome) => return outcome,
