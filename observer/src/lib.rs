@@ -37,3 +37,4 @@ pub mod render;
 pub mod run;
 pub mod top;
 pub mod trace;
+pub mod web;

@@ -24,12 +24,12 @@ pub mod verdict;
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
-use log::{debug, info};
+use log::info;
 use serde::Serialize;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use self::{
-    http::Request,
+    http::{Reply, Request},
     prometheus::Prometheus,
     request::{BadRequest, Params, Question},
     verdict::{Judgement, Outcome, Policy},
@@ -187,24 +187,13 @@ async fn serve(addr: SocketAddr, judge: Arc<Judge>) -> Result<(), CliError> {
     eprintln!("canaryscope judge: answering on http://{addr}/v1/judge, asking {}", judge.prometheus.url());
     // SIGTERM too: a Deployment's rollout stops the judge with it.
     let mut stop = StopSignals::new()?;
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let judge = judge.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = answer(stream, &judge).await {
-                            debug!("judge {peer}: {e}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    debug!("accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            _ = stop.recv() => return Ok(()),
-        }
+    let answering = http::serve(listener, move |request| {
+        let judge = judge.clone();
+        async move { answer(request, &judge).await }
+    });
+    tokio::select! {
+        () = answering => Ok(()),
+        _ = stop.recv() => Ok(()),
     }
 }
 
@@ -216,27 +205,20 @@ enum Route {
     FlaggerPromotion,
 }
 
-async fn answer(mut stream: TcpStream, judge: &Judge) -> std::io::Result<()> {
-    let request = match http::read_request(&mut stream).await? {
-        None => return Ok(()),
-        Some(Err(e)) => {
-            return http::respond(&mut stream, 400, "text/plain", format!("{e}\n").as_bytes()).await
-        }
-        Some(Ok(r)) => r,
-    };
+async fn answer(request: Request, judge: &Judge) -> Reply {
     let route = match (request.method.as_str(), request.path.as_str()) {
-        ("GET", "/healthz") => return http::respond(&mut stream, 200, "text/plain", b"ok\n").await,
+        ("GET", "/healthz") => return Reply::new(200, "text/plain", "ok\n"),
         ("GET" | "POST", "/v1/judge") => Route::Argo,
         ("POST", "/v1/flagger/rollout") => Route::FlaggerRollout,
         ("POST", "/v1/flagger/confirm-promotion") => Route::FlaggerPromotion,
         (_, "/healthz" | "/v1/judge" | "/v1/flagger/rollout" | "/v1/flagger/confirm-promotion") => {
-            return http::respond(&mut stream, 405, "text/plain", b"method not allowed\n").await
+            return Reply::new(405, "text/plain", "method not allowed\n")
         }
-        _ => return http::respond(&mut stream, 404, "text/plain", b"not found\n").await,
+        _ => return Reply::new(404, "text/plain", "not found\n"),
     };
     let question = match question(&request, route) {
         Ok(q) => q,
-        Err(e) => return http::respond(&mut stream, 400, "text/plain", format!("{e}\n").as_bytes()).await,
+        Err(e) => return Reply::new(400, "text/plain", format!("{e}\n")),
     };
     let answer = decide(judge, question).await;
     info!("{route:?} {}: {:?} ({})", answer.question.canary.workload, answer.verdict, answer.reason);
@@ -245,8 +227,7 @@ async fn answer(mut stream: TcpStream, judge: &Judge) -> std::io::Result<()> {
         (Route::FlaggerPromotion, Outcome::Fail | Outcome::Inconclusive) => 412,
         _ => 200,
     };
-    let body = serde_json::to_vec_pretty(&answer).unwrap_or_default();
-    http::respond(&mut stream, status, "application/json", &body).await
+    Reply::new(status, "application/json", serde_json::to_vec_pretty(&answer).unwrap_or_default())
 }
 
 fn question(request: &Request, route: Route) -> Result<Question, BadRequest> {

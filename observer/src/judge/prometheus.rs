@@ -1,18 +1,18 @@
 //! The judge's Prometheus client: queries over the HTTP API
-//! (`/api/v1/query`), HTTP/1.0 so that no server chunks its answer. An
+//! (`/api/v1/query`), each a GET on hyper's client (`web::client`). An
 //! instant query answers a vector; a range selector (`metric[10m]`)
 //! answers a matrix of the raw samples, which the judge counts itself.
-use std::collections::BTreeMap;
-
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-};
+//! The judge's deadline bounds every query from outside (`signals.rs`).
+use std::{collections::BTreeMap, time::Duration};
 
 use super::request::percent_encode;
+use crate::web::client::{Get, GetError};
 
 /// Prometheus' answers to the judge's queries are small; more is an error.
 const MAX_ANSWER: usize = 32 << 20;
+/// The judge's deadline bounds every query; under a longer one, a connect
+/// that hangs is told as such.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prometheus {
@@ -59,22 +59,23 @@ impl Prometheus {
     }
 
     async fn get(&self, path: &str) -> Result<String, PromError> {
-        let unreachable = |e: std::io::Error| PromError::Unreachable(format!("{} ({e})", self.url()));
-        let mut stream = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(unreachable)?;
-        let request =
-            format!("GET {path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n\r\n", self.host);
-        stream.write_all(request.as_bytes()).await.map_err(unreachable)?;
-        let mut raw = Vec::new();
-        let mut limited = (&mut stream).take(MAX_ANSWER as u64);
-        limited.read_to_end(&mut raw).await.map_err(unreachable)?;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.lines().next().unwrap_or("").split(' ').nth(1).unwrap_or("").to_string();
+        let get = Get {
+            host: &self.host,
+            port: self.port,
+            path,
+            accept: "application/json",
+            max_body: MAX_ANSWER,
+            connect_timeout: CONNECT_TIMEOUT,
+        };
+        let answer = get.send().await.map_err(|e| match e {
+            GetError::TooLarge(_) => PromError::Query(e.to_string()),
+            e => PromError::Unreachable(format!("{} ({e})", self.url())),
+        })?;
         // A bad query is a 400 with Prometheus' own error in the body.
-        if status != "200" && status != "400" && status != "422" {
-            return Err(PromError::Status(head.lines().next().unwrap_or("nothing").to_string()));
+        if !matches!(answer.status.as_u16(), 200 | 400 | 422) {
+            return Err(PromError::Status(answer.status.to_string()));
         }
-        Ok(body.to_string())
+        Ok(String::from_utf8_lossy(&answer.body).into_owned())
     }
 }
 

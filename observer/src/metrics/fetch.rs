@@ -1,16 +1,18 @@
 //! One GET of a running daemon's `/metrics` (`top --from URL`, `check
-//! --daemon`). Plain HTTP
-//! over a TCP stream is all the exporter speaks (see `metrics/server.rs`);
-//! HTTP/1.0 keeps any other server from chunking its answer.
-use std::{
-    io::{Read, Write},
-    net::{TcpStream, ToSocketAddrs},
-    time::Duration,
-};
+//! --daemon`), on hyper's client (`web::client`), which reads the answer
+//! however the server frames it.
+use std::time::Duration;
 
-/// How long a daemon may take to accept and to answer.
+use http::StatusCode;
+
+use crate::web::client::Get;
+
+/// How long a daemon may take to accept, and to answer in whole.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The per-pod view of a thousand pods is about 20 MB; ten times that is
+/// no daemon's.
+const MAX_BODY: usize = 256 << 20;
 
 /// Where to read: host, port and path of an `http://` URL.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,31 +46,46 @@ impl Target {
         format!("http://{}:{}{}", self.host, self.port, self.path)
     }
 
+    fn unreachable(&self, reason: String) -> FetchError {
+        FetchError::Unreachable { url: self.url(), reason }
+    }
+
     /// The body of one GET.
     pub fn get(&self) -> Result<String, FetchError> {
-        let unreachable = |reason: String| FetchError::Unreachable { url: self.url(), reason };
-        let addr = (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(|e| unreachable(e.to_string()))?
-            .next()
-            .ok_or_else(|| unreachable("no address".into()))?;
-        let mut stream =
-            TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| unreachable(e.to_string()))?;
-        stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| unreachable(e.to_string()))?;
-        let request =
-            format!("GET {} HTTP/1.0\r\nHost: {}\r\nAccept: text/plain\r\n\r\n", self.path, self.host);
-        stream.write_all(request.as_bytes()).map_err(|e| unreachable(e.to_string()))?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).map_err(|e| unreachable(e.to_string()))?;
-        let answer = String::from_utf8_lossy(&answer);
-        let (head, body) =
-            answer.split_once("\r\n\r\n").ok_or_else(|| unreachable("no HTTP answer".into()))?;
-        let status = head.lines().next().unwrap_or("");
-        let code = status.split_whitespace().nth(1).unwrap_or("");
-        if code != "200" {
-            return Err(FetchError::Status { url: self.url(), status: status.to_string() });
+        // The callers are synchronous, and `top`'s loop runs inside a
+        // runtime, where blocking on another one would panic: the GET has
+        // a thread and a runtime of its own.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| self.unreachable(format!("cannot start a runtime: {e}")))?;
+                    runtime.block_on(self.fetch())
+                })
+                .join()
+                .unwrap_or_else(|_| Err(self.unreachable("the HTTP client panicked".into())))
+        })
+    }
+
+    async fn fetch(&self) -> Result<String, FetchError> {
+        let get = Get {
+            host: &self.host,
+            port: self.port,
+            path: &self.path,
+            accept: "text/plain",
+            max_body: MAX_BODY,
+            connect_timeout: CONNECT_TIMEOUT,
+        };
+        let answer = tokio::time::timeout(ANSWER_TIMEOUT, get.send())
+            .await
+            .map_err(|_| self.unreachable(format!("no answer within {ANSWER_TIMEOUT:?}")))?
+            .map_err(|e| self.unreachable(e.to_string()))?;
+        if answer.status != StatusCode::OK {
+            return Err(FetchError::Status { url: self.url(), status: answer.status.to_string() });
         }
-        Ok(body.to_string())
+        Ok(String::from_utf8_lossy(&answer.body).into_owned())
     }
 }
 

@@ -1,19 +1,20 @@
 //! The exporter's HTTP endpoint: `/metrics`, `/metrics/pods`, `/healthz`,
-//! `/readyz`. A small
-//! HTTP/1.1 responder is enough for Prometheus and kubelet probes and keeps
-//! the daemon free of a web framework; every response closes the connection.
+//! `/readyz`, on hyper within `LIMITS` (see `web::server`), so that a slow
+//! or hostile client cannot keep Prometheus or the kubelet's probes out.
 use std::{
     sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
 
-use log::debug;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+use bytes::Bytes;
+use http::{
+    header::{ACCEPT_ENCODING, CONTENT_ENCODING},
+    HeaderMap, HeaderValue, Method, Request, StatusCode,
 };
+use tokio::net::TcpListener;
 
 use super::{catalog::View, Metrics};
+use crate::web::server::{self, answer, Answer, Limits};
 
 /// Readiness as the daemon loop last judged it.
 #[derive(Default)]
@@ -85,124 +86,78 @@ pub type SharedMetrics = Arc<Mutex<Published>>;
 /// Where the per-pod view is served (`top --from` reads it).
 pub const PER_POD_PATH: &str = "/metrics/pods";
 
+/// What one client may take of the exporter. Prometheus, the kubelet's
+/// probes and a few people's `top --from` need a handful of connections,
+/// and each sends a head of a few hundred bytes at once and no body.
+const LIMITS: Limits = Limits {
+    connections: 128,
+    head_timeout: Duration::from_secs(5),
+    head_bytes: 16 * 1024,
+    body_timeout: Duration::from_secs(5),
+    body_bytes: 1024,
+    // The per-pod view of a thousand pods is 20 MB.
+    write_timeout: Duration::from_secs(30),
+};
+
 pub async fn serve(listener: TcpListener, shared: Shared, metrics: SharedMetrics) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let shared = shared.clone();
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = respond(stream, &shared, &metrics).await {
-                        debug!("http {peer}: {e}");
-                    }
-                });
-            }
-            // Out of file descriptors or similar: back off instead of spinning.
-            Err(e) => {
-                debug!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    server::serve(listener, LIMITS, move |request| respond(request, shared.clone(), metrics.clone())).await;
 }
 
-/// What a request asks: the path, and whether the client takes gzip.
-struct Asked {
-    path: String,
-    gzip: bool,
+/// Whether the client takes gzip (`Accept-Encoding: gzip`, any q).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers.get_all(ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).any(|value| {
+        value
+            .split(',')
+            .any(|coding| coding.split(';').next().is_some_and(|c| c.trim().eq_ignore_ascii_case("gzip")))
+    })
 }
 
-/// Reads the request head (bounded in size and time).
-async fn read_path(stream: &mut TcpStream) -> std::io::Result<Option<Asked>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let read = async {
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        Ok::<_, std::io::Error>(())
-    };
-    match tokio::time::timeout(Duration::from_secs(5), read).await {
-        Ok(r) => r?,
-        Err(_) => return Ok(None),
+async fn respond(request: Request<Bytes>, shared: Shared, metrics: SharedMetrics) -> Answer {
+    const TEXT: &str = "text/plain";
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        return answer(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n");
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut first = head.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    if method != "GET" && method != "HEAD" {
-        return Ok(Some(Asked { path: String::new(), gzip: false }));
-    }
-    let gzip = head.lines().skip(1).any(|line| {
-        line.split_once(':').is_some_and(|(name, value)| {
-            name.trim().eq_ignore_ascii_case("accept-encoding")
-                && value.split(',').any(|c| c.split(';').next().is_some_and(|c| c.trim() == "gzip"))
-        })
-    });
-    Ok(Some(Asked { path: target.split('?').next().unwrap_or("").to_string(), gzip }))
-}
-
-async fn respond(mut stream: TcpStream, shared: &Shared, metrics: &SharedMetrics) -> std::io::Result<()> {
-    let Some(Asked { path, gzip }) = read_path(&mut stream).await? else { return Ok(()) };
+    let path = request.uri().path();
     if path == "/metrics" || path == PER_POD_PATH {
-        // A render of a thousand pods takes tens of milliseconds: off the
-        // runtime's worker, under the lock the daemon loop counts under.
-        let metrics = metrics.clone();
-        let body = tokio::task::spawn_blocking(move || {
-            let mut published = metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if path == PER_POD_PATH {
-                Body { bytes: published.per_pod(), gzip: false }
-            } else {
-                published.scrape(gzip)
-            }
-        })
-        .await
-        .map_err(std::io::Error::other)?;
-        let head = Head { status: "200 OK", content_type: EXPOSITION, gzip: body.gzip };
-        return send(stream, head, body.bytes).await;
+        return exposition(path == PER_POD_PATH, accepts_gzip(request.headers()), metrics).await;
     }
-    let (status, content_type, body) = {
-        let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match path.as_str() {
-            "/healthz" => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ok\n")),
-            "/readyz" => match &state.not_ready {
-                None => ("200 OK", "text/plain", bytes::Bytes::from_static(b"ready\n")),
-                Some(why) => ("503 Service Unavailable", "text/plain", format!("not ready: {why}\n").into()),
-            },
-            "" => ("405 Method Not Allowed", "text/plain", bytes::Bytes::from_static(b"only GET\n")),
-            _ => (
-                "404 Not Found",
-                "text/plain",
-                bytes::Bytes::from_static(b"try /metrics, /metrics/pods, /healthz or /readyz\n"),
-            ),
+    let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match path {
+        "/healthz" => answer(StatusCode::OK, TEXT, "ok\n"),
+        "/readyz" => match &state.not_ready {
+            None => answer(StatusCode::OK, TEXT, "ready\n"),
+            Some(why) => answer(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("not ready: {why}\n")),
+        },
+        _ => answer(StatusCode::NOT_FOUND, TEXT, "try /metrics, /metrics/pods, /healthz or /readyz\n"),
+    }
+}
+
+/// The scrape, or the per-pod view.
+async fn exposition(per_pod: bool, gzip: bool, metrics: SharedMetrics) -> Answer {
+    // A render of a thousand pods takes tens of milliseconds: off the
+    // runtime's worker, under the lock the daemon loop counts under.
+    let rendered = tokio::task::spawn_blocking(move || {
+        let mut published = metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if per_pod {
+            Body { bytes: published.per_pod(), gzip: false }
+        } else {
+            published.scrape(gzip)
         }
-    };
-    send(stream, Head { status, content_type, gzip: false }, body).await
+    })
+    .await;
+    match rendered {
+        Ok(body) => {
+            let mut exposition = answer(StatusCode::OK, EXPOSITION, body.bytes);
+            if body.gzip {
+                exposition.headers_mut().insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            exposition
+        }
+        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("rendering failed: {e}\n")),
+    }
 }
 
 const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// What a response's head says.
-struct Head<'a> {
-    status: &'a str,
-    content_type: &'a str,
-    gzip: bool,
-}
-
-async fn send(mut stream: TcpStream, head: Head<'_>, body: bytes::Bytes) -> std::io::Result<()> {
-    let Head { status, content_type, gzip } = head;
-    let encoding = if gzip { "Content-Encoding: gzip\r\n" } else { "" };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{encoding}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&body).await?;
-    stream.shutdown().await
-}
 
 #[cfg(test)]
 mod tests {
@@ -228,21 +183,20 @@ mod tests {
         assert_eq!(published.scrape(true).bytes, gzip.bytes);
     }
 
-    #[tokio::test]
-    async fn accept_encoding_is_read_from_the_request_head() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        for (head, want) in [
-            ("GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n", true),
-            ("GET /metrics?x=1 HTTP/1.1\r\naccept-encoding: identity, gzip;q=0.5\r\n\r\n", true),
-            ("GET /metrics HTTP/1.1\r\nAccept-Encoding: gzipx\r\n\r\n", false),
-            ("GET /metrics HTTP/1.0\r\n\r\n", false),
+    #[test]
+    fn accept_encoding_is_read_from_the_request_head() {
+        for (values, want) in [
+            (&["gzip"][..], true),
+            (&["identity, gzip;q=0.5"][..], true),
+            (&["identity", "GZIP"][..], true),
+            (&["gzipx"][..], false),
+            (&[][..], false),
         ] {
-            let mut client = TcpStream::connect(addr).await.expect("connect");
-            client.write_all(head.as_bytes()).await.expect("write");
-            let (mut server, _) = listener.accept().await.expect("accept");
-            let asked = read_path(&mut server).await.expect("read").expect("a request");
-            assert_eq!((asked.path.as_str(), asked.gzip), ("/metrics", want), "{head:?}");
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(ACCEPT_ENCODING, HeaderValue::from_static(v));
+            }
+            assert_eq!(accepts_gzip(&headers), want, "{values:?}");
         }
     }
 }

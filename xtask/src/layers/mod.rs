@@ -14,7 +14,7 @@ pub use imports::{read_crate, Import};
 /// Layers from the bottom up; a module not listed here is an error, so a new
 /// module is placed on purpose.
 pub const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves", &["error", "config", "clock", "names", "procfs", "cpu", "oom", "gpu_library", "http"]),
+    ("leaves", &["error", "config", "clock", "names", "procfs", "cpu", "oom", "gpu_library", "http", "web"]),
     ("attribution", &["attribution"]),
     ("events", &["events", "exit_cause"]),
     ("probes", &["probes"]),

@@ -1,0 +1,309 @@
+//! One request per connection, parsed and answered by hyper, within limits
+//! that keep a slow or hostile client from taking what scrapes and verdicts
+//! need:
+//!
+//! - **Connections:** at most `connections` at once, far below the default
+//!   soft `RLIMIT_NOFILE` of 1,024, so that sockets never take the
+//!   descriptors the rest of the process opens. A connection past the cap
+//!   closes the one that has waited longest for its request (or for its
+//!   answer to be read); only while every connection is being answered is
+//!   the newcomer closed instead. Idle connections by the thousand thus cost
+//!   a client that sends its request at once nothing but a slot it takes
+//!   back.
+//! - **The head:** whole within `head_timeout` of the connection and
+//!   `head_bytes`; hyper closes a head dribbled byte by byte at the timeout
+//!   and answers 431 to a longer one without reading on.
+//! - **The body:** within `body_bytes` (a longer declared length is
+//!   refused unread) and `body_timeout`.
+//! - **The answer:** read by the client within `write_timeout`.
+//!
+//! Every answer closes its connection, as a probe, a scrape or a webhook
+//! expects; nothing waits for a second request.
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    future::Future,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{header::CONTENT_TYPE, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::{body::Body as _, body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use log::debug;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+    sync::Notify,
+};
+
+/// What one server allows its clients (see the module's comment).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub connections: usize,
+    pub head_timeout: Duration,
+    pub head_bytes: usize,
+    pub body_timeout: Duration,
+    pub body_bytes: usize,
+    pub write_timeout: Duration,
+}
+
+/// hyper's smallest read buffer; it holds the head, then the body's chunks.
+const MIN_BUFFER: usize = 8192;
+
+pub type Answer = Response<Full<Bytes>>;
+
+/// An answer of `status` with `body` as `content_type`.
+pub fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut answer = Response::new(Full::new(body.into()));
+    *answer.status_mut() = status;
+    answer.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    answer
+}
+
+/// Accepts connections for ever, each answered by `handler` on a task of
+/// its own.
+pub async fn serve<H, F>(listener: TcpListener, limits: Limits, handler: H)
+where
+    H: Fn(Request<Bytes>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Answer> + Send + 'static,
+{
+    let connections = Connections::new(limits.connections);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of file descriptors or similar: back off instead of spinning.
+            Err(e) => {
+                debug!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match connections.admit() {
+            Some(slot) => {
+                tokio::spawn(answer_connection(stream, slot, limits, handler.clone()));
+            }
+            None => debug!(
+                "http {peer}: closed at once: all {} connections are being answered",
+                limits.connections
+            ),
+        }
+    }
+}
+
+/// One connection's request and answer, over any byte stream (a test or a
+/// fuzz target drives it in memory), until it closes, is closed to make
+/// room, or leaves its answer unread past `write_timeout`.
+pub async fn answer_connection<IO, H, F>(io: IO, slot: Slot, limits: Limits, handler: H)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Bytes>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Answer> + Send + 'static,
+{
+    let slot = Arc::new(slot);
+    let answered = Arc::new(Notify::new());
+    let service = {
+        let (slot, answered) = (slot.clone(), answered.clone());
+        service_fn(move |request: Request<Incoming>| {
+            let (slot, answered, handler) = (slot.clone(), answered.clone(), handler.clone());
+            async move {
+                let answer = match read_body(request, &limits).await {
+                    Ok(request) => {
+                        // Being answered: not a connection to close for room.
+                        slot.set_waiting(false);
+                        handler(request).await
+                    }
+                    Err(refusal) => refusal.answer(),
+                };
+                slot.set_waiting(true);
+                answered.notify_one();
+                Ok::<_, Infallible>(answer)
+            }
+        })
+    };
+    let connection = builder(&limits).serve_connection(TokioIo::new(io), service);
+    let unread = async {
+        answered.notified().await;
+        tokio::time::sleep(limits.write_timeout).await;
+    };
+    tokio::select! {
+        done = connection => {
+            if let Err(e) = done {
+                debug!("http: {e}");
+            }
+        }
+        () = slot.evicted() => debug!("http: closed a waiting connection to make room for a newer one"),
+        () = unread => debug!("http: the answer was not read within {:?}", limits.write_timeout),
+    }
+}
+
+fn builder(limits: &Limits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head_timeout)
+        .max_header_size(limits.head_bytes)
+        .max_buf_size(limits.head_bytes.max(MIN_BUFFER))
+        .keep_alive(false)
+        // A client that shuts its side after the request still gets the answer.
+        .half_close(true);
+    builder
+}
+
+/// Why a request was not handed on; each answers one line.
+enum Refusal {
+    TooLarge(usize),
+    Slow(Duration),
+    Unreadable(String),
+}
+
+impl Refusal {
+    fn answer(self) -> Answer {
+        let (status, line) = match self {
+            Self::TooLarge(limit) => {
+                (StatusCode::BAD_REQUEST, format!("request body larger than {limit} bytes"))
+            }
+            Self::Slow(limit) => {
+                (StatusCode::REQUEST_TIMEOUT, format!("request body not received within {limit:?}"))
+            }
+            Self::Unreadable(e) => (StatusCode::BAD_REQUEST, format!("request body unreadable: {e}")),
+        };
+        answer(status, "text/plain", format!("{}\n", line.replace('\n', " ")))
+    }
+}
+
+/// The request with its whole body, within the body's limits.
+async fn read_body(request: Request<Incoming>, limits: &Limits) -> Result<Request<Bytes>, Refusal> {
+    let (head, body) = request.into_parts();
+    // A declared length past the limit is refused before any of it is read.
+    if body.size_hint().lower() > limits.body_bytes as u64 {
+        return Err(Refusal::TooLarge(limits.body_bytes));
+    }
+    let read = Limited::new(body, limits.body_bytes).collect();
+    let collected = match tokio::time::timeout(limits.body_timeout, read).await {
+        Err(_) => return Err(Refusal::Slow(limits.body_timeout)),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(Refusal::TooLarge(limits.body_bytes))
+        }
+        Ok(Err(e)) => return Err(Refusal::Unreadable(e.to_string())),
+        Ok(Ok(collected)) => collected,
+    };
+    Ok(Request::from_parts(head, collected.to_bytes()))
+}
+
+/// The connections of one server, and which of them wait for their client.
+#[derive(Clone)]
+pub struct Connections(Arc<Mutex<Registry>>);
+
+struct Registry {
+    cap: usize,
+    /// Connection ids and waiting stamps, from one increasing count.
+    next: u64,
+    open: HashMap<u64, Tracked>,
+}
+
+struct Tracked {
+    /// When it began to wait for its client; `None` while being answered.
+    waiting_since: Option<u64>,
+    close: Arc<Notify>,
+}
+
+impl Registry {
+    fn stamp(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
+
+impl Connections {
+    pub fn new(cap: usize) -> Self {
+        Self(Arc::new(Mutex::new(Registry { cap, next: 0, open: HashMap::new() })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A slot for a new connection: at the cap, the longest-waiting one is
+    /// closed for it; `None` when every open connection is being answered.
+    pub fn admit(&self) -> Option<Slot> {
+        let mut registry = self.lock();
+        if registry.open.len() >= registry.cap {
+            let (_, longest) =
+                registry.open.iter().filter_map(|(id, t)| t.waiting_since.map(|since| (since, *id))).min()?;
+            if let Some(evicted) = registry.open.remove(&longest) {
+                evicted.close.notify_one();
+            }
+        }
+        let id = registry.stamp();
+        let close = Arc::new(Notify::new());
+        registry.open.insert(id, Tracked { waiting_since: Some(id), close: close.clone() });
+        Some(Slot { id, connections: self.clone(), close })
+    }
+
+    /// How many connections are open.
+    pub fn open(&self) -> usize {
+        self.lock().open.len()
+    }
+}
+
+/// One open connection's place among its server's; gone when dropped.
+pub struct Slot {
+    id: u64,
+    connections: Connections,
+    close: Arc<Notify>,
+}
+
+impl Slot {
+    /// Waiting for its client (to send or to read), or being answered.
+    fn set_waiting(&self, waiting: bool) {
+        let mut registry = self.connections.lock();
+        let stamp = registry.stamp();
+        if let Some(tracked) = registry.open.get_mut(&self.id) {
+            tracked.waiting_since = waiting.then_some(stamp);
+        }
+    }
+
+    /// Resolves once the connection was closed to make room.
+    async fn evicted(&self) {
+        self.close.notified().await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.connections.lock().open.remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    #[test]
+    fn at_the_cap_the_longest_waiting_connection_makes_room_and_busy_ones_do_not() {
+        let connections = Connections::new(2);
+        let first = connections.admit().expect("room");
+        let second = connections.admit().expect("room");
+        // The first is being answered: the second, waiting, is closed.
+        first.set_waiting(false);
+        let third = connections.admit().expect("the second makes room");
+        assert_eq!(connections.open(), 2);
+        assert!(second.close.notified().now_or_never().is_some(), "the second was told to close");
+        // Both remaining are being answered: a newcomer is refused.
+        third.set_waiting(false);
+        assert!(connections.admit().is_none());
+        // An answer waiting to be read makes room again, and a dropped
+        // connection gives its slot back.
+        first.set_waiting(true);
+        let fourth = connections.admit().expect("the first makes room");
+        drop(third);
+        assert_eq!(connections.open(), 1);
+        drop(fourth);
+        assert_eq!(connections.open(), 0);
+    }
+}
