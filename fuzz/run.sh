@@ -27,7 +27,7 @@ shift $(($# > 0 ? 1 : 0))
 if (($# > 0)); then
     TARGETS=("$@")
 else
-    TARGETS=(cgroup_path proc_maps tracefs_format label_values ld_so_cache judge_request)
+    TARGETS=(cgroup_path proc_maps tracefs_format label_values ld_so_cache judge_request judge_http)
 fi
 
 # cargo-fuzz passes -Zsanitizer=... to rustc; this lets the stable toolchain

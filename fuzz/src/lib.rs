@@ -32,3 +32,11 @@ pub mod ldcache;
 
 #[path = "../../observer/src/judge/request.rs"]
 pub mod request;
+
+/// HTTP on hyper, with the servers' limits.
+#[path = "../../observer/src/web/mod.rs"]
+pub mod web;
+
+/// The judge's HTTP, over `request` (its `super`).
+#[path = "../../observer/src/judge/http.rs"]
+pub mod judge_http;

@@ -48,7 +48,7 @@ impl Server {
         let took = started.elapsed();
         match answer {
             Some((code, body)) => assert!((self.answered)(code, &body), "{}: {code} {body}", self.normal),
-            None => panic!("{}: no answer within 5 s ({took:?})", self.normal),
+            None => panic!("{}: no answer (closed or silent for 5 s) after {took:?}", self.normal),
         }
         took
     }

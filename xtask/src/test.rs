@@ -107,7 +107,7 @@ impl Checks {
             let mut fuzz = Command::new(root().join("fuzz/run.sh"));
             fuzz.arg("15");
             let what =
-                "fuzzing the parsers of outside input: 5 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
+                "fuzzing the parsers of outside input: 7 libFuzzer targets x 15 s (cargo xtask fuzz runs longer)";
             self.inline_or_beside("fuzz", what, fuzz)?;
         }
         let deploy_check = root().join("deploy/check.sh");
