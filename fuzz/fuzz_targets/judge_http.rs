@@ -60,7 +60,7 @@ async fn exchange(data: &[u8]) -> (Vec<u8>, Vec<Request>) {
             async move { reply }
         }
     };
-    let slot = Connections::new(1).admit().expect("room");
+    let slot = Connections::new(1).admit().await.expect("room");
     let server = tokio::spawn(answer_connection(served, slot, LIMITS, move |r| ask(service.clone(), r)));
     let (mut from_server, mut to_server) = tokio::io::split(client);
     // At once: the server may answer and close before it has read all.

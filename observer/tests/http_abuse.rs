@@ -125,7 +125,12 @@ fn judge() -> Server {
 fn closed_by_server(stream: &mut TcpStream) -> bool {
     let mut buf = [0u8; 512];
     match stream.read(&mut buf) {
-        Ok(_) => true,
+        Ok(0) => true,
+        // Anything said to a head never finished is the server's last word.
+        Ok(n) => {
+            eprintln!("a dribbling connection was answered {:?}", String::from_utf8_lossy(&buf[..n]));
+            true
+        }
         Err(e) => e.kind() != ErrorKind::WouldBlock,
     }
 }
@@ -210,8 +215,10 @@ fn thousands_of_idle_connections(server: &Server) {
     let fds = server.open_fds();
     let opened = idle.len();
     eprintln!("{opened} idle connections: {fds} files open ({fds_before} before), cap {}", server.cap);
+    // The cap, one connection accepted and waiting for room, and a few
+    // files the daemon opens for a moment (`/proc` reads) besides.
     assert!(
-        fds <= fds_before + server.cap + 1,
+        fds <= fds_before + server.cap + 4,
         "{fds} files open with {opened} idle connections ({fds_before} before)"
     );
     server.assert_prompt("thousands of idle connections");

@@ -104,7 +104,7 @@ mod tests {
                 async move { Reply::new(200, "text/plain", lines) }
             }
         };
-        let slot = Connections::new(1).admit().expect("room");
+        let slot = Connections::new(1).admit().await.expect("room");
         let server = tokio::spawn(answer_connection(served, slot, LIMITS, move |r| ask(judge.clone(), r)));
         client.write_all(raw).await.expect("write");
         client.shutdown().await.expect("shutdown");

@@ -6,10 +6,10 @@
 //!   soft `RLIMIT_NOFILE` of 1,024, so that sockets never take the
 //!   descriptors the rest of the process opens. A connection past the cap
 //!   closes the one that has waited longest for its request (or for its
-//!   answer to be read); only while every connection is being answered is
-//!   the newcomer closed instead. Idle connections by the thousand thus cost
-//!   a client that sends its request at once nothing but a slot it takes
-//!   back.
+//!   answer to be read) and is admitted once that one has closed; only
+//!   while every connection is being answered is the newcomer closed
+//!   instead. Idle connections by the thousand thus cost a client that
+//!   sends its request at once nothing but a slot it takes back.
 //! - **The head:** whole within `head_timeout` of the connection and
 //!   `head_bytes`; hyper closes a head dribbled byte by byte at the timeout
 //!   and answers 431 to a longer one without reading on.
@@ -81,7 +81,7 @@ where
                 continue;
             }
         };
-        match connections.admit() {
+        match connections.admit().await {
             Some(slot) => {
                 tokio::spawn(answer_connection(stream, slot, limits, handler.clone()));
             }
@@ -195,18 +195,25 @@ async fn read_body(request: Request<Incoming>, limits: &Limits) -> Result<Reques
 
 /// The connections of one server, and which of them wait for their client.
 #[derive(Clone)]
-pub struct Connections(Arc<Mutex<Registry>>);
+pub struct Connections {
+    registry: Arc<Mutex<Registry>>,
+    /// Told when a connection closes.
+    room: Arc<Notify>,
+}
 
 struct Registry {
     cap: usize,
     /// Connection ids and waiting stamps, from one increasing count.
     next: u64,
+    /// Every connection whose socket is open, those told to close included.
     open: HashMap<u64, Tracked>,
 }
 
 struct Tracked {
     /// When it began to wait for its client; `None` while being answered.
     waiting_since: Option<u64>,
+    /// Told to close for room, and not yet closed.
+    closing: bool,
     close: Arc<Notify>,
 }
 
@@ -215,32 +222,53 @@ impl Registry {
         self.next += 1;
         self.next
     }
+
+    /// Tells the longest-waiting connection to close, unless one already
+    /// is; false when every connection is being answered.
+    fn make_room(&mut self) -> bool {
+        if self.open.values().any(|t| t.closing) {
+            return true;
+        }
+        let waiting = self.open.iter_mut().filter_map(|(_, t)| t.waiting_since.map(|since| (since, t)));
+        let Some((_, longest)) = waiting.min_by_key(|(since, _)| *since) else { return false };
+        longest.closing = true;
+        longest.close.notify_one();
+        true
+    }
 }
 
 impl Connections {
     pub fn new(cap: usize) -> Self {
-        Self(Arc::new(Mutex::new(Registry { cap, next: 0, open: HashMap::new() })))
+        let registry = Registry { cap, next: 0, open: HashMap::new() };
+        Self { registry: Arc::new(Mutex::new(registry)), room: Arc::new(Notify::new()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A slot for a new connection: at the cap, the longest-waiting one is
-    /// closed for it; `None` when every open connection is being answered.
-    pub fn admit(&self) -> Option<Slot> {
-        let mut registry = self.lock();
-        if registry.open.len() >= registry.cap {
-            let (_, longest) =
-                registry.open.iter().filter_map(|(id, t)| t.waiting_since.map(|since| (since, *id))).min()?;
-            if let Some(evicted) = registry.open.remove(&longest) {
-                evicted.close.notify_one();
+    /// A slot for a new connection. At the cap, the longest-waiting
+    /// connection is told to close, and its socket closed, before the new
+    /// one is admitted, so that no more than the cap are ever open; `None`
+    /// when every open connection is being answered.
+    pub async fn admit(&self) -> Option<Slot> {
+        loop {
+            {
+                let mut registry = self.lock();
+                if registry.open.len() < registry.cap {
+                    let id = registry.stamp();
+                    let close = Arc::new(Notify::new());
+                    let tracked = Tracked { waiting_since: Some(id), closing: false, close: close.clone() };
+                    registry.open.insert(id, tracked);
+                    return Some(Slot { id, connections: self.clone(), close });
+                }
+                if !registry.make_room() {
+                    return None;
+                }
             }
+            // A close after the check above leaves its notice for this wait.
+            self.room.notified().await;
         }
-        let id = registry.stamp();
-        let close = Arc::new(Notify::new());
-        registry.open.insert(id, Tracked { waiting_since: Some(id), close: close.clone() });
-        Some(Slot { id, connections: self.clone(), close })
     }
 
     /// How many connections are open.
@@ -275,32 +303,44 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.connections.lock().open.remove(&self.id);
+        self.connections.room.notify_one();
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use futures::FutureExt;
-
     use super::*;
 
-    #[test]
-    fn at_the_cap_the_longest_waiting_connection_makes_room_and_busy_ones_do_not() {
+    #[tokio::test]
+    async fn at_the_cap_the_longest_waiting_connection_makes_room_and_busy_ones_do_not() {
         let connections = Connections::new(2);
-        let first = connections.admit().expect("room");
-        let second = connections.admit().expect("room");
-        // The first is being answered: the second, waiting, is closed.
+        let first = connections.admit().await.expect("room");
+        let second = connections.admit().await.expect("room");
+        // The first is being answered: the second, waiting, is told to
+        // close, and the third admitted once it has.
         first.set_waiting(false);
-        let third = connections.admit().expect("the second makes room");
+        let third = tokio::spawn({
+            let connections = connections.clone();
+            async move { connections.admit().await }
+        });
+        second.close.notified().await;
+        assert_eq!(connections.open(), 2, "no more than the cap while the second closes");
+        drop(second);
+        let third = third.await.expect("admitted").expect("the second made room");
         assert_eq!(connections.open(), 2);
-        assert!(second.close.notified().now_or_never().is_some(), "the second was told to close");
-        // Both remaining are being answered: a newcomer is refused.
+        // Both are being answered: a newcomer is refused.
         third.set_waiting(false);
-        assert!(connections.admit().is_none());
-        // An answer waiting to be read makes room again, and a dropped
+        assert!(connections.admit().await.is_none());
+        // An answer waiting to be read makes room again, and a closed
         // connection gives its slot back.
         first.set_waiting(true);
-        let fourth = connections.admit().expect("the first makes room");
+        let fourth = tokio::spawn({
+            let connections = connections.clone();
+            async move { connections.admit().await }
+        });
+        first.close.notified().await;
+        drop(first);
+        let fourth = fourth.await.expect("admitted").expect("the first made room");
         drop(third);
         assert_eq!(connections.open(), 1);
         drop(fourth);
