@@ -4,8 +4,6 @@
 //! dribbled byte by byte on hundreds of connections, a 1 GB head, and
 //! thousands of idle connections; while each goes on, a scrape or a
 //! verdict asked as Prometheus or Argo asks answers within `PROMPT`.
-mod support;
-
 use std::{
     io::{ErrorKind, Read, Write},
     net::{SocketAddr, TcpStream},
@@ -14,14 +12,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::*;
+use test_support::{assert_root, canaryscope, free_port, http_get, k8s::Proc, Daemon};
 
 /// A normal request answers within this while the abuse goes on; the
 /// servers give a head 5 s, so an answer that waited for the abusers'
 /// connections to time out comes later.
 const PROMPT: Duration = Duration::from_secs(2);
-/// The servers' head timeout (README: "Limits against slow and hostile
-/// clients"), and what a closed connection may take beyond it here.
+/// The servers' head timeout (docs/daemon.md, "Limits against slow and
+/// hostile clients"), and what a closed connection may take beyond it here.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 const CLOSE_MARGIN: Duration = Duration::from_millis(1500);
 
@@ -100,7 +98,7 @@ fn judge() -> Server {
     // Nothing listens where Prometheus should: every verdict is an
     // immediate `inconclusive`, as real a verdict as any for the server.
     let (port, prometheus) = (free_port(), free_port());
-    let judge = k8s::Proc(
+    let judge = Proc(
         Command::new(canaryscope())
             .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--prometheus", &format!("http://127.0.0.1:{prometheus}")])
