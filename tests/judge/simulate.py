@@ -23,25 +23,54 @@ share); about 20 baseline crashes over the analysis. Cases:
 - canary_only: equal rates, and one more canary pod on a node without the
   baseline, crashing at the same rate.
 
-Crash counts per 15 s are Poisson draws (numpy's generator), checked by mean
-and by variance over all draws before anything is judged.
+Cases with series or questions of their own (`OWN`, below):
+
+- gpu_equal, gpu_detect, gpu_rare: a GPU canary. The stable pods started two
+  days before the end and their start-ups (about 100 a node) all happened
+  more than 4 hours before it, so only the judge's start-up lookback sees
+  them; the canary's start-ups (a third as many by look 10: a 25% share)
+  are in its own window. Start-up failures at the baseline's proportion
+  (about 20 baseline failures; the null's edge for a per-start-up test), at
+  5 x, and at equal but rare ones (1 in 1,000, as a healthy GPU workload
+  has them);
+- flagger_newest: asked as Flagger asks (POST /v1/flagger/rollout with its
+  JSON payload), about a Deployment whose older revision, crashing at 5 x,
+  ran until a minute after the newest one began (a rolling update): only
+  the newest may be judged, at equal rates with the primary;
+- parameters: at each analysis, an interval below 30 s (Argo's and Flagger's
+  path) and a baseline equal to the canary answer 400 with one line; a
+  window that starts after the canary's first data, and one that ends
+  before it, answer `inconclusive` with the reason (docs/judge.md);
+- deadline: a Prometheus made slow by a proxy that holds each answer. At
+  1 s a query, a judge with a 5 s deadline answers exactly what it answers
+  directly (its queries run at once); at 6 s a query, a judge with a 0.5 s
+  deadline answers `inconclusive` naming the slow queries, within 2 s.
+
+Counts per 15 s (crashes, start-ups and their failures) are Poisson draws
+(numpy's generator, seeded per case so that a case's draws do not depend
+on which others run), checked by mean and by variance over all draws before
+anything is judged.
 
 Prints one JSON report: per case, the share of analyses failed, passed and
-undecided, and the median looks to a decision.
+undecided, and the median looks to a decision; for the parameters and the
+deadline (`"kind": "check"`), the share of analyses answered as documented
+and what was not.
 """
 import argparse
 import concurrent.futures
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 
 import numpy as np
+
+from services import Services, free_port, http, wait_http
 
 STEP = 15
 INTERVAL = 300
@@ -58,6 +87,13 @@ CASES = {
     "restart": 1.0,
     "retried": 1.0,
     "canary_only": 1.0,
+    # Shaped by `OWN`: the canary's rate (or failure proportion) over the baseline's.
+    "gpu_equal": 1.0,
+    "gpu_detect": 5.0,
+    "gpu_rare": 1.0,
+    "flagger_newest": 1.0,
+    "parameters": 1.0,
+    "deadline": 1.0,
 }
 
 
@@ -65,8 +101,14 @@ class Draws:
     """Every Poisson draw made, by its mean, to check the sampler."""
 
     def __init__(self, seed):
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.by_mean = {}
+
+    def for_case(self, case):
+        """A generator of the case's own, so that its draws are the same
+        whichever other cases run before it."""
+        self.rng = np.random.default_rng([self.seed, zlib.crc32(case.encode())])
 
     def poisson(self, mean, n):
         x = self.rng.poisson(mean, n)
@@ -154,25 +196,6 @@ def analysis(draws, case, ratio, i, out):
     return ns, born
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, what, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"{what} did not answer at {url}")
-
-
 def ask(port, ns, end):
     url = (f"http://127.0.0.1:{port}/v1/judge?namespace={ns}&workload=infer&canary=canary"
            f"&baseline=stable&window=2h&interval={INTERVAL}s&end={end}")
@@ -191,6 +214,270 @@ def judge_analysis(port, ns, born):
     return "inconclusive", None
 
 
+def shares(case, results):
+    """A case's line of the report from each analysis's (verdict, look)."""
+    n = len(results)
+    looks = sorted(look for v, look in results if look is not None)
+    return {
+        "name": case,
+        "rate_ratio": CASES[case],
+        "failed_share": sum(v == "fail" for v, _ in results) / n,
+        "passed_share": sum(v == "pass" for v, _ in results) / n,
+        "undecided_share": sum(v == "inconclusive" for v, _ in results) / n,
+        "median_looks_to_decision": float(np.median(looks)) if looks else None,
+    }
+
+
+def judged_as_argo(pool, services, case, analyses):
+    return shares(case, list(pool.map(lambda a: judge_analysis(services.judge_port, a[0], a[1]), analyses)))
+
+
+def check_report(case, problems, **measured):
+    """A case of questions with one documented answer each: the share of
+    analyses answered so, and the first answers that were not."""
+    wrong = [p for ps in problems for p in ps]
+    return {"name": case, "kind": "check", "analyses": len(problems),
+            "as_documented_share": sum(not ps for ps in problems) / len(problems),
+            "not_as_documented": wrong[:5], **measured}
+
+
+# A GPU canary. The stable pods started two days before the end; their
+# start-ups (about GPU_BASELINE_STARTUPS a node) all came before its last 4
+# hours, so only the judge's start-up lookback reads them. The canary's come
+# in its own window, a third as many by look 10 (a 25% share).
+GPU_STABLE_AGE = 2 * 86_400
+GPU_QUIET = 4 * 3600
+HISTORY_STEP = 3600
+GPU_BASELINE_STARTUPS = 100.0
+# Failures per start-up: about BASELINE_EVENTS of the baseline's, or rare.
+GPU_FAILURE_PROPORTION = {"gpu_rare": 0.001}
+
+
+def owner_labels(ns, workload, rev, node):
+    return f'namespace="{ns}",workload="{workload}",revision="{rev}",track="x",node="{node}"'
+
+
+def emit(out, metric, labels, times, values):
+    """Samples as exposition lines; those older than the window's queries
+    read (GPU_QUIET) apart, in `out["history"]`."""
+    for t, v in zip(times, values):
+        part = "history" if t < END - GPU_QUIET else "lines"
+        out.setdefault(part, {}).setdefault(metric, []).append(f"{metric}{{{labels}}} {float(v)} {int(t)}")
+
+
+def startups(draws, out, labels, times, starting, per_step, proportion):
+    """A revision's start-up and start-up failure counters on a node: at
+    each of the first `starting` samples, Poisson failures and Poisson
+    successes (a Poisson stream of `per_step` start-ups, each failing with
+    `proportion`); none after."""
+    quiet = np.zeros(len(times) - starting, dtype=np.int64)
+    failed = np.concatenate([draws.poisson(round(per_step * proportion, 12), starting), quiet])
+    ok = np.concatenate([draws.poisson(round(per_step * (1 - proportion), 12), starting), quiet])
+    gpu = labels + ',api="cuda"'
+    emit(out, "canaryscope_gpu_startups_total", gpu, times, np.cumsum(failed + ok))
+    emit(out, "canaryscope_gpu_startup_failures_total", gpu, times, np.cumsum(failed))
+
+
+def gpu_analysis(draws, case, ratio, i, out):
+    ns = f"{case}-{i}"
+    born = END - LOOKS * INTERVAL
+    quiet_from = END - GPU_QUIET
+    # Sampled every hour while the stable pods were starting, every 15 s over
+    # the last 4 hours (all the window's queries read): a count is the same
+    # at any sampling, and two days at 15 s would be 10^8 lines.
+    history = np.arange(END - GPU_STABLE_AGE, quiet_from, HISTORY_STEP)
+    stable_times = np.concatenate([history, np.arange(quiet_from, END + 1, STEP)])
+    canary_times = np.arange(born, END + 1, STEP)
+    proportion = GPU_FAILURE_PROPORTION.get(case, BASELINE_EVENTS / (len(NODES) * GPU_BASELINE_STARTUPS))
+    for node in NODES:
+        stable = owner_labels(ns, "infer", "stable", node)
+        startups(draws, out, stable, stable_times, len(history), GPU_BASELINE_STARTUPS / len(history), proportion)
+        emit(out, "canaryscope_pod_seconds_total", stable, stable_times,
+             STABLE_PODS * (stable_times - stable_times[0]))
+        canary = owner_labels(ns, "infer", "canary", node)
+        per_step = GPU_BASELINE_STARTUPS / 3 / len(canary_times)
+        startups(draws, out, canary, canary_times, len(canary_times), per_step, ratio * proportion)
+        emit(out, "canaryscope_pod_seconds_total", canary, canary_times, CANARY_PODS * (canary_times - born))
+    return ns, born
+
+
+def pods_and_crashes(draws, out, labels, pods, rate, span):
+    """A revision's pod-seconds on a node and its pods' crash counter over
+    `span` (start, stop), crashes at `rate` per pod-second."""
+    times = np.arange(span[0], span[1] + 1, STEP)
+    emit(out, "canaryscope_pod_seconds_total", labels, times, pods * (times - span[0]))
+    per_step = draws.poisson(round(rate * pods * STEP, 12), len(times))
+    per_step[0] = 0
+    crash = f'{labels},pod="p{span[0]}",container="c",signal="SIGSEGV",library="l"'
+    emit(out, "canaryscope_native_crashes_total", crash, times, np.cumsum(per_step))
+
+
+def flagger_analysis(draws, case, ratio, i, out):
+    """Flagger's Deployment `infer`: its older revision, crashing at 5 x,
+    ran until a minute after the newest began (a rolling update); the
+    newest crashes at `ratio` times the primary's rate."""
+    ns = f"{case}-{i}"
+    born = END - LOOKS * INTERVAL
+    stable_rate = BASELINE_EVENTS / (len(NODES) * STABLE_PODS * LOOKS * INTERVAL)
+    for node in NODES:
+        primary = owner_labels(ns, "infer-primary", "prim", node)
+        pods_and_crashes(draws, out, primary, STABLE_PODS, stable_rate, (born - 1800, END))
+        old = owner_labels(ns, "infer", "old", node)
+        pods_and_crashes(draws, out, old, CANARY_PODS, 5 * stable_rate, (born - 1800, born + 60))
+        new = owner_labels(ns, "infer", "new", node)
+        pods_and_crashes(draws, out, new, CANARY_PODS, ratio * stable_rate, (born, END))
+    return ns, born
+
+
+def flagger_payload(ns, end, interval=f"{INTERVAL}s"):
+    """What Flagger posts to a rollout webhook; `metadata` is the webhook's
+    own (the end, for a simulated clock)."""
+    return {"name": "infer", "namespace": ns, "phase": "Progressing", "checksum": "6d4f9b",
+            "metadata": {"window": "2h", "interval": interval, "end": str(end)}}
+
+
+def judged_as_flagger(pool, services, case, analyses):
+    """Each analysis asked through /v1/flagger/rollout at each look until its
+    first fail or pass; every answer must judge the newest revision, and a
+    fail must answer 409."""
+
+    def one(a):
+        ns, born = a
+        wrong = 0
+        for look in range(1, LOOKS + 1):
+            status, text = http(services.judge_port, "POST", "/v1/flagger/rollout",
+                                flagger_payload(ns, born + look * INTERVAL))
+            answer = json.loads(text)
+            wrong += answer["question"]["canary"].get("revision") != "new" or answer["look"] != look
+            wrong += status != (409 if answer["verdict"] == "fail" else 200)
+            if answer["verdict"] in ("fail", "pass"):
+                return (answer["verdict"], look), wrong
+        return ("inconclusive", None), wrong
+
+    results = list(pool.map(one, analyses))
+    report = shares(case, [r for r, _ in results])
+    report["newest_judged_share"] = sum(w == 0 for _, w in results) / len(results)
+    return report
+
+
+def parameter_questions(draws, case, ratio, i, out):
+    """Equal rates; and, drawn per analysis, the questions that would mislead."""
+    ns, born = analysis(draws, case, ratio, i, out)
+    rng = draws.rng
+    end = born + int(rng.integers(2, LOOKS + 1)) * INTERVAL - int(rng.integers(0, INTERVAL))
+    return ns, born, {
+        "interval": int(rng.integers(1, 30)),
+        "end": end,
+        # A window starting after the canary's first data (its age at `end`).
+        "window": int(rng.integers(60, end - born - 30)),
+        "ended_before": born - int(rng.integers(15, 3600)),
+    }
+
+
+def parameter_problems(port, ns, born, q):
+    """What of the documented answers (docs/judge.md) did not come."""
+    problems = []
+    argo = f"/v1/judge?namespace={ns}&workload=infer&window=2h"
+
+    def refused(what, status, text, word):
+        if status != 400 or len(text.strip().splitlines()) != 1 or word not in text:
+            problems.append(f"{ns}: {what}: {status} {text[:200]!r}, not 400 with one line")
+
+    status, text = http(port, "GET", f"{argo}&canary=canary&baseline=stable&interval={q['interval']}s&end={q['end']}")
+    refused(f"interval {q['interval']}s", status, text, "interval")
+    status, text = http(port, "POST", "/v1/flagger/rollout", flagger_payload(ns, q["end"], f"{q['interval']}s"))
+    refused(f"Flagger's interval {q['interval']}s", status, text, "interval")
+    status, text = http(port, "GET", f"{argo}&canary=canary&baseline=canary&interval={INTERVAL}s&end={q['end']}")
+    refused("baseline = canary", status, text, "baseline")
+    for what, path in [
+        (f"a {q['window']}s window starting after the canary's first data",
+         f"/v1/judge?namespace={ns}&workload=infer&canary=canary&baseline=stable"
+         f"&window={q['window']}s&interval={INTERVAL}s&end={q['end']}"),
+        (f"a window ending {born - q['ended_before']}s before the canary's first data",
+         f"{argo}&canary=canary&baseline=stable&interval={INTERVAL}s&end={q['ended_before']}"),
+    ]:
+        status, text = http(port, "GET", path)
+        answer = json.loads(text) if status == 200 else {}
+        if answer.get("verdict") != "inconclusive" or "window" not in answer.get("reason", ""):
+            problems.append(f"{ns}: {what}: {status} {answer.get('verdict')} ({answer.get('reason', text)[:200]})")
+    return problems
+
+
+def judged_on_parameters(pool, services, case, analyses):
+    return check_report(case, list(pool.map(lambda a: parameter_problems(services.judge_port, *a), analyses)))
+
+
+# A Prometheus that answers each query in SLOW_QUERY seconds is answered
+# in full under SLOW_DEADLINE (the queries run at once; one after another
+# they would take 16 s); one that takes STALLED_QUERY is cut at
+# TIGHT_DEADLINE, the answer within ANSWER_SLACK of it.
+SLOW_QUERY, SLOW_DEADLINE = 1.0, 5.0
+STALLED_QUERY, TIGHT_DEADLINE, ANSWER_SLACK = 6.0, 0.5, 1.5
+
+
+def deadline_questions(draws, case, ratio, i, out):
+    ns, born = analysis(draws, case, ratio, i, out)
+    return ns, born, int(draws.rng.integers(1, LOOKS + 1))
+
+
+def judged_under_deadlines(pool, services, case, analyses):
+    slow = services.judge(services.slow_prometheus(SLOW_QUERY), "--deadline", f"{SLOW_DEADLINE}s")
+    tight = services.judge(services.slow_prometheus(STALLED_QUERY), "--deadline", f"{TIGHT_DEADLINE}s")
+
+    def timed(port, ns, end):
+        started = time.monotonic()
+        try:
+            answer = ask(port, ns, end)
+        except OSError as e:
+            answer = {"verdict": None, "reason": f"no answer: {e}"}
+        return answer, time.monotonic() - started
+
+    def one(a):
+        ns, born, look = a
+        end = born + look * INTERVAL
+        direct = ask(services.judge_port, ns, end)
+        slowed, slow_s = timed(slow, ns, end)
+        cut, cut_s = timed(tight, ns, end)
+        problems = []
+        if slowed != direct:
+            problems.append(f"{ns}: at {SLOW_QUERY}s a query, under {SLOW_DEADLINE}s: {slowed['verdict']} "
+                            f"({slowed['reason'][:200]}) in {slow_s:.1f}s; directly {direct['verdict']}")
+        named = all(m in cut["reason"] for m in ("canaryscope_pod_seconds_total", "canaryscope_native_crashes_total"))
+        if cut["verdict"] != "inconclusive" or "deadline" not in cut["reason"] or not named:
+            problems.append(f"{ns}: at {STALLED_QUERY}s a query: {cut['verdict']} ({cut['reason'][:200]})")
+        if cut_s > TIGHT_DEADLINE + ANSWER_SLACK:
+            problems.append(f"{ns}: a {TIGHT_DEADLINE}s deadline answered in {cut_s:.1f}s")
+        return problems, slow_s, cut_s
+
+    results = list(pool.map(one, analyses))
+    return check_report(case, [p for p, _, _ in results],
+                        slowest_answer_at_slow_queries_seconds=max(s for _, s, _ in results),
+                        slowest_answer_past_deadline_seconds=max(c for _, _, c in results))
+
+
+# Cases with series or questions of their own: how an analysis is written
+# (as `analysis`), and how the case is judged and reported.
+OWN = {
+    "gpu_equal": (gpu_analysis, judged_as_argo),
+    "gpu_detect": (gpu_analysis, judged_as_argo),
+    "gpu_rare": (gpu_analysis, judged_as_argo),
+    "flagger_newest": (flagger_analysis, judged_as_flagger),
+    "parameters": (parameter_questions, judged_on_parameters),
+    "deadline": (deadline_questions, judged_under_deadlines),
+}
+
+
+def load_openmetrics(path, lines, tsdb):
+    """Writes `lines` (by metric) as OpenMetrics and loads them into `tsdb`."""
+    with open(path, "w") as f:
+        for metric, metric_lines in lines.items():
+            f.write(f"# TYPE {metric.removesuffix('_total')} counter\n")
+            f.write("\n".join(metric_lines) + "\n")
+        f.write("# EOF\n")
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", path, tsdb],
+                   check=True, capture_output=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--judge", required=True, help="the canaryscope binary")
@@ -201,53 +488,41 @@ def main():
     cases = args.cases.split(",")
     draws = Draws(args.seed)
     out = {"lines": {}}
-    namespaces = {c: [analysis(draws, c, CASES[c], i, out) for i in range(args.analyses)] for c in cases}
+    namespaces = {}
+    for c in cases:
+        draws.for_case(c)
+        write = OWN[c][0] if c in OWN else analysis
+        namespaces[c] = [write(draws, c, CASES[c], i, out) for i in range(args.analyses)]
     sampler = draws.check()
     if not all(c["ok"] for c in sampler):
         sys.exit(f"the Poisson sampler is off: {sampler}")
     work = tempfile.mkdtemp(prefix="canaryscope-judge-sim-")
     procs = []
     try:
-        om = os.path.join(work, "series.om")
-        with open(om, "w") as f:
-            for metric, lines in out["lines"].items():
-                f.write(f"# TYPE {metric.removesuffix('_total')} counter\n")
-                f.write("\n".join(lines) + "\n")
-            f.write("# EOF\n")
         tsdb = os.path.join(work, "tsdb")
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", om, tsdb],
-                       check=True, capture_output=True)
+        # Days-old samples in a file of their own: promtool reads its whole
+        # input once for each two-hour block it writes.
+        for name, lines in [("series.om", out["lines"]), ("history.om", out.get("history"))]:
+            if lines:
+                load_openmetrics(os.path.join(work, name), lines, tsdb)
         config = os.path.join(work, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 15s\n")
-        prom_port, judge_port = free_port(), free_port()
+        prom_port = free_port()
         procs.append(subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
              "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(f"http://127.0.0.1:{prom_port}/-/ready", "Prometheus")
-        procs.append(subprocess.Popen(
-            [args.judge, "judge", "--listen", f"127.0.0.1:{judge_port}",
-             "--prometheus", f"http://127.0.0.1:{prom_port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_http(f"http://127.0.0.1:{judge_port}/healthz", "the judge")
+        services = Services(args.judge, prom_port, procs)
         report = {"analyses": args.analyses, "seed": args.seed, "looks": LOOKS,
                   "interval_seconds": INTERVAL, "nodes": len(NODES),
                   "canary_share": CANARY_PODS / (CANARY_PODS + STABLE_PODS),
                   "baseline_events": BASELINE_EVENTS, "sampler": sampler, "cases": []}
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             for case in cases:
-                results = list(pool.map(lambda a: judge_analysis(judge_port, *a), namespaces[case]))
-                n = len(results)
-                looks = sorted(look for v, look in results if look is not None)
-                report["cases"].append({
-                    "name": case,
-                    "rate_ratio": CASES[case],
-                    "failed_share": sum(v == "fail" for v, _ in results) / n,
-                    "passed_share": sum(v == "pass" for v, _ in results) / n,
-                    "undecided_share": sum(v == "inconclusive" for v, _ in results) / n,
-                    "median_looks_to_decision": float(np.median(looks)) if looks else None,
-                })
+                run = OWN[case][1] if case in OWN else judged_as_argo
+                report["cases"].append(run(pool, services, case, namespaces[case]))
         print(json.dumps(report))
     finally:
         for proc in reversed(procs):
