@@ -243,14 +243,19 @@ def check_report(case, problems, **measured):
 
 # A GPU canary. The stable pods started two days before the end; their
 # start-ups (about GPU_BASELINE_STARTUPS a node) all came before its last 4
-# hours, so only the judge's start-up lookback reads them. The canary's come
-# in its own window, a third as many by look 10 (a 25% share).
+# hours, so only the judge's start-up lookback reads them (the window's
+# queries reach 3 hours back at most). The canary's come in its own window,
+# a third as many by look 10 (a 25% share).
 GPU_STABLE_AGE = 2 * 86_400
 GPU_QUIET = 4 * 3600
-HISTORY_STEP = 3600
 GPU_BASELINE_STARTUPS = 100.0
 # Failures per start-up: about BASELINE_EVENTS of the baseline's, or rare.
 GPU_FAILURE_PROPORTION = {"gpu_rare": 0.001}
+# Samples older than the other cases' (which begin 90 minutes before the
+# end) are taken every hour: a count is the same at any sampling, and two
+# days at 15 s would be 10^8 lines at 1,000 analyses a case.
+HISTORY_STEP = 3600
+RECENT = END - 5400
 
 
 def owner_labels(ns, workload, rev, node):
@@ -258,11 +263,11 @@ def owner_labels(ns, workload, rev, node):
 
 
 def emit(out, metric, labels, times, values):
-    """Samples as exposition lines; those older than the window's queries
-    read (GPU_QUIET) apart, in `out["history"]`."""
+    """Samples as exposition lines; those before RECENT apart, in
+    `out["history"]`."""
     for t, v in zip(times, values):
-        part = "history" if t < END - GPU_QUIET else "lines"
-        out.setdefault(part, {}).setdefault(metric, []).append(f"{metric}{{{labels}}} {float(v)} {int(t)}")
+        part = "history" if t < RECENT else "lines"
+        out[part].setdefault(metric, []).append(f"{metric}{{{labels}}} {float(v)} {int(t)}")
 
 
 def startups(draws, out, labels, times, starting, per_step, proportion):
@@ -281,17 +286,14 @@ def startups(draws, out, labels, times, starting, per_step, proportion):
 def gpu_analysis(draws, case, ratio, i, out):
     ns = f"{case}-{i}"
     born = END - LOOKS * INTERVAL
-    quiet_from = END - GPU_QUIET
-    # Sampled every hour while the stable pods were starting, every 15 s over
-    # the last 4 hours (all the window's queries read): a count is the same
-    # at any sampling, and two days at 15 s would be 10^8 lines.
-    history = np.arange(END - GPU_STABLE_AGE, quiet_from, HISTORY_STEP)
-    stable_times = np.concatenate([history, np.arange(quiet_from, END + 1, STEP)])
+    history = np.arange(END - GPU_STABLE_AGE, RECENT, HISTORY_STEP)
+    stable_times = np.concatenate([history, np.arange(RECENT, END + 1, STEP)])
+    starting = np.count_nonzero(history < END - GPU_QUIET)
     canary_times = np.arange(born, END + 1, STEP)
     proportion = GPU_FAILURE_PROPORTION.get(case, BASELINE_EVENTS / (len(NODES) * GPU_BASELINE_STARTUPS))
     for node in NODES:
         stable = owner_labels(ns, "infer", "stable", node)
-        startups(draws, out, stable, stable_times, len(history), GPU_BASELINE_STARTUPS / len(history), proportion)
+        startups(draws, out, stable, stable_times, starting, GPU_BASELINE_STARTUPS / starting, proportion)
         emit(out, "canaryscope_pod_seconds_total", stable, stable_times,
              STABLE_PODS * (stable_times - stable_times[0]))
         canary = owner_labels(ns, "infer", "canary", node)
@@ -467,15 +469,40 @@ OWN = {
 }
 
 
-def load_openmetrics(path, lines, tsdb):
-    """Writes `lines` (by metric) as OpenMetrics and loads them into `tsdb`."""
-    with open(path, "w") as f:
-        for metric, metric_lines in lines.items():
-            f.write(f"# TYPE {metric.removesuffix('_total')} counter\n")
-            f.write("\n".join(metric_lines) + "\n")
-        f.write("# EOF\n")
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", path, tsdb],
-                   check=True, capture_output=True)
+class Spool:
+    """Exposition lines by metric, as `out["lines"]` holds them, kept in a
+    file a metric rather than in memory: 1,000 analyses a case are tens of
+    millions of lines."""
+
+    class Lines:
+        def __init__(self, file):
+            self.file = file
+
+        def append(self, line):
+            self.file.write(line + "\n")
+
+        def extend(self, lines):
+            self.file.writelines(line + "\n" for line in lines)
+
+    def __init__(self, directory):
+        self.directory, self.files = directory, {}
+
+    def setdefault(self, metric, _default=None):
+        if metric not in self.files:
+            self.files[metric] = open(os.path.join(self.directory, f"{metric}.lines"), "w+")
+        return Spool.Lines(self.files[metric])
+
+    def __bool__(self):
+        return bool(self.files)
+
+    def write_openmetrics(self, path):
+        with open(path, "w") as f:
+            for metric, lines in self.files.items():
+                f.write(f"# TYPE {metric.removesuffix('_total')} counter\n")
+                lines.seek(0)
+                shutil.copyfileobj(lines, f)
+                lines.close()
+            f.write("# EOF\n")
 
 
 def main():
@@ -487,24 +514,26 @@ def main():
     args = p.parse_args()
     cases = args.cases.split(",")
     draws = Draws(args.seed)
-    out = {"lines": {}}
-    namespaces = {}
-    for c in cases:
-        draws.for_case(c)
-        write = OWN[c][0] if c in OWN else analysis
-        namespaces[c] = [write(draws, c, CASES[c], i, out) for i in range(args.analyses)]
-    sampler = draws.check()
-    if not all(c["ok"] for c in sampler):
-        sys.exit(f"the Poisson sampler is off: {sampler}")
     work = tempfile.mkdtemp(prefix="canaryscope-judge-sim-")
     procs = []
     try:
+        # Days-old samples apart: promtool reads its whole input once for
+        # each two-hour block it writes.
+        out = {part: Spool(tempfile.mkdtemp(dir=work)) for part in ("lines", "history")}
+        namespaces = {}
+        for c in cases:
+            draws.for_case(c)
+            write = OWN[c][0] if c in OWN else analysis
+            namespaces[c] = [write(draws, c, CASES[c], i, out) for i in range(args.analyses)]
+        sampler = draws.check()
+        if not all(c["ok"] for c in sampler):
+            sys.exit(f"the Poisson sampler is off: {sampler}")
         tsdb = os.path.join(work, "tsdb")
-        # Days-old samples in a file of their own: promtool reads its whole
-        # input once for each two-hour block it writes.
-        for name, lines in [("series.om", out["lines"]), ("history.om", out.get("history"))]:
-            if lines:
-                load_openmetrics(os.path.join(work, name), lines, tsdb)
+        for part, spool in out.items():
+            if spool:
+                spool.write_openmetrics(os.path.join(work, f"{part}.om"))
+                subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                                os.path.join(work, f"{part}.om"), tsdb], check=True, capture_output=True)
         config = os.path.join(work, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 15s\n")
