@@ -379,29 +379,31 @@ def parameter_questions(draws, case, ratio, i, out):
 def parameter_problems(port, ns, born, q):
     """What of the documented answers (docs/judge.md) did not come."""
     problems = []
-    argo = f"/v1/judge?namespace={ns}&workload=infer&window=2h"
+    question = f"/v1/judge?namespace={ns}&workload=infer&canary=canary"
+    argo = f"{question}&window=2h"
 
     def refused(what, status, text, word):
         if status != 400 or len(text.strip().splitlines()) != 1 or word not in text:
             problems.append(f"{ns}: {what}: {status} {text[:200]!r}, not 400 with one line")
 
-    status, text = http(port, "GET", f"{argo}&canary=canary&baseline=stable&interval={q['interval']}s&end={q['end']}")
-    refused(f"interval {q['interval']}s", status, text, "interval")
-    status, text = http(port, "POST", "/v1/flagger/rollout", flagger_payload(ns, q["end"], f"{q['interval']}s"))
-    refused(f"Flagger's interval {q['interval']}s", status, text, "interval")
-    status, text = http(port, "GET", f"{argo}&canary=canary&baseline=canary&interval={INTERVAL}s&end={q['end']}")
+    interval = f"{q['interval']}s"
+    status, text = http(port, "GET", f"{argo}&baseline=stable&interval={interval}&end={q['end']}")
+    refused(f"interval {interval}", status, text, "interval")
+    status, text = http(port, "POST", "/v1/flagger/rollout", flagger_payload(ns, q["end"], interval))
+    refused(f"Flagger's interval {interval}", status, text, "interval")
+    status, text = http(port, "GET", f"{argo}&baseline=canary&interval={INTERVAL}s&end={q['end']}")
     refused("baseline = canary", status, text, "baseline")
     for what, path in [
         (f"a {q['window']}s window starting after the canary's first data",
-         f"/v1/judge?namespace={ns}&workload=infer&canary=canary&baseline=stable"
-         f"&window={q['window']}s&interval={INTERVAL}s&end={q['end']}"),
+         f"{question}&baseline=stable&interval={INTERVAL}s&window={q['window']}s&end={q['end']}"),
         (f"a window ending {born - q['ended_before']}s before the canary's first data",
-         f"{argo}&canary=canary&baseline=stable&interval={INTERVAL}s&end={q['ended_before']}"),
+         f"{argo}&baseline=stable&interval={INTERVAL}s&end={q['ended_before']}"),
     ]:
         status, text = http(port, "GET", path)
         answer = json.loads(text) if status == 200 else {}
-        if answer.get("verdict") != "inconclusive" or "window" not in answer.get("reason", ""):
-            problems.append(f"{ns}: {what}: {status} {answer.get('verdict')} ({answer.get('reason', text)[:200]})")
+        reason = answer.get("reason", text)
+        if answer.get("verdict") != "inconclusive" or "window" not in reason:
+            problems.append(f"{ns}: {what}: {status} {answer.get('verdict')} ({reason[:200]})")
     return problems
 
 
@@ -444,7 +446,8 @@ def judged_under_deadlines(pool, services, case, analyses):
         if slowed != direct:
             problems.append(f"{ns}: at {SLOW_QUERY}s a query, under {SLOW_DEADLINE}s: {slowed['verdict']} "
                             f"({slowed['reason'][:200]}) in {slow_s:.1f}s; directly {direct['verdict']}")
-        named = all(m in cut["reason"] for m in ("canaryscope_pod_seconds_total", "canaryscope_native_crashes_total"))
+        slow_queries = ("canaryscope_pod_seconds_total", "canaryscope_native_crashes_total")
+        named = all(m in cut["reason"] for m in slow_queries)
         if cut["verdict"] != "inconclusive" or "deadline" not in cut["reason"] or not named:
             problems.append(f"{ns}: at {STALLED_QUERY}s a query: {cut['verdict']} ({cut['reason'][:200]})")
         if cut_s > TIGHT_DEADLINE + ANSWER_SLACK:
@@ -502,6 +505,7 @@ class Spool:
                 lines.seek(0)
                 shutil.copyfileobj(lines, f)
                 lines.close()
+                os.remove(lines.name)
             f.write("# EOF\n")
 
 
@@ -534,6 +538,7 @@ def main():
                 spool.write_openmetrics(os.path.join(work, f"{part}.om"))
                 subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
                                 os.path.join(work, f"{part}.om"), tsdb], check=True, capture_output=True)
+                os.remove(os.path.join(work, f"{part}.om"))
         config = os.path.join(work, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 15s\n")

@@ -19,10 +19,14 @@
 //! writes the series the daemon exports, loads them into a real
 //! Prometheus with promtool and asks the real service at every look. Its
 //! cases (equal rates, the tolerated ratio 1.5, 5x, a daemon restart, a
-//! retried revision, a node without the baseline) are rows of their own:
-//! false rollbacks at most 1% where the canary is within tolerance,
-//! detection at least 90% at 5x, and the share of healthy canaries that
-//! pass by look 10 beside them. 1,000 analyses a case (100 when quick).
+//! retried revision, a node without the baseline, a GPU canary whose
+//! baseline started days before, Flagger's newest revision) are rows of
+//! their own: false rollbacks at most 1% where the canary is within
+//! tolerance, detection at least 90% at 5x, and the share of healthy
+//! canaries that pass by look 10 beside them. Its checks (the refused or
+//! inconclusive parameters, a slow Prometheus under a deadline) are rows
+//! too: any analysis not answered as documented makes the run wrong.
+//! 1,000 analyses a case (100 when quick).
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -47,7 +51,10 @@ pub(super) fn judge_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<(
     }
     let report = independent(env, if plan.quick { 100 } else { 1000 })?;
     for case in report["cases"].as_array().context("the report has no cases")? {
-        out.push(independent_row(&report, case)?);
+        out.push(match case["kind"].as_str() {
+            Some("check") => check_row(case)?,
+            _ => independent_row(&report, case)?,
+        });
     }
     Ok(())
 }
@@ -83,10 +90,32 @@ fn independent_row(report: &Value, case: &Value) -> Result<Row> {
         let what = format!("≥ {DETECTION_TARGET}% failed: not failed ≤ {}%", 100.0 - DETECTION_TARGET);
         Some(Target::new(&what, 100.0 - DETECTION_TARGET, Some(100.0 - failed), "% not failed"))
     };
+    // Flagger's case: every answer must have judged the newest revision.
+    if let Some(newest) = case["newest_judged_share"].as_f64().filter(|s| *s < 1.0) {
+        r.wrong(format!("{name}: {:.1}% of analyses had an answer about another revision", 100.0 * (1.0 - newest)));
+    }
     r.notes.push(format!(
         "through a real Prometheus and the service: rate ratio {ratio}, {} analyses of {} looks on {} nodes, \
          canary share {}, seed {}",
         report["analyses"], report["looks"], report["nodes"], report["canary_share"], report["seed"]
+    ));
+    Ok(r)
+}
+
+/// One check of the independent simulation: the share of analyses whose
+/// questions got the documented answers; any other is a wrong result.
+fn check_row(case: &Value) -> Result<Row> {
+    let name = case["name"].as_str().context("a check without a name")?;
+    let share = 100.0 * case["as_documented_share"].as_f64().context("no as_documented_share")?;
+    let mut r = Row::new(&format!("judge_prometheus_{name}"), "% of analyses answered as documented");
+    r.canaryscope = Some(share);
+    r.target = Some(Target::new("every analysis answered as documented", 0.0, Some(100.0 - share), "% not"));
+    for wrong in case["not_as_documented"].as_array().into_iter().flatten() {
+        r.wrong(format!("{name}: {}", wrong.as_str().unwrap_or("?")));
+    }
+    r.notes.push(format!(
+        "through a real Prometheus and the service, {} analyses (docs/judge.md says what each answer is)",
+        case["analyses"]
     ));
     Ok(r)
 }
@@ -168,6 +197,20 @@ mod tests {
             "median_looks_to_fail": null,
             "target": comparison.map(|c| serde_json::json!({"comparison": c, "failed_share": 0.9, "met": true})),
         })
+    }
+
+    #[test]
+    fn a_check_not_answered_as_documented_is_wrong() {
+        let case = serde_json::json!({"name": "parameters", "kind": "check", "analyses": 20,
+            "as_documented_share": 0.95, "not_as_documented": ["parameters-3: interval 5s: 200"]});
+        let r = check_row(&case).expect("row");
+        assert_eq!(r.name, "judge_prometheus_parameters");
+        assert!(r.target.as_ref().expect("target").verdict().starts_with("missed"));
+        assert_eq!(r.wrong, vec!["parameters: parameters-3: interval 5s: 200".to_string()]);
+        let case = serde_json::json!({"name": "deadline", "kind": "check", "analyses": 20,
+            "as_documented_share": 1.0, "not_as_documented": []});
+        let r = check_row(&case).expect("row");
+        assert!(r.wrong.is_empty() && r.target.as_ref().expect("target").verdict().starts_with("met"));
     }
 
     #[test]
