@@ -553,7 +553,9 @@ fn an_independent_simulation_through_prometheus_meets_the_targets() {
     };
     let share = |name: &str, what: &str| case(name)[what].as_f64().unwrap_or(f64::NAN);
     // Within tolerance, nothing fails in 20; at 5x nearly all do.
-    for name in ["equal", "edge", "restart", "retried", "canary_only", "gpu_equal", "gpu_rare", "flagger_newest"] {
+    for name in
+        ["equal", "edge", "restart", "retried", "canary_only", "gpu_equal", "gpu_rare", "flagger_newest"]
+    {
         assert!(share(name, "failed_share") <= 0.05, "{name}: {report:#}");
     }
     for name in ["detect", "gpu_detect"] {

@@ -92,7 +92,10 @@ fn independent_row(report: &Value, case: &Value) -> Result<Row> {
     };
     // Flagger's case: every answer must have judged the newest revision.
     if let Some(newest) = case["newest_judged_share"].as_f64().filter(|s| *s < 1.0) {
-        r.wrong(format!("{name}: {:.1}% of analyses had an answer about another revision", 100.0 * (1.0 - newest)));
+        r.wrong(format!(
+            "{name}: {:.1}% of analyses had an answer about another revision",
+            100.0 * (1.0 - newest)
+        ));
     }
     r.notes.push(format!(
         "through a real Prometheus and the service: rate ratio {ratio}, {} analyses of {} looks on {} nodes, \
