@@ -4,9 +4,10 @@ the real `canaryscope judge` (issue 50): nothing here comes from
 observer/src/judge.
 
 For each case, N analyses are written as the series the daemon exports
-(deploy/metric-contract.json: `canaryscope_pod_seconds_total` per revision
-and node, `canaryscope_native_crashes_total` per pod), sampled every 15 s,
-in OpenMetrics. `promtool tsdb create-blocks-from openmetrics` loads them
+(deploy/metric-contract.json: `canaryscope_pod_seconds_total` and
+`canaryscope_gpu_startups_total`/`_startup_failures_total` per revision and
+node, `canaryscope_native_crashes_total` per pod), sampled every 15 s, in
+OpenMetrics. `promtool tsdb create-blocks-from openmetrics` loads them
 into a Prometheus, and the judge is asked as Argo asks it, at looks 1 to 10
 (5-minute intervals); an analysis ends at its first `fail` or `pass`.
 
@@ -46,7 +47,8 @@ Cases with series or questions of their own (`OWN`, below):
   directly (its queries run at once); at 6 s a query, a judge with a 0.5 s
   deadline answers `inconclusive` naming the slow queries, within 2 s.
 
-Counts per 15 s (crashes, start-ups and their failures) are Poisson draws
+Counts per sample (crashes, start-ups and their failures; a sample is 15 s,
+or an hour for the GPU baseline's days-old start-ups) are Poisson draws
 (numpy's generator, seeded per case so that a case's draws do not depend
 on which others run), checked by mean and by variance over all draws before
 anything is judged.
