@@ -282,6 +282,31 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_gpu_library_load_names_the_library_and_the_missing_file_in_the_table() {
+        let ev = |library: &str, gpu_library: &str| Event {
+            origin: Origin { comm: "python3".into(), pid: 7, ..Origin::default() },
+            detail: Detail::LibraryLoadFailed {
+                library: library.into(),
+                missing: "libcublasLt.so.13".into(),
+                requested: "libonnxruntime_providers_cuda.so".into(),
+                path: Some("/app/capi/libonnxruntime_providers_cuda.so".into()),
+                gpu_library: gpu_library.into(),
+            },
+        };
+        let l = line(&ev("libonnxruntime_providers_cuda.so", "libcublasLt.so.13"));
+        assert!(
+            l.ends_with(
+                "dlopen of libonnxruntime_providers_cuda.so (/app/capi/libonnxruntime_providers_cuda.so) \
+                 failed: libcublasLt.so.13 cannot be found; it needs GPU library libcublasLt.so.13"
+            ),
+            "{l}"
+        );
+        assert!(l.contains("python3"), "{l}");
+        let own = line(&ev("libcublasLt.so.13", "libcublasLt.so.13"));
+        assert!(!own.contains("it needs"), "the library is the GPU library itself: {own}");
+    }
+
+    #[test]
     fn a_library_the_node_revealed_is_no_process_of_a_gone_cgroup() {
         let ev = Event {
             origin: Origin { ts_ns: 0, pid: 0, tid: 0, comm: String::new(), cgroup_id: 0, cgroup: None },

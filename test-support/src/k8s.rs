@@ -76,6 +76,8 @@ struct Run {
     id: String,
     /// Whether its first process has started (its report is on its way).
     started: bool,
+    /// When, in Unix seconds: the status's `state.running.startedAt`.
+    started_at: Option<i64>,
     /// Whether the kubelet's status names it (its report came).
     reported: bool,
     /// Its exit code as the kubelet reports it (128 + signal for a signal).
@@ -170,7 +172,7 @@ impl NodePod {
         let runs = containers.iter_mut().find(|c| c.name == container).unwrap_or_else(|| {
             panic!("{} has no container {container}", self.name);
         });
-        runs.runs.push(Run { id, started: false, reported: false, exit_code: None });
+        runs.runs.push(Run { id, started: false, started_at: None, reported: false, exit_code: None });
     }
 
     /// The container of `cg` runs now: its first process has started. The
@@ -188,6 +190,7 @@ impl NodePod {
             if std::mem::replace(&mut run.started, true) {
                 return;
             }
+            run.started_at = Some(unix_now());
         }
         let mut reports = self.reports.lock().expect("lock");
         let (api_port, name, containers, layout, after) =
@@ -246,6 +249,7 @@ impl NodePod {
         let run = run.unwrap_or_else(|| panic!("{}: a cgroup its kubelet did not make", self.name));
         run.exit_code = Some(exit_code);
         run.started = true;
+        run.started_at.get_or_insert_with(unix_now);
         run.reported = true;
         post_status(self.api_port, &self.name, &containers, self.layout);
     }
@@ -275,6 +279,7 @@ impl NodePod {
         let run = containers.iter_mut().flat_map(|c| &mut c.runs).find(|r| r.id == cg.container_id());
         let run = run.unwrap_or_else(|| panic!("{}: a cgroup its kubelet did not make", self.name));
         run.started = true;
+        run.started_at.get_or_insert_with(unix_now);
         run.reported = true;
         post_status(self.api_port, &self.name, &containers, self.layout);
     }
@@ -323,7 +328,10 @@ fn post_status(api_port: u16, name: &str, containers: &[ContainerRuns], layout: 
             let run = &c.runs[current];
             let id = layout.container_id_uri(&run.id);
             let (state, running) = match run.exit_code {
-                None => (json!({"running": {}}), true),
+                None => (
+                    json!({"running": {"startedAt": rfc3339(run.started_at.unwrap_or_else(unix_now))}}),
+                    true,
+                ),
                 Some(_) if current + 1 < c.runs.len() => {
                     (json!({"waiting": {"reason": "CrashLoopBackOff"}}), false)
                 }
@@ -350,6 +358,28 @@ fn post_status(api_port: u16, name: &str, containers: &[ContainerRuns], layout: 
         // real kubelet retries; a test resends it with `NodePod::report`.
         eprintln!("the kubelet's status of {name} did not reach the API server: {e}");
     }
+}
+
+fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map(|d| d.as_secs() as i64).unwrap_or_default()
+}
+
+/// Whole seconds in UTC, as the kubelet writes a container's start
+/// (`2026-01-01T00:00:10Z`). The civil date from days since the epoch is
+/// Howard Hinnant's `civil_from_days`.
+fn rfc3339(unix_seconds: i64) -> String {
+    let (days, secs) = (unix_seconds.div_euclid(86_400), unix_seconds.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
 /// Hands `pods` to the stand-in API server, as the scheduler's binding
@@ -529,4 +559,14 @@ pub fn schedule_canary_and_stable(api_port: u16, report_after: Duration) -> Roll
     let (canary, stable) = (pods.next().expect("canary"), pods.next().expect("stable"));
     let (canary_cg, stable_cg) = (canary.create("worker"), stable.create("worker"));
     Rollout { canary, stable, canary_cg, stable_cg }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_start_reads_as_the_kubelet_writes_it() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_825_599), "2000-02-29T11:59:59Z");
+        assert_eq!(super::rfc3339(1_767_225_610), "2026-01-01T00:00:10Z");
+    }
 }

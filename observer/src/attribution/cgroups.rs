@@ -120,6 +120,22 @@ impl CgroupResolver {
         fs::metadata(full).ok().map(|m| m.ino())
     }
 
+    /// The cgroup a container's processes run in, among those known: each
+    /// one whose processes were seen (an exec, any event) or that a rescan
+    /// found. The deepest one, where a runtime nests a level below the
+    /// container's (CRI-O with crun: `crio-<id>.scope/container`).
+    pub fn container_cgroup(&self, pod_uid: &str, container_id: &str) -> Option<u64> {
+        self.by_id
+            .iter()
+            .filter(|(_, path)| {
+                super::cgroup_path::parse_pod_cgroup(path).is_some_and(|pod| {
+                    pod.pod_uid == pod_uid && pod.container.is_some_and(|c| c.id == container_id)
+                })
+            })
+            .max_by_key(|(_, path)| path.len())
+            .map(|(id, _)| *id)
+    }
+
     /// Drop a cgroup that was removed so a reused id cannot resolve to it.
     /// Whether the cgroup still exists: its last known directory is there
     /// and is still the same cgroup (ids are inode numbers and not reused
@@ -197,5 +213,24 @@ mod tests {
         r.forget(id);
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(r.path(id), None);
+    }
+
+    #[test]
+    fn a_containers_cgroup_is_found_by_pod_and_container_id_the_deepest_first() {
+        let dir = std::env::temp_dir().join(format!("canaryscope-cgc-{}", std::process::id()));
+        let uid = "1c0a2b3e-4f5d-6789-abcd-ef0123456789";
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let pod = dir.join(format!("kubepods.slice/kubepods-pod{}.slice", uid.replace('-', "_")));
+        let scope = pod.join(format!("crio-{a}.scope"));
+        fs::create_dir_all(scope.join("container")).expect("temp dir");
+        fs::create_dir_all(pod.join(format!("crio-{b}.scope"))).expect("temp dir");
+        let r = CgroupResolver::with_root(Some(dir.clone()));
+        let inner = fs::metadata(scope.join("container")).expect("inner").ino();
+        assert_eq!(r.container_cgroup(uid, &a), Some(inner), "where crun puts the processes");
+        let other = fs::metadata(pod.join(format!("crio-{b}.scope"))).expect("b").ino();
+        assert_eq!(r.container_cgroup(uid, &b), Some(other));
+        assert_eq!(r.container_cgroup("2d1b3c4e-5f60-4789-8abc-def012345678", &a), None, "another pod");
+        assert_eq!(r.container_cgroup(uid, &"c".repeat(64)), None);
+        fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -49,6 +49,7 @@ use tokio::sync::Notify;
 
 use super::{
     cgroup_path::Qos,
+    gpu_request::{extended_resources, running_since, ExtendedResources},
     watch::{self, Retry, Watched},
 };
 use crate::config::DEFAULT_TRACK_LABEL;
@@ -111,6 +112,12 @@ pub struct PodMeta {
     /// it says where the kubelet will make the pod's cgroup. `None` when the
     /// API did not say.
     pub qos: Option<Qos>,
+    /// The extended resources (GPUs among them) each container's limits ask
+    /// for; only containers that ask for any (see [`super::gpu_request`]).
+    pub extended_resources: ExtendedResources,
+    /// Of those containers, the ones running now: container ID -> when the
+    /// kubelet says it started (Unix seconds).
+    pub running_since: HashMap<String, i64>,
 }
 
 /// What the readiness gate needs of a pod that declares it.
@@ -169,6 +176,8 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         }
     }
 
+    let extended_resources = extended_resources(pod);
+    let running_since = running_since(pod, &extended_resources);
     Some(PodMeta {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: name.to_owned(),
@@ -181,6 +190,8 @@ pub fn pod_meta(pod: &Pod, track_label: &str) -> Option<PodMeta> {
         deleting: meta.deletion_timestamp.is_some(),
         gate: gated_pod(pod),
         qos: pod.status.as_ref().and_then(|s| s.qos_class.as_deref()).and_then(qos_class),
+        extended_resources,
+        running_since,
     })
 }
 

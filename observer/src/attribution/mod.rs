@@ -4,6 +4,7 @@
 //! pod; with it, pod metadata is joined on the pod UID parsed from the path.
 pub mod cgroup_path;
 pub mod cgroups;
+pub mod gpu_request;
 #[cfg(test)]
 pub mod kfd_tree;
 pub mod kube;

@@ -23,7 +23,8 @@ pub enum Command {
     /// Print GPU runtime failures and other low-level events on this node as they happen (default).
     Trace(crate::trace::Args),
     /// Run as the node daemon: all probes and a Prometheus exporter.
-    Run(crate::run::Args),
+    // Boxed: the daemon's options are most of the enum's size.
+    Run(Box<crate::run::Args>),
     /// A live full-screen view of this node: one row per pod (or cgroup), each second.
     Top(crate::top::Args),
     /// Report what this node supports and what the observer would attach.
@@ -88,7 +89,7 @@ impl From<LoopError> for CliError {
 pub fn dispatch(command: Option<Command>) -> ExitCode {
     let result = match command.unwrap_or_else(|| Command::Trace(crate::trace::Args::default())) {
         Command::Trace(args) => crate::trace::run(args),
-        Command::Run(args) => crate::run::run(args),
+        Command::Run(args) => crate::run::run(*args),
         Command::Check(args) => crate::check::run(args),
         Command::Top(args) => crate::top::run(args),
         Command::Judge(args) => crate::judge::run(args),

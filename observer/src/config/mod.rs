@@ -6,7 +6,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use crate::error::CliError;
 
+mod gpu_resources;
 mod probe_args;
+pub use gpu_resources::{
+    parse_gpu_init_timeout, parse_gpu_resource, GpuResources, DEFAULT_GPU_INIT_TIMEOUT, DEFAULT_GPU_RESOURCES,
+};
 pub use probe_args::{families, ProbeArgs, ProbeOptionHelp};
 
 /// Where the daemon's exporter listens (`/metrics`, `/healthz`, `/readyz`).

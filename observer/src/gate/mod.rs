@@ -50,6 +50,17 @@
 //! - A pod that has not called the runtime gets no condition (Kubernetes
 //!   keeps it unready), unless `--gate-timeout` is set and the pod has no
 //!   condition yet: then `False`, `NoRuntimeActivity`.
+//!
+//! # A GPU requested, never initialised
+//!
+//! A container whose limits request a GPU and that runs `--gpu-init-timeout`
+//! (5 minutes by default) without a successful GPU initialisation (see
+//! `pipeline::never_initialized`) makes its pod `False`,
+//! `GpuNeverInitialized`, whatever `--gate-timeout` says: it serves, from the
+//! CPU. Only containers that started while the daemon ran are judged, so a
+//! daemon restart flips nothing here either; trouble of the pod's own calls
+//! is the more precise reason and comes first, and a later initialisation
+//! ends it.
 pub mod patcher;
 
 use std::{
@@ -66,7 +77,7 @@ use crate::{
     },
     events::{result_name, signal_label, Detail, Event},
     gpu_library::candidate_api,
-    pipeline::stalls::Stall,
+    pipeline::{never_initialized::GpuContainer, stalls::Stall},
 };
 
 pub const REASON_READY: &str = "RuntimeReady";
@@ -76,6 +87,7 @@ pub const REASON_CRASHED: &str = "RuntimeCrashed";
 pub const REASON_NO_ACTIVITY: &str = "NoRuntimeActivity";
 pub const REASON_STARTUP_INCOMPLETE: &str = "StartupIncomplete";
 pub const REASON_LIBRARY_LOAD_FAILED: &str = "LibraryLoadFailed";
+pub const REASON_NEVER_INITIALIZED: &str = "GpuNeverInitialized";
 
 /// The condition the daemon wants a pod to have.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -223,11 +235,21 @@ pub struct Gate {
     daemon_start: i64,
     instances: HashMap<u64, Instance>,
     seq: u64,
+    /// Per pod UID, its containers that requested a GPU and are past
+    /// `--gpu-init-timeout` without initialising one: name and message.
+    never_initialized: HashMap<String, BTreeMap<String, String>>,
 }
 
 impl Gate {
     pub fn new(timeout: Option<Duration>, daemon_start: i64) -> Self {
-        Self { timeout, settle: OUTER_CALL_SETTLE, daemon_start, instances: HashMap::new(), seq: 0 }
+        Self {
+            timeout,
+            settle: OUTER_CALL_SETTLE,
+            daemon_start,
+            instances: HashMap::new(),
+            seq: 0,
+            never_initialized: HashMap::new(),
+        }
     }
 
     #[cfg(test)]
@@ -392,6 +414,22 @@ impl Gate {
         }
     }
 
+    /// The running containers that requested a GPU, judged at this refresh
+    /// against `timeout` (`--gpu-init-timeout`): those never initialised
+    /// replace the ones before.
+    pub fn note_gpu_containers(&mut self, containers: &[GpuContainer], timeout: Duration) {
+        self.never_initialized.clear();
+        for c in containers.iter().filter(|c| c.never_initialized) {
+            let message = format!(
+                "requested {} and made no successful GPU initialisation (cuInit, hipInit, \
+                 cudaGetDeviceCount or another init call) within {} of its start",
+                c.gpus,
+                short_duration(timeout)
+            );
+            self.never_initialized.entry(c.pod_uid.clone()).or_default().insert(c.container.clone(), message);
+        }
+    }
+
     /// Forgets the instances for which `keep(cgroup, pod UID)` says no.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, &str) -> bool) {
         self.instances.retain(|cgroup, i| keep(*cgroup, &i.pod_uid));
@@ -438,6 +476,15 @@ impl Gate {
                 ready: false,
                 reason: t.reason,
                 message: format!("container {}: {}", display_name(name), t.message),
+            });
+        }
+        // A container that started up before may have been restarted into
+        // one that never initialises: it serves from the CPU now.
+        if let Some((name, message)) = self.never_initialized.get(uid).and_then(|c| c.iter().next()) {
+            return Some(Desired {
+                ready: false,
+                reason: REASON_NEVER_INITIALIZED,
+                message: format!("container {name}: {message}"),
             });
         }
         if let Some((name, what)) = ready {
@@ -736,6 +783,44 @@ mod tests {
         // The daemon started after the pod: the timeout counts from its start.
         let late = Gate::new(Some(Duration::from_secs(60)), 2000);
         assert_eq!(late.desired(UID, &pod, 2059), None);
+    }
+
+    fn gpu_container(never_initialized: bool) -> GpuContainer {
+        GpuContainer {
+            pod_uid: UID.into(),
+            container: "worker".into(),
+            cgroup: 2,
+            gpus: "nvidia.com/gpu: 1".into(),
+            never_initialized,
+        }
+    }
+
+    #[test]
+    fn a_gpu_container_never_initialised_has_a_reason_of_its_own_without_a_gate_timeout() {
+        let mut gate = Gate::new(None, 0);
+        let timeout = Duration::from_secs(300);
+        gate.note_gpu_containers(&[gpu_container(false)], timeout);
+        assert_eq!(gate.desired(UID, &meta(), 2000), None, "within its timeout: no opinion");
+        gate.note_gpu_containers(&[gpu_container(true)], timeout);
+        let d = gate.desired(UID, &meta(), 2000).expect("never initialised");
+        assert_eq!((d.ready, d.reason), (false, REASON_NEVER_INITIALIZED));
+        assert_eq!(
+            d.message,
+            "container worker: requested nvidia.com/gpu: 1 and made no successful GPU initialisation \
+             (cuInit, hipInit, cudaGetDeviceCount or another init call) within 5m of its start"
+        );
+        assert_eq!(gate.desired("another-pod", &meta(), 2000), None);
+        // An earlier instance's start-up does not speak for this one.
+        gate.note_counts(&counts(1, Api::Cuda, [1, 1, 1]), paths);
+        assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.reason), Some(REASON_NEVER_INITIALIZED));
+        // The pod's own failed call says more.
+        note(&mut gate, &init_failure(Api::Cudart, "cudaGetDeviceCount", 100), &Counts::new());
+        assert_eq!(gate.desired(UID, &meta(), 2000).map(|d| d.reason), Some(REASON_INIT_FAILED));
+        // Initialised at last: the next refresh no longer names it.
+        let mut gate = Gate::new(None, 0);
+        gate.note_gpu_containers(&[gpu_container(true)], timeout);
+        gate.note_gpu_containers(&[gpu_container(false)], timeout);
+        assert_eq!(gate.desired(UID, &meta(), 2000), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub use super::gpu_calls::{
     GPU_INIT_FAILURES,
 };
 pub use super::gpu_library_loads::GPU_LIBRARY_LOAD_FAILURES;
+pub use super::gpu_never_initialized::GPU_NEVER_INITIALIZED;
 pub use super::hardware::{
     GPU_MEMORY_FAULTS, GPU_QUEUE_EVICTIONS, GPU_RESETS, NODE_GPU_MEMORY_FAULTS, NODE_GPU_QUEUE_EVICTIONS,
     NODE_GPU_RESETS,
@@ -46,6 +47,7 @@ pub const CATALOG: &[&MetricDecl] = &[
     &GPU_DRIVER_VERSION,
     &GPU_API_STALLED_CALLS,
     &GPU_LIBRARY_LOAD_FAILURES,
+    &GPU_NEVER_INITIALIZED,
     &NATIVE_CRASHES,
     &OOM_KILLS,
     &ABNORMAL_EXITS,

@@ -16,6 +16,7 @@ pub mod families;
 pub mod fetch;
 mod gpu_calls;
 mod gpu_library_loads;
+mod gpu_never_initialized;
 mod hardware;
 mod http;
 mod kfd;
@@ -62,6 +63,7 @@ pub struct Metrics {
     exits: exits::Exits,
     oom: oom::Oom,
     library_loads: gpu_library_loads::GpuLibraryLoads,
+    never_initialized: gpu_never_initialized::GpuNeverInitialized,
     kfd: kfd::Kfd,
     hardware: hardware::Hardware,
     vram: vram::Vram,
@@ -185,6 +187,15 @@ impl Metrics {
         };
         let moved = self.vram.set_held(vram, admit);
         self.changed |= moved || admitted_new;
+    }
+
+    /// The running containers that requested a GPU, each with whether it
+    /// is past the timeout without a successful GPU initialisation.
+    pub fn set_gpu_never_initialized(&mut self, verdicts: Vec<(u64, bool)>) {
+        let now = self.admitted(verdicts, |cgroup| *cgroup);
+        let now =
+            now.into_iter().map(|(cgroup, never)| ((cgroup, ()), if never { 1.0 } else { 0.0 })).collect();
+        self.changed |= self.never_initialized.set(now);
     }
 
     /// Stranded VRAM per KFD gpu_id now.
@@ -345,6 +356,7 @@ impl Metrics {
         self.exits.retire(cgroup, labels);
         self.oom.retire(cgroup, labels);
         self.library_loads.retire(cgroup, labels);
+        self.never_initialized.retire(cgroup);
         self.kfd.retire(cgroup, labels, &mut self.retired);
         self.hardware.retire(cgroup, labels);
         self.cpu.retire(cgroup, labels, &mut self.retired);
@@ -429,6 +441,7 @@ impl Metrics {
         self.gpu.render_calls(&mut fams, &r);
         self.gpu.render_pod_state(&mut fams, &r);
         self.library_loads.render(&mut fams, &r);
+        self.never_initialized.render(&mut fams, &r);
         self.exits.render_crashes(&mut fams, &r);
         self.oom.render_kills(&mut fams, &r);
         self.exits.render_exits(&mut fams, &r);

@@ -26,7 +26,7 @@ use crate::{
     },
     events::{Detail, Event},
     gate::patcher::Summary as GateSummary,
-    pipeline::{stalls::Stall, Pipeline},
+    pipeline::{never_initialized::GpuContainer, stalls::Stall, Pipeline},
     render,
 };
 
@@ -120,6 +120,12 @@ impl Recorder {
             }
             published.metrics.record(event);
         }
+    }
+
+    /// The running containers that requested a GPU, as judged now.
+    pub fn set_gpu_never_initialized(&mut self, containers: &[GpuContainer]) {
+        let verdicts = containers.iter().map(|c| (c.cgroup, c.never_initialized)).collect();
+        self.lock().metrics.set_gpu_never_initialized(verdicts);
     }
 
     /// Stalls, and the kernel's aggregates if they moved. Read outside the

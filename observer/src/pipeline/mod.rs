@@ -6,6 +6,7 @@
 pub mod attribute;
 pub mod http;
 pub mod kill_reasons;
+pub mod never_initialized;
 mod oom_groups;
 pub mod reader;
 pub mod runq_scope;

@@ -3,18 +3,23 @@
 //! are held.
 use crate::{
     attribution::{
+        gpu_request::gpus_requested,
         kube::PodCache,
         rollouts::{canary_reason, RolloutCache},
     },
+    config::GpuResources,
     discovery::hold_scope::{PodChoice, PodHold},
     error::CliError,
     event_loop::{Consumer, Flow},
     events::Event,
     metrics::{recorder::Recorder, server::Shared, Metrics},
-    pipeline::Pipeline,
+    pipeline::{
+        never_initialized::{GpuContainer, NeverInitialized},
+        Pipeline,
+    },
 };
 
-use super::gate_runner::GateRunner;
+use super::gate_runner::{unix_now, GateRunner};
 
 /// Counts events into series and publishes them for scrapes.
 pub struct Exporter {
@@ -27,8 +32,12 @@ pub struct Exporter {
     /// (with Kubernetes).
     pub held_pods: Option<HeldPods>,
     /// GPU call counts of the last read that found them moved (the
-    /// readiness gate judges start-ups from them on every refresh).
+    /// readiness gate judges start-ups from them on every refresh, and the
+    /// check of GPU containers their initialisations).
     pub last_gpu: Vec<(observer_common::gpu::GpuStatsKey, observer_common::gpu::GpuStats)>,
+    /// Containers that requested a GPU and never initialised one (with
+    /// Kubernetes, unless `--gpu-init-timeout 0`).
+    pub never_initialized: Option<NeverInitialized>,
 }
 
 impl Consumer for Exporter {
@@ -71,35 +80,57 @@ impl Exporter {
         if let Some(held) = &mut self.held_pods {
             held.refresh(pipeline);
         }
+        // Only the gate and the GPU containers' check need the last counts
+        // again when nothing moved.
+        if let (Some((gpu, _, _)), true) =
+            (&read.aggregates, self.gate.is_some() || self.never_initialized.is_some())
+        {
+            self.last_gpu.clone_from(gpu);
+        }
+        let gpu_containers = self.judge_gpu_containers(pipeline);
         if let Some(gate) = &mut self.gate {
-            // Only the gate needs the last counts again when nothing moved.
-            if let Some((gpu, _, _)) = &read.aggregates {
-                self.last_gpu.clone_from(gpu);
-            }
-            gate.refresh(pipeline, &read.stalls, &self.last_gpu);
+            let init_timeout = self.never_initialized.as_ref().map(NeverInitialized::timeout);
+            gate.refresh(pipeline, &read.stalls, &self.last_gpu, (&gpu_containers, init_timeout));
+        }
+        if self.never_initialized.is_some() {
+            self.recorder.set_gpu_never_initialized(&gpu_containers);
         }
         let gate = self.gate.as_ref().map(|g| g.patcher.summary());
         self.recorder.publish(pipeline, read, self.pods.as_ref(), gate);
+    }
+
+    /// The running containers that requested a GPU, each judged now.
+    fn judge_gpu_containers(&mut self, pipeline: &mut Pipeline) -> Vec<GpuContainer> {
+        let (Some(check), Some(pods)) = (&mut self.never_initialized, &self.pods) else { return Vec::new() };
+        let keys = self.last_gpu.iter().map(|(key, _)| key);
+        check.judge(pods, pipeline.cgroups_mut(), keys, unix_now())
     }
 }
 
 /// The pods whose processes the kernel holds at a GPU runtime file it has
 /// not seen until that file's probes exist (see `discovery::hold_scope`): canary
 /// pods, whose new runtime file is the one a rollback decision rests on, and
-/// with the readiness gate the pods that declare it.
+/// with the readiness gate the pods that declare it; while containers that
+/// request a GPU are checked for a GPU initialisation, the pods that request
+/// one, whose first start-up call may be their only one.
 pub struct HeldPods {
     pub hold: PodHold,
     pub pods: PodCache,
     pub rollouts: RolloutCache,
     pub gated: bool,
+    /// The GPU resource names, with `--gpu-init-timeout` on.
+    pub gpus: Option<GpuResources>,
 }
 
 impl HeldPods {
     pub fn refresh(&mut self, pipeline: &mut Pipeline) {
-        let (rollouts, gated) = (&self.rollouts, self.gated);
+        let (rollouts, gated, gpus) = (&self.rollouts, self.gated, self.gpus.as_ref());
         let pods = self.pods.classify(|meta| {
             let canary = canary_reason(meta, Some(rollouts)).is_some();
-            PodChoice { chosen: canary || (gated && meta.gate.is_some()), qos: meta.qos }
+            let asks_gpu = gpus.is_some_and(|gpus| {
+                meta.extended_resources.values().any(|asked| gpus_requested(asked, gpus).is_some())
+            });
+            PodChoice { chosen: canary || (gated && meta.gate.is_some()) || asks_gpu, qos: meta.qos }
         });
         pipeline.hold_pods(&mut self.hold, &pods);
     }

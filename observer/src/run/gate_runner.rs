@@ -12,7 +12,7 @@ use crate::{
         patcher::{Patcher, Target},
         startup_counts, Gate,
     },
-    pipeline::{stalls::Stall, Pipeline},
+    pipeline::{never_initialized::GpuContainer, stalls::Stall, Pipeline},
 };
 
 /// The readiness gate in the daemon loop: evidence in, targets out.
@@ -50,12 +50,22 @@ impl GateRunner {
         self.publish();
     }
 
-    /// Stalls and start-ups, from the refresh's reads of the kernel.
-    pub fn refresh(&mut self, pipeline: &mut Pipeline, stalls: &[Stall], gpu: &[(GpuStatsKey, GpuStats)]) {
+    /// Stalls and start-ups, from the refresh's reads of the kernel, and
+    /// the GPU containers as judged with `--gpu-init-timeout` (`None`: off).
+    pub fn refresh(
+        &mut self,
+        pipeline: &mut Pipeline,
+        stalls: &[Stall],
+        gpu: &[(GpuStatsKey, GpuStats)],
+        (gpu_containers, init_timeout): (&[GpuContainer], Option<Duration>),
+    ) {
         let counts = startup_counts(gpu);
         let resolver = pipeline.cgroups_mut();
         self.gate.note_stalls(stalls, self.stall_threshold, &counts, |id| resolver.path(id));
         self.gate.note_counts(&counts, |id| resolver.path(id));
+        if let Some(timeout) = init_timeout {
+            self.gate.note_gpu_containers(gpu_containers, timeout);
+        }
         // Evidence is kept for gated pods while the API knows them, and for
         // pods it does not know (yet: too new for the watch) while their
         // cgroups exist; a pod known without the gate never needs any.

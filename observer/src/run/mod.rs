@@ -27,7 +27,7 @@ use crate::{
         server::{self, Published, Readiness, Shared, SharedMetrics},
         Metrics,
     },
-    pipeline::{Options, Pipeline},
+    pipeline::{never_initialized::NeverInitialized, Options, Pipeline},
 };
 use exporter::{Exporter, HeldPods};
 use gate_runner::{unix_now, GateRunner};
@@ -113,6 +113,17 @@ pub struct Args {
     /// NoRuntimeActivity; without it such a pod has no condition (unready).
     #[arg(long, value_name = "DURATION")]
     pub gate_timeout: Option<String>,
+    /// Also count this extended resource of a container's limits as a GPU
+    /// (besides nvidia.com/gpu, nvidia.com/mig-*, amd.com/gpu and
+    /// gpu.intel.com/*); a trailing * matches any rest; repeatable.
+    #[arg(long = "gpu-resource", value_name = "NAME")]
+    pub gpu_resources: Vec<String>,
+    /// A running container whose limits request a GPU and that has made no
+    /// successful GPU initialisation this long after its start is reported
+    /// (canaryscope_gpu_never_initialized) and, with the readiness gate, its
+    /// pod gets False, GpuNeverInitialized; 0 turns this off.
+    #[arg(long, value_name = "DURATION", help = config::with_default("A running container whose limits request a GPU and that has made no successful GPU initialisation this long after its start is reported (canaryscope_gpu_never_initialized; a gated pod gets False, GpuNeverInitialized); 0 turns this off", config::DEFAULT_GPU_INIT_TIMEOUT))]
+    pub gpu_init_timeout: Option<String>,
     /// --lib, --probes and --stall-threshold, shown among the options above.
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -152,6 +163,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         .await
         .map_err(|e| CliError::usage(format!("--listen {}: {e}", settings.listen)))?;
     let (mut pipeline, ring) = start_pipeline(&settings)?;
+    let attached_at = unix_now();
     if settings.probes.sched {
         eprintln!("canaryscope: run-queue latency for tasks under {}", pipeline.runq_roots().join(", "));
     }
@@ -179,6 +191,13 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
     tokio::spawn(server::serve(listener, shared.clone(), published.clone()));
     eprintln!("canaryscope: exporter listening on http://{}/metrics", settings.listen);
 
+    let never_initialized = match (&pods, settings.gpu_init_timeout) {
+        // Containers that started once the probes were attached are judged.
+        (Some(_), Some(timeout)) => {
+            Some(NeverInitialized::new(timeout, settings.gpu_resources.clone(), attached_at))
+        }
+        _ => None,
+    };
     let mut exporter = Exporter {
         recorder: Recorder::new(published, settings.series_grace),
         shared,
@@ -186,6 +205,7 @@ async fn daemon(settings: Settings) -> Result<ExitCode, CliError> {
         gate,
         held_pods,
         last_gpu: Vec::new(),
+        never_initialized,
     };
     // A pod appearing is told to the kernel at once, not at the next tick:
     // its cgroup and first process may follow within milliseconds.
@@ -202,7 +222,8 @@ fn start_pipeline(settings: &Settings) -> Result<(Pipeline, crate::pipeline::rea
     let options = Options {
         // Canary and gated pods' processes are held whatever --hold says:
         // a canary ships the runtime file never seen before, and a gated
-        // pod's start-up calls are the gate's evidence.
+        // pod's start-up calls are the gate's evidence; so are a GPU pod's,
+        // while it is checked for a GPU initialisation.
         hold_scoped: settings.kube.is_some(),
         ..Options::new(settings.probes, stall_ns, Policy::for_daemon(settings.hot_calls, settings.hot_window))
             .libs(settings.libs.clone())
@@ -230,6 +251,7 @@ async fn hold_canaries(
         pods: pods.clone(),
         rollouts: rollouts.clone(),
         gated: settings.readiness_gate,
+        gpus: settings.gpu_init_timeout.map(|_| settings.gpu_resources.clone()),
     };
     let pods = pods.clone();
     // Processes of canary pods get hot-call probes from their start.

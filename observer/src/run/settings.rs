@@ -7,10 +7,10 @@ use serde::Deserialize;
 use crate::{
     attribution::kube::KubeOptions,
     config::{
-        check_gpu_options, default_duration, parse_cgroup_prefix, parse_duration, parse_hot_calls,
-        parse_hot_detail, parse_hot_window, parse_listen, Families, HotCalls, HotDetail, ProbeArgs,
-        DEFAULT_HOT_DETAIL_RUN, DEFAULT_HOT_WINDOW, DEFAULT_LISTEN, DEFAULT_MAX_CGROUPS,
-        DEFAULT_SERIES_GRACE, DEFAULT_TRACK_LABEL,
+        check_gpu_options, default_duration, parse_cgroup_prefix, parse_duration, parse_gpu_init_timeout,
+        parse_hot_calls, parse_hot_detail, parse_hot_window, parse_listen, Families, GpuResources, HotCalls,
+        HotDetail, ProbeArgs, DEFAULT_GPU_INIT_TIMEOUT, DEFAULT_HOT_DETAIL_RUN, DEFAULT_HOT_WINDOW,
+        DEFAULT_LISTEN, DEFAULT_MAX_CGROUPS, DEFAULT_SERIES_GRACE, DEFAULT_TRACK_LABEL,
     },
     error::CliError,
     run::Args,
@@ -45,6 +45,11 @@ pub struct ConfigFile {
     pub readiness_gate: Option<bool>,
     /// `--gate-timeout`.
     pub gate_timeout: Option<String>,
+    /// `--gpu-resource`: more resource names that are GPUs (added to the
+    /// flags' and the defaults).
+    pub gpu_resources: Vec<String>,
+    /// `--gpu-init-timeout`.
+    pub gpu_init_timeout: Option<String>,
 }
 
 impl ConfigFile {
@@ -83,6 +88,11 @@ pub struct Settings {
     /// After this long without a start-up, a gated pod without the
     /// condition gets `False`, `NoRuntimeActivity`.
     pub gate_timeout: Option<Duration>,
+    /// The resource names that are GPUs in a container's limits.
+    pub gpu_resources: GpuResources,
+    /// How long a container that requested a GPU may run without
+    /// initialising one; `None` turns the check off.
+    pub gpu_init_timeout: Option<Duration>,
 }
 
 impl Settings {
@@ -127,7 +137,16 @@ impl Settings {
         }
         let readiness_gate = kube.is_some() && !args.no_readiness_gate && file.readiness_gate.unwrap_or(true);
         let gate_timeout = gate_timeout(args.gate_timeout.clone().or(file.gate_timeout))?;
+        let extra_gpus: Vec<String> = args.gpu_resources.iter().chain(&file.gpu_resources).cloned().collect();
+        let gpu_resources = GpuResources::with_extra(&extra_gpus)
+            .map_err(|e| CliError::usage(format!("--gpu-resource: {e}")))?;
+        let init_timeout = args.gpu_init_timeout.clone().or(file.gpu_init_timeout);
+        let gpu_init_timeout =
+            parse_gpu_init_timeout(init_timeout.as_deref().unwrap_or(DEFAULT_GPU_INIT_TIMEOUT))
+                .map_err(|e| CliError::usage(format!("--gpu-init-timeout: {e}")))?;
         Ok(Self {
+            gpu_resources,
+            gpu_init_timeout,
             readiness_gate,
             gate_timeout,
             hold,
@@ -306,6 +325,41 @@ mod tests {
         a.no_readiness_gate = true;
         assert!(!Settings::from_run_args(&a).expect("valid").readiness_gate);
         let _ = std::fs::remove_file(kubeconfig);
+    }
+
+    #[test]
+    fn gpu_resources_add_up_from_flags_and_file_and_the_init_timeout_can_be_turned_off() {
+        let s = Settings::from_run_args(&Args::default()).expect("defaults");
+        assert_eq!(s.gpu_resources, GpuResources::default());
+        assert_eq!(s.gpu_init_timeout, Some(Duration::from_secs(300)));
+        let file = std::env::temp_dir().join(format!("cs-gpu-{}", std::process::id()));
+        std::fs::write(&file, "gpu_resources = [\"example.com/fpga\"]\ngpu_init_timeout = \"0\"\n")
+            .expect("write");
+        let mut a = Args {
+            config: Some(file.clone()),
+            gpu_resources: vec!["example.com/accel-*".into()],
+            ..Args::default()
+        };
+        let s = Settings::from_run_args(&a).expect("valid");
+        for gpu in ["nvidia.com/gpu", "example.com/fpga", "example.com/accel-x"] {
+            assert!(s.gpu_resources.matches(gpu), "{gpu}");
+        }
+        assert_eq!(s.gpu_init_timeout, None, "0 turns the check off");
+        a.gpu_init_timeout = Some("90s".into());
+        assert_eq!(
+            Settings::from_run_args(&a).expect("flag wins").gpu_init_timeout,
+            Some(Duration::from_secs(90))
+        );
+        a.gpu_init_timeout = Some("100ms".into());
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--gpu-init-timeout: "))
+        );
+        a.gpu_init_timeout = None;
+        a.gpu_resources = vec!["fpga".into()];
+        assert!(
+            matches!(Settings::from_run_args(&a), Err(CliError::Usage(m)) if m.starts_with("--gpu-resource: `fpga`"))
+        );
+        let _ = std::fs::remove_file(file);
     }
 
     #[test]

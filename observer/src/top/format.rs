@@ -2,7 +2,7 @@
 //! rate or latency has no data yet. The screen and `--once` share it.
 use super::table::Row;
 
-pub const HEADERS: [&str; 15] = [
+pub const HEADERS: [&str; 17] = [
     "POD / CGROUP",
     "TRACK",
     "CALLS/s",
@@ -14,18 +14,20 @@ pub const HEADERS: [&str; 15] = [
     "OOM",
     "CRASH",
     "EXITS",
+    "LIBFAIL",
+    "NOINIT",
     "VRAM",
     "REQ/s",
     "5XX%",
     "REQ p99",
 ];
-/// Column widths: 132 columns with the separators for the GPU, CPU and
-/// failure columns, 156 with the HTTP ones last (a narrower terminal cuts
-/// those first). The name column fits a pod's uid (36), which names a row
-/// without Kubernetes.
-pub const WIDTHS: [u16; 15] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 8, 7, 6, 8];
+/// Column widths: 138 columns with the separators for the GPU, CPU and
+/// failure columns, 147 with VRAM and 171 with the HTTP ones last (a
+/// narrower terminal cuts those first). The name column fits a pod's uid
+/// (36), which names a row without Kubernetes.
+pub const WIDTHS: [u16; 17] = [44, 7, 8, 6, 6, 9, 9, 7, 5, 6, 6, 7, 6, 8, 7, 6, 8];
 
-pub fn cells(r: &Row) -> [String; 15] {
+pub fn cells(r: &Row) -> [String; 17] {
     [
         r.name.clone(),
         r.track.clone(),
@@ -38,6 +40,8 @@ pub fn cells(r: &Row) -> [String; 15] {
         r.oom_kills.to_string(),
         r.crashes.to_string(),
         r.abnormal_exits.to_string(),
+        r.gpu_library_load_failures.to_string(),
+        r.gpu_never_initialized.to_string(),
         r.vram_bytes.map(crate::render::bytes).unwrap_or_else(dash),
         r.http_per_s.map(|v| format!("{v:.1}")).unwrap_or_else(dash),
         r.http_failed_pct.map(|v| format!("{v:.1}")).unwrap_or_else(dash),
@@ -73,7 +77,7 @@ pub fn fit_tail(cell: &str, width: usize) -> String {
 
 /// The cells as the screen shows them: the name column cut as [`fit_tail`]
 /// cuts it (the terminal library would cut its tail).
-pub fn screen_cells(r: &Row) -> [String; 15] {
+pub fn screen_cells(r: &Row) -> [String; 17] {
     let mut cells = cells(r);
     cells[0] = fit_tail(&cells[0], usize::from(WIDTHS[0]));
     cells

@@ -40,6 +40,13 @@ pub struct Row {
     pub oom_kills: u64,
     pub crashes: u64,
     pub abnormal_exits: u64,
+    /// GPU libraries whose `dlopen` failed (the library or a GPU library it
+    /// needs not found), since the probes started.
+    pub gpu_library_load_failures: u64,
+    /// Containers that requested a GPU and have made no successful GPU
+    /// initialisation past `--gpu-init-timeout`, now (a daemon's, with
+    /// Kubernetes: `top` on its own probes reads no pod specs).
+    pub gpu_never_initialized: u64,
     /// VRAM the row's live processes hold now, over all GPUs; `None` when
     /// they never held any (or KFD is not there).
     pub vram_bytes: Option<u64>,
@@ -55,7 +62,13 @@ pub struct Row {
 impl Row {
     /// Trouble that needs a look: what sorts a row first by default.
     fn trouble(&self) -> u64 {
-        self.gpu_failures + self.gpu_stalls + self.oom_kills + self.crashes + self.abnormal_exits
+        self.gpu_failures
+            + self.gpu_stalls
+            + self.oom_kills
+            + self.crashes
+            + self.abnormal_exits
+            + self.gpu_library_load_failures
+            + self.gpu_never_initialized
     }
 
     /// Whether the row matches a filter by namespace or name (cgroup) prefix.
@@ -67,7 +80,8 @@ impl Row {
 /// How rows are ordered; `s` in the view cycles through them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SortKey {
-    /// Failures, stalls, OOM kills, crashes and abnormal exits together.
+    /// Failures, stalls, OOM kills, crashes, abnormal exits, failed GPU
+    /// library loads and GPUs never initialised together.
     #[default]
     Trouble,
     Name,
@@ -147,6 +161,8 @@ struct Sums {
     ooms: f64,
     crashes: f64,
     exits: f64,
+    library_load_failures: f64,
+    never_initialized: f64,
     periods: f64,
     throttled: f64,
     /// VRAM over the row's GPUs; `None` without a series.
@@ -176,6 +192,21 @@ fn is_success(result: &str) -> bool {
     matches!(result, "hipSuccess" | "CUDA_SUCCESS" | "cudaSuccess" | "0")
 }
 
+impl Sums {
+    /// Nothing counted yet for the row of `s`, named by its labels.
+    fn of_row(s: &Sample) -> Self {
+        let labels = Row {
+            name: row_name(s),
+            namespace: s.label("namespace").to_string(),
+            workload: s.label("workload").to_string(),
+            revision: s.label("revision").to_string(),
+            track: s.label("track").to_string(),
+            ..Row::default()
+        };
+        Self { labels, ..Self::default() }
+    }
+}
+
 fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
     let calls = full(&catalog::GPU_API_CALLS);
     let stalled = full(&catalog::GPU_API_STALLED_CALLS);
@@ -183,6 +214,8 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
     let ooms = full(&catalog::OOM_KILLS);
     let crashes = full(&catalog::NATIVE_CRASHES);
     let exits = full(&catalog::ABNORMAL_EXITS);
+    let library_loads = full(&catalog::GPU_LIBRARY_LOAD_FAILURES);
+    let never_initialized = full(&catalog::GPU_NEVER_INITIALIZED);
     let periods = full(&catalog::CPU_PERIODS);
     let throttled = full(&catalog::CPU_THROTTLED_PERIODS);
     let vram = full(&catalog::GPU_VRAM);
@@ -197,6 +230,8 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
         &ooms,
         &crashes,
         &exits,
+        &library_loads,
+        &never_initialized,
         &periods,
         &throttled,
         &vram,
@@ -210,17 +245,7 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
         if !workload_families.contains(&&s.name) {
             continue;
         }
-        let row = rows.entry(row_name(s)).or_insert_with(|| Sums {
-            labels: Row {
-                name: row_name(s),
-                namespace: s.label("namespace").to_string(),
-                workload: s.label("workload").to_string(),
-                revision: s.label("revision").to_string(),
-                track: s.label("track").to_string(),
-                ..Row::default()
-            },
-            ..Sums::default()
-        });
+        let row = rows.entry(row_name(s)).or_insert_with(|| Sums::of_row(s));
         let v = s.value;
         let bucket = |map: &mut BTreeMap<u64, f64>| {
             let le: f64 = s.label("le").parse().unwrap_or(f64::INFINITY);
@@ -238,6 +263,8 @@ fn sums(samples: &[Sample]) -> BTreeMap<String, Sums> {
             n if *n == ooms => row.ooms += v,
             n if *n == crashes => row.crashes += v,
             n if *n == exits => row.exits += v,
+            n if *n == library_loads => row.library_load_failures += v,
+            n if *n == never_initialized => row.never_initialized += v,
             n if *n == periods => row.periods += v,
             n if *n == throttled => row.throttled += v,
             n if *n == vram => *row.vram.get_or_insert(0.0) += v,
@@ -307,6 +334,8 @@ pub fn rows(now: &Reading, before: Option<&Reading>) -> Vec<Row> {
             row.oom_kills = s.ooms as u64;
             row.crashes = s.crashes as u64;
             row.abnormal_exits = s.exits as u64;
+            row.gpu_library_load_failures = s.library_load_failures as u64;
+            row.gpu_never_initialized = s.never_initialized as u64;
             row.vram_bytes = s.vram.map(|v| v as u64);
             if let Some((p, dt)) = prev {
                 let zero = Sums::default();
@@ -399,6 +428,10 @@ mod tests {
                  canaryscope_cpu_throttled_periods_total{{{POD}}} 4\n\
                  canaryscope_oom_kills_total{{{POD},scope=\"memcg\"}} 1\n\
                  canaryscope_abnormal_exits_total{{{POD},signal=\"SIGKILL\",cause=\"oom_kill\",sender_scope=\"none\",kill_reason=\"none\"}} 1\n\
+                 canaryscope_gpu_library_load_failures_total{{{POD},library=\"libonnxruntime_providers_cuda.so\",missing=\"libcublasLt.so.13\"}} 2\n\
+                 canaryscope_gpu_library_load_failures_total{{{POD},library=\"cublas.so\",missing=\"libcublas.so.12\"}} 1\n\
+                 canaryscope_gpu_never_initialized{{{POD}}} 1\n\
+                 canaryscope_gpu_never_initialized{{namespace=\"inference\",pod=\"w-1\",container=\"sidecar\",workload=\"w\",revision=\"abc\",track=\"canary\"}} 0\n\
                  canaryscope_gpu_vram_bytes{{{POD},gpu=\"48879\"}} 1073741824\n\
                  canaryscope_gpu_vram_bytes{{{POD},gpu=\"1234\"}} 536870912\n\
                  canaryscope_gpu_api_calls_total{{namespace=\"\",pod=\"\",container=\"\",workload=\"/system.slice/x.service\",revision=\"\",track=\"\",api=\"hip\",function=\"hipInit\",result=\"hipErrorNoDevice\"}} 1\n\
@@ -415,6 +448,8 @@ mod tests {
         assert_eq!(pod.throttled_pct, Some(40.0));
         assert_eq!(pod.oom_kills, 1);
         assert_eq!(pod.abnormal_exits, 1);
+        assert_eq!(pod.gpu_library_load_failures, 3, "over both libraries");
+        assert_eq!(pod.gpu_never_initialized, 1, "one of its two GPU containers");
         assert_eq!(pod.vram_bytes, Some(1536 << 20), "over both GPUs");
         // All six new calls fell between 1 and 2 ms.
         let p99 = pod.gpu_call_p99_s.expect("calls in the window");
@@ -439,6 +474,15 @@ mod tests {
         assert_eq!(rows[0].name, "b");
         sort(&mut rows, SortKey::Name);
         assert_eq!(rows[0].name, "a");
+        // A framework serving from the CPU fails no call: its own columns sort it first.
+        for cpu_fallback in [
+            Row { name: "c".into(), gpu_library_load_failures: 1, ..Row::default() },
+            Row { name: "c".into(), gpu_never_initialized: 1, ..Row::default() },
+        ] {
+            let mut rows = vec![quiet.clone(), cpu_fallback];
+            sort(&mut rows, SortKey::Trouble);
+            assert_eq!(rows[0].name, "c");
+        }
         let mut key = SortKey::default();
         for _ in 0..SortKey::ALL.len() {
             key = key.next();

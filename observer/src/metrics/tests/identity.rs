@@ -91,6 +91,8 @@ fn two_instances() -> Metrics {
     m.set_stalled([(10, Api::Hip, "hipMemcpy".into()), (11, Api::Hip, "hipMemcpy".into())]);
     m.set_driver_versions(vec![(10, 12020), (11, 12040)]);
     m.set_vram(vec![(10, 7, 1 << 30), (11, 7, 2 << 30)]);
+    // The dead instance never initialised; the restarted one is within its timeout.
+    m.set_gpu_never_initialized(vec![(10, true), (11, false)]);
     let gk = |cgroup_id| GpuStatsKey { cgroup_id, api: 1, function: 0, result: 100, untimed: 0 };
     m.set_gpu(vec![(gk(10), hist(1, 10, &[(0, 1)])), (gk(11), hist(2, 20, &[(0, 2)]))]);
     let kk = |cgroup_id| KfdStatsKey { cgroup_id, nr: 1, result: -22 };
@@ -148,6 +150,7 @@ const GAUGES: &[(&str, &str, f64)] = &[
     ("canaryscope_gpu_vram_bytes", r#"gpu="7""#, 2147483648.0),
     ("canaryscope_cpu_runnable_threads", "", 1.0),
     ("canaryscope_cpu_quota_cores", "", 2.0),
+    ("canaryscope_gpu_never_initialized", "", 0.0),
 ];
 
 #[test]

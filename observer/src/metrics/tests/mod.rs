@@ -195,6 +195,7 @@ fn rich() -> Metrics {
     m.set_driver_versions(vec![(2, 12020)]);
     m.set_vram(vec![(1, 48879, 2 << 30), (2, 1234, 0), (2, 48879, 1 << 30)]);
     m.set_vram_stranded(vec![(1234, 0), (48879, 3 << 30)]);
+    m.set_gpu_never_initialized(vec![(1, true), (2, false)]);
 
     let gk = |cgroup_id, api, function, result| GpuStatsKey { cgroup_id, api, function, result, untimed: 0 };
     m.set_gpu(vec![
