@@ -71,6 +71,17 @@ def rows():
                   "GPU calls in flight longer than the stall threshold, now.",
                   (f"sum by ({BY}, function) (canaryscope_gpu_api_stalled_calls{{{SEL}}})", LEGEND + " {{function}}")),
         ]),
+        ("Serving from the CPU: canary vs stable", [
+            panel("GPU library load failures", "short",
+                  "dlopen calls that failed for a GPU library or one that needs it (the library asked for, "
+                  "and the file its loader could not find): the framework falls back to the CPU.",
+                  (f"sum by ({BY}, library, missing) (increase(canaryscope_gpu_library_load_failures_total{{{SEL}}}[{RANGE}]))",
+                   LEGEND + " {{library}}: {{missing}}")),
+            panel("GPU requested, never initialised", "short",
+                  "Running containers that asked for a GPU and made no successful GPU initialisation within the "
+                  "daemon's --gpu-init-timeout of their start, now: they serve from the CPU.",
+                  (f"sum by ({BY}) (canaryscope_gpu_never_initialized{{{SEL}}})", LEGEND)),
+        ]),
         ("Crashes, driver and GPU faults: canary vs stable", [
             panel("Native crashes by library", "short",
                   "Processes killed by a fault or abort, by the object holding the faulting instruction.",

@@ -157,6 +157,11 @@ REACH = [
      lambda d: "--no-readiness-gate" in args(d) and ("", "pods/status", ("patch",)) not in role_rules(d)
      and not by_kind(d, "ValidatingAdmissionPolicy") and not by_kind(d, "ValidatingAdmissionPolicyBinding")),
     ("gateTimeout", {"gateTimeout": "10m"}, lambda d: "--gate-timeout=10m" in args(d)),
+    ("gpuInitTimeout", {"gpuInitTimeout": "10m"}, lambda d: "--gpu-init-timeout=10m" in args(d)),
+    ("gpuInitTimeout", {"gpuInitTimeout": "0"}, lambda d: "--gpu-init-timeout=0" in args(d)),
+    ("gpuResources", {"gpuResources": ["example.com/fpga", "example.com/accel-*"]},
+     lambda d: [a for a in args(d) if a.startswith("--gpu-resource=")]
+     == ["--gpu-resource=example.com/fpga", "--gpu-resource=example.com/accel-*"]),
     ("hotCalls", {"hotCalls": "all"}, lambda d: "--hot-calls=all" in args(d)),
     ("hotCalls", {"hotCalls": "none"}, lambda d: "--hot-calls=none" in args(d)),
     ("hotDetail", {"hotDetail": "timed"}, lambda d: "--hot-detail=timed" in args(d)),
@@ -248,6 +253,10 @@ REFUSED = [
     ({"hotWindow": "10 minutes"}, ["/hotWindow"]),
     ({"gateTimeout": "0.5s"}, ["gateTimeout", "shorter than 1s"]),
     ({"gateTimeout": "10m", "readinessGate": False}, ["gateTimeout", "readinessGate"]),
+    ({"gpuInitTimeout": "0.5s"}, ["gpuInitTimeout", "shorter than 1s"]),
+    ({"gpuInitTimeout": "5 minutes"}, ["/gpuInitTimeout"]),
+    ({"gpuResources": ["fpga"]}, ["/gpuResources/0"]),
+    ({"gpuResources": ["example.com/*gpu"]}, ["/gpuResources/0"]),
     ({"stallThreshold": "0s"}, ["stallThreshold"]),
     ({"seriesGrace": "5d"}, ["/seriesGrace"]),
     ({"seriesGrace": 300}, ["/seriesGrace", "want string"]),
@@ -483,9 +492,9 @@ def check_values():
 DURATION_NUMBERS = ["0", "1", "10", "007", "1.5", "0.25", ".5", "5.", "1e3", "-1"]
 DURATION_UNITS = ["", "ns", "us", "µs", "ms", "s", "m", "h", "d", "w", "y", "min", "sec", "S", "M", "H",
                   "h30m", " s"]
-# Around the one-second floor of --hot-window and --gate-timeout, in each unit, so that the
-# chart's own reading of a duration (templates/_helpers.tpl, canaryscope.seconds) is held
-# to the binary's.
+# Around the one-second floor of --hot-window, --gate-timeout and --gpu-init-timeout, in
+# each unit, so that the chart's own reading of a duration (templates/_helpers.tpl,
+# canaryscope.seconds) is held to the binary's.
 NEAR_ONE_SECOND = ["999ms", "1000ms", "1s", "0.999s", "1", "0.5", "999999us", "1000000us", "1000000µs",
                    "999999999ns", "1000000000ns", "0.0166m", "0.017m", "0.0002h", "0.0003h"]
 
@@ -518,7 +527,7 @@ def check_durations():
 
     def render(value):
         try:
-            dc.helm_template(overrides={"hotWindow": value, "gateTimeout": value})
+            dc.helm_template(overrides={"hotWindow": value, "gateTimeout": value, "gpuInitTimeout": value})
             return None
         except dc.RenderError as e:
             return str(e)
@@ -526,7 +535,7 @@ def check_durations():
     with ThreadPoolExecutor(max_workers=2) as pool:
         renders = list(pool.map(render, NEAR_ONE_SECOND))
     for value, chart_refusal in zip(NEAR_ONE_SECOND, renders):
-        for flag in ("--hot-window", "--gate-timeout"):
+        for flag in ("--hot-window", "--gate-timeout", "--gpu-init-timeout"):
             refused = binary_takes(flag, value)
             if bool(chart_refusal) != bool(refused):
                 err("%s=%s: the chart %s, the binary %s" % (
@@ -534,7 +543,7 @@ def check_durations():
                     "refuses it (%s)" % refused if refused else "takes it"))
     if len(dc.ERRORS) == before:
         ok("%d spellings: the schema takes none the binary refuses, and every unit the binary takes; "
-           "%d values near 1s: hotWindow and gateTimeout refused by the chart as by the binary"
+           "%d values near 1s: hotWindow, gateTimeout and gpuInitTimeout refused by the chart as by the binary"
            % (tried, len(NEAR_ONE_SECOND)))
 
 

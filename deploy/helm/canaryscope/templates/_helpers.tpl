@@ -79,6 +79,10 @@ names the value at fault.
 {{- include "canaryscope.atLeastOneSecond" (list "gateTimeout" .Values.gateTimeout) -}}
 {{- end -}}
 {{- include "canaryscope.atLeastOneSecond" (list "hotWindow" .Values.hotWindow) -}}
+{{- $initTimeout := include "canaryscope.seconds" (list "gpuInitTimeout" .Values.gpuInitTimeout) | float64 -}}
+{{- if and (gt $initTimeout 0.0) (lt $initTimeout 1.0) -}}
+{{- fail (printf "gpuInitTimeout: `%s` is shorter than 1s (0 turns the check off)" .Values.gpuInitTimeout) -}}
+{{- end -}}
 {{- if eq (include "canaryscope.seconds" (list "stallThreshold" .Values.stallThreshold) | float64) 0.0 -}}
 {{- fail (printf "stallThreshold: `%s` would count every GPU call as stalled" .Values.stallThreshold) -}}
 {{- end -}}
