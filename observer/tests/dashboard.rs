@@ -1,6 +1,7 @@
 //! The Grafana dashboard against real data: the Kubernetes end-to-end setup
 //! (stand-in API server, the real daemon, a real Prometheus scraping it)
-//! with a canary that fails its GPU runtime, crashes in it, stalls in it, is
+//! with a canary that asked for a GPU, fails its GPU runtime (so never
+//! initialises it), crashes in it, stalls in it, is
 //! throttled, is OOM killed and answers HTTP requests, beside a stable pod
 //! that is healthy but for one crash in the library; and a second daemon whose series cap is spent
 //! and whose ring buffer overflowed. Every panel query of
@@ -23,8 +24,8 @@ use test_support::{
     dashboard::{dashboard, panel_queries, shows},
     fixture, free_port, http_get,
     k8s::{
-        prom, prom_query, repo, schedule_canary_and_stable, scratch_dir, start_apiserver,
-        start_prometheus_of, write_kubeconfig, Proc, Rollout, NS,
+        prom, prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus_of,
+        write_kubeconfig, NodePod, Proc, NS,
     },
     random_hex, random_pod_uid, Daemon, PodCgroup,
 };
@@ -40,6 +41,7 @@ const CAUSED: &[&str] = &[
     "GPU call failures by function (cold tier)",
     "GPU call latency p99 (cold tier)",
     "Stalled GPU calls",
+    "GPU requested, never initialised",
     "Native crashes by library",
     "OOM kills",
     "Abnormal exits by cause",
@@ -61,6 +63,7 @@ const STABLE_CLEAN: &[&str] = &[
     "GPU init failures by function",
     "GPU call failures by function (cold tier)",
     "Stalled GPU calls",
+    "GPU requested, never initialised",
     "OOM kills",
 ];
 
@@ -97,6 +100,8 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         "node-a",
         "--stall-threshold",
         "2s",
+        "--gpu-init-timeout",
+        "2s",
     ]);
     // A second node's daemon, capped at one cgroup's series, whose reader
     // falls behind below.
@@ -107,9 +112,15 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     // The rollout schedules both revisions' pods while the daemon runs:
     // the API server has them, then the kubelet makes their cgroups.
     // The kubelet names each container a second after its start.
-    let rollout = schedule_canary_and_stable(api_port, Duration::from_secs(1));
-    let Rollout { canary: canary_pod, stable: stable_pod, canary_cg: mut canary, stable_cg: stable } =
-        rollout;
+    // The canary's worker asked for a GPU, which its failing runtime never
+    // initialises; the stable's asked for none.
+    let mut canary_spec = scheduled_pod("infer-canaryhash-abcde", &random_pod_uid(), "canary", "canaryhash");
+    canary_spec["spec"]["containers"][0]["resources"] =
+        serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
+    let stable_spec = scheduled_pod("infer-stablehash-fghij", &random_pod_uid(), "stable", "stablehash");
+    let mut pods = NodePod::schedule_all(api_port, vec![canary_spec, stable_spec], Duration::from_secs(1));
+    let (stable_pod, canary_pod) = (pods.pop().expect("stable"), pods.pop().expect("canary"));
+    let (mut canary, stable) = (canary_pod.create("worker"), stable_pod.create("worker"));
 
     // Counters are born with their first event, and `rate`/`increase` need
     // a scrape before the event to see it: first Prometheus' first scrape
