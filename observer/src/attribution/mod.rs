@@ -10,6 +10,7 @@ pub mod kfd_tree;
 pub mod kube;
 pub mod label_names;
 pub mod labels;
+pub mod pod_meta;
 pub mod rollouts;
 pub mod vram_gpus;
 pub mod vram_procs;
