@@ -12,7 +12,7 @@
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
 use serde_json::Value;
-use test_support::{assert_root, canaryscope, metric_value, shape::KernelShape, Daemon};
+use test_support::{assert_root, canaryscope, cgroup2_root, metric_value, shape::KernelShape, Daemon};
 
 #[test]
 #[ignore = "needs root; run by `cargo xtask test`"]
@@ -21,6 +21,10 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
     let shape = KernelShape::declared();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     eprintln!("kernel {}: declared {shape:?}", kernel.trim());
+    // A node runs pods below a parent cgroup kubelet makes: the HTTP
+    // programs attach there, and nowhere else. A bare VM has none yet.
+    let pods_parent = cgroup2_root().join("kubepods.slice");
+    std::fs::create_dir_all(&pods_parent).unwrap_or_else(|e| panic!("{}: {e}", pods_parent.display()));
 
     let out = Command::new(canaryscope()).args(["check", "--json"]).output().expect("run check");
     let report: Value = serde_json::from_slice(&out.stdout)
@@ -54,11 +58,18 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
                 let per_function = detail.contains("a program pair per function");
                 assert_eq!(per_function, !shape.attach_cookies, "{detail}");
             }
+            // Attached as links to the pods' parent cgroup, on every kernel
+            // of the matrix (links need 5.7).
+            "http" => {
+                assert_eq!(probe["attached"], true, "{probe}");
+                assert!(probe["target"].as_str().unwrap_or_default().contains("/kubepods.slice"), "{probe}");
+            }
             // Everything else attaches on every kernel of the matrix.
             _ => assert_eq!(probe["attached"], true, "{probe}"),
         }
     }
-    for family in ["exit", "exit_cause", "crash", "oom", "memlimit", "discovery", "sched", "throttle", "gpu"]
+    for family in
+        ["exit", "exit_cause", "crash", "oom", "memlimit", "discovery", "sched", "throttle", "gpu", "http"]
     {
         assert!(seen.contains(family), "check reports {family}: {seen:?}");
     }

@@ -17,6 +17,7 @@
 //! - at start, the daemon resumes every process a previous daemon left
 //!   recorded as held.
 use std::{
+    collections::HashMap,
     io,
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, Stdio},
@@ -63,6 +64,42 @@ pub struct Hold {
     map: HeldMap,
     pin: PathBuf,
     watchdog: Child,
+    /// Per pid, the hold this daemon took up (its kernel stamp) and the
+    /// stamp written over it: how a record moved by [`Hold::take_up`] is
+    /// still known for that hold's.
+    taken_up: HashMap<u32, TakenUp>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TakenUp {
+    held_at_ns: u64,
+    stamp: u64,
+}
+
+/// Whose a process's record in the held map is, as seen by the report of
+/// one hold (stamped `held_at_ns` by the kernel).
+#[derive(Debug, PartialEq, Eq)]
+enum Record {
+    /// The record is this hold's: ending it resumes the process.
+    ThisHold,
+    /// A later hold of the same process stands: a thread mapped another
+    /// new runtime file while the process was stopping, or the deadline
+    /// resumed the process and it was held again before this report was
+    /// read. That hold's own report resumes the process once its file is
+    /// probed; ending it here would let the process call into that file
+    /// unprobed.
+    LaterHold,
+    /// No record: the deadline resumed the process already.
+    Gone,
+}
+
+fn whose(record: Option<u64>, held_at_ns: u64, taken_up: Option<TakenUp>) -> Record {
+    match record {
+        None => Record::Gone,
+        Some(stamp) if stamp == held_at_ns => Record::ThisHold,
+        Some(stamp) if taken_up == Some(TakenUp { held_at_ns, stamp }) => Record::ThisHold,
+        Some(_) => Record::LaterHold,
+    }
 }
 
 impl Hold {
@@ -92,37 +129,64 @@ impl Hold {
             .map_err(|e| HoldError::Pin { path: pin.display().to_string(), reason: e.to_string() })?;
         let watchdog = spawn_watchdog(&pin).map_err(HoldError::Watchdog)?;
         info!("hold enabled: watchdog pid {}, held processes recorded in {}", watchdog.id(), pin.display());
-        Ok(Self { map, pin, watchdog })
+        Ok(Self { map, pin, watchdog, taken_up: HashMap::new() })
     }
 
-    /// Takes up the hold of `pid`: the deadline moves to
-    /// [`PROBING_DEADLINE`] from now. The record's stamp is where the
+    /// Takes up the hold of `pid` stamped `held_at_ns`: the deadline moves
+    /// to [`PROBING_DEADLINE`] from now. The record's stamp is where the
     /// watchdog counts [`HOLD_DEADLINE`] from, so it is moved forward by the
-    /// difference; a record the watchdog already removed stays removed.
-    pub fn take_up(&mut self, pid: u32) {
+    /// difference; a record the watchdog already removed stays removed, and
+    /// a later hold's record keeps its own deadline.
+    pub fn take_up(&mut self, pid: u32, held_at_ns: u64) {
+        let record = self.map.get(&pid, 0).ok();
+        if whose(record, held_at_ns, self.taken_up.get(&pid).copied()) != Record::ThisHold {
+            return;
+        }
         let extra = PROBING_DEADLINE.saturating_sub(HOLD_DEADLINE).as_nanos() as u64;
         let stamp = BootClock::boot_now_ns().saturating_add(extra);
-        let _ = self.map.insert(pid, stamp, BPF_EXIST);
+        if self.map.insert(pid, stamp, BPF_EXIST).is_ok() {
+            self.taken_up.insert(pid, TakenUp { held_at_ns, stamp });
+        }
     }
 
-    /// Resumes one held process, held since `held_at_ns` (the kernel's
-    /// report); returns how long it was held, or `None` when the watchdog
-    /// resumed it first.
+    /// Ends the hold of `pid` stamped `held_at_ns` (the kernel's report):
+    /// resumes the process unless a later hold of it stands. Returns how
+    /// long this hold lasted, or `None` when the deadline resumed the
+    /// process first.
+    ///
+    /// The record is read, then removed: the watchdog could resume the
+    /// process between the two, and a thread of it be held again, within
+    /// that window of microseconds. Maps offer no compare-and-delete.
     pub fn resume(&mut self, pid: u32, held_at_ns: u64) -> Option<u64> {
-        self.map.get(&pid, 0).ok()?;
-        let _ = self.map.remove(&pid);
-        resume_process(pid, held_at_ns);
+        let record = self.map.get(&pid, 0).ok();
+        match whose(record, held_at_ns, self.taken_up.get(&pid).copied()) {
+            Record::Gone => {
+                self.taken_up.remove(&pid);
+                return None;
+            }
+            Record::LaterHold => debug!("pid {pid} is held again since {held_at_ns}: left to that hold"),
+            Record::ThisHold => {
+                self.taken_up.remove(&pid);
+                let _ = self.map.remove(&pid);
+                resume_process(pid, held_at_ns);
+            }
+        }
         Some(BootClock::boot_now_ns().saturating_sub(held_at_ns))
     }
 
     /// Resumes processes held past the deadline (a file that took too long
     /// to probe, or an event lost to a full ring buffer).
     pub fn resume_expired(&mut self) -> Vec<u32> {
-        resume_older_than(&mut self.map, HOLD_DEADLINE)
+        let resumed = resume_older_than(&mut self.map, HOLD_DEADLINE);
+        for pid in &resumed {
+            self.taken_up.remove(pid);
+        }
+        resumed
     }
 
     /// Resumes every held process now.
     pub fn resume_all(&mut self) -> usize {
+        self.taken_up.clear();
         resume_all(&mut self.map)
     }
 
@@ -294,5 +358,24 @@ mod tests {
         assert!(started_after(me, 0));
         // A pid that does not exist is never treated as reused.
         assert!(!started_after(u32::MAX - 1, 0));
+    }
+
+    #[test]
+    fn a_report_ends_only_its_own_hold() {
+        let held_at = 1_000;
+        // The kernel's record, untouched: this hold's.
+        assert_eq!(whose(Some(held_at), held_at, None), Record::ThisHold);
+        // Moved forward when the daemon took this hold up: still this hold's.
+        let taken = TakenUp { held_at_ns: held_at, stamp: 9_000 };
+        assert_eq!(whose(Some(9_000), held_at, Some(taken)), Record::ThisHold);
+        // The process held again (a thread mapping another new file, or the
+        // deadline's resume and a new mapping) before this report was read:
+        // the newer stamp is not this hold's, taken up or not.
+        assert_eq!(whose(Some(2_000), held_at, None), Record::LaterHold);
+        assert_eq!(whose(Some(2_000), held_at, Some(taken)), Record::LaterHold);
+        // A stamp taken up for another hold of the pid is not this one's.
+        let other = TakenUp { held_at_ns: 2_000, stamp: 9_000 };
+        assert_eq!(whose(Some(9_000), held_at, Some(other)), Record::LaterHold);
+        assert_eq!(whose(None, held_at, Some(taken)), Record::Gone);
     }
 }

@@ -315,7 +315,7 @@ impl LibraryTracker {
         let received = Instant::now();
         if ev.held != 0 {
             if let Some(hold) = self.hold.as_mut() {
-                hold.take_up(pid);
+                hold.take_up(pid, ev.held_at_ns);
             }
         }
         let first_new = self.announcements.len();
