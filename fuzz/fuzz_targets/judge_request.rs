@@ -3,7 +3,8 @@
 //! free-form `metadata` map). Whatever arrives, parsing must not panic, and
 //! a question it accepts must be one the judge can answer honestly: both
 //! sides named, a window, an interval no shorter than the minimum, a
-//! baseline that is not the canary, an end that is a time.
+//! baseline that is not the canary, an end that is a time, a tolerated
+//! share below 1.
 //!
 //! Input: the query string, then 0xFF, then the body (either may be empty).
 #![no_main]
@@ -19,6 +20,7 @@ fn sound(q: &Question) {
     assert!(q.interval >= MIN_INTERVAL, "{q:?}");
     assert_ne!(q.canary, q.baseline, "{q:?}");
     assert!(q.end.is_none_or(|e| e.is_finite() && e > 0.0), "{q:?}");
+    assert!(q.http_error_share.is_none_or(|s| (0.0..1.0).contains(&s)), "{q:?}");
     // It serialises into the answer.
     serde_json::to_string(q).expect("a question serialises");
 }

@@ -2,7 +2,8 @@
 //! fixtures, a tracer child process ([`tracer`]), real cgroups laid out as
 //! kubelet and containerd do ([`cgroups`]), the exporter ([`daemon`]), plain
 //! HTTP ([`http`]), fixture processes stepped through their probes
-//! ([`ptrace`]), and a stand-in Kubernetes API server ([`k8s`]). A test file
+//! ([`ptrace`]), a stand-in Kubernetes API server ([`k8s`]), and recorded
+//! series served by a real Prometheus ([`recorded`]). A test file
 //! imports what it uses.
 pub mod cgroups;
 pub mod daemon;
@@ -10,6 +11,7 @@ pub mod dashboard;
 pub mod http;
 pub mod k8s;
 pub mod ptrace;
+pub mod recorded;
 pub mod shape;
 pub mod tracer;
 

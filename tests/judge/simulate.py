@@ -53,10 +53,14 @@ or an hour for the GPU baseline's days-old start-ups) are Poisson draws
 on which others run), checked by mean and by variance over all draws before
 anything is judged.
 
+The request signals' cases (HTTP 5xx and p99 against stable, issue 53) are
+http_sim.py's, each in a Prometheus of its own; `--cases all` runs every case.
+
 Prints one JSON report: per case, the share of analyses failed, passed and
-undecided, and the median looks to a decision; for the parameters and the
-deadline (`"kind": "check"`), the share of analyses answered as documented
-and what was not.
+undecided, the median looks to a decision, and whether the case expects
+false rollbacks or detection; for the parameters and the deadline
+(`"kind": "check"`), the share of analyses answered as documented and what
+was not.
 """
 import argparse
 import concurrent.futures
@@ -222,6 +226,7 @@ def shares(case, results):
     looks = sorted(look for v, look in results if look is not None)
     return {
         "name": case,
+        "expect": "false_rollbacks" if CASES[case] <= 1.5 else "detection",
         "rate_ratio": CASES[case],
         "failed_share": sum(v == "fail" for v, _ in results) / n,
         "passed_share": sum(v == "pass" for v, _ in results) / n,
@@ -516,9 +521,16 @@ def main():
     p.add_argument("--judge", required=True, help="the canaryscope binary")
     p.add_argument("--analyses", type=int, default=200)
     p.add_argument("--seed", type=int, default=50)
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=",".join(CASES),
+                   help="comma-separated; the request signals' cases are http_sim.py's; `all` is every case")
     args = p.parse_args()
-    cases = args.cases.split(",")
+    import http_sim  # the request signals' cases (issue 53), each in a Prometheus of its own
+    cases = list(CASES) + list(http_sim.CASES) if args.cases == "all" else args.cases.split(",")
+    unknown = [c for c in cases if c not in CASES and c not in http_sim.CASES]
+    if unknown:
+        sys.exit(f"unknown cases {unknown}")
+    http_cases = [c for c in cases if c in http_sim.CASES]
+    cases = [c for c in cases if c in CASES]
     draws = Draws(args.seed)
     work = tempfile.mkdtemp(prefix="canaryscope-judge-sim-")
     procs = []
@@ -559,6 +571,11 @@ def main():
             for case in cases:
                 run = OWN[case][1] if case in OWN else judged_as_argo
                 report["cases"].append(run(pool, services, case, namespaces[case]))
+        if http_cases:
+            http_reports, http_sampler = http_sim.run(args.judge, http_cases, args.analyses, args.seed)
+            report["cases"] += http_reports
+            report["sampler"] += http_sampler
+            report["http_canary_requests"] = http_sim.CANARY_REQUESTS
         print(json.dumps(report))
     finally:
         for proc in reversed(procs):

@@ -14,8 +14,11 @@
 //! workload without data, or too little exposure is `inconclusive` with
 //! the reason, never `pass`.
 mod http;
+mod http_signals;
+mod latency;
 mod prometheus;
 mod request;
+pub mod requests;
 mod signals;
 pub mod simulate;
 pub mod stats;
@@ -74,6 +77,20 @@ pub struct Args {
     /// Pod-seconds the canary must reach before it can pass.
     #[arg(long, default_value_t = verdict::DEFAULT_MIN_POD_SECONDS, value_name = "SECONDS")]
     pub min_pod_seconds: f64,
+    /// HTTP requests the canary must serve on compared nodes before a
+    /// request signal can pass.
+    #[arg(long, default_value_t = requests::DEFAULT_MIN_REQUESTS, value_name = "N")]
+    pub min_requests: f64,
+    /// Share of the canary's HTTP requests answered 5xx (and, apart, cut off
+    /// mid-response) tolerated whatever the baseline's: the runbook's 1%. A
+    /// question's `http_error_share` overrides it.
+    #[arg(long, default_value_t = requests::DEFAULT_ERROR_SHARE, value_name = "SHARE")]
+    pub http_error_share: f64,
+    /// How long the canary's p99 must stay above 1.25 times the baseline's
+    /// before it fails: the runbook's 3 minutes (0s: the look alone). A
+    /// question's `p99_for` overrides it.
+    #[arg(long, default_value = "3m", value_name = "DURATION", value_parser = parse_hold)]
+    pub p99_for: Duration,
     /// How far back the baseline's GPU start-ups are read on the canary's
     /// nodes, when the canary's own span holds too few of them.
     #[arg(long, default_value = "7d", value_name = "DURATION", value_parser = parse_lookback)]
@@ -101,6 +118,10 @@ fn parse_lookback(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is not a duration such as 10s, 30m or 7d"))
 }
 
+fn parse_hold(text: &str) -> Result<Duration, String> {
+    request::parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration such as 3m or 0s"))
+}
+
 fn parse_override(text: &str) -> Result<(String, f64), String> {
     let (name, ratio) = text.split_once('=').ok_or("expected SIGNAL=RATIO")?;
     if !signals::signal_names().any(|s| s == name) {
@@ -124,8 +145,16 @@ impl Args {
                 self.tolerated_ratio
             )));
         }
-        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0) {
-            return Err(CliError::usage("--min-startups and --min-pod-seconds cannot be negative"));
+        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0 && self.min_requests >= 0.0) {
+            return Err(CliError::usage(
+                "--min-startups, --min-pod-seconds and --min-requests cannot be negative",
+            ));
+        }
+        if !(self.http_error_share >= 0.0 && self.http_error_share < 1.0) {
+            return Err(CliError::usage(format!(
+                "--http-error-share {}: expected a share from 0 to below 1, such as 0.01",
+                self.http_error_share
+            )));
         }
         Ok(Policy {
             alpha: self.alpha,
@@ -133,6 +162,8 @@ impl Args {
             ratio_overrides: self.ratios.clone(),
             min_startups: self.min_startups,
             min_pod_seconds: self.min_pod_seconds,
+            min_requests: self.min_requests,
+            error_share: self.http_error_share,
         })
     }
 }
@@ -142,6 +173,7 @@ struct Judge {
     policy: Policy,
     startup_lookback: Duration,
     deadline: Duration,
+    latency_hold: Duration,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -160,8 +192,8 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     if args.check_config {
         println!(
             "canaryscope judge would serve on {addr}, asking {url}, with {policy:#?}, a start-up lookback \
-             of {:?} and a deadline of {:?}",
-            args.startup_lookback, args.deadline
+             of {:?}, a p99 hold of {:?} and a deadline of {:?}",
+            args.startup_lookback, args.p99_for, args.deadline
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -176,6 +208,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             policy,
             startup_lookback: args.startup_lookback,
             deadline: args.deadline,
+            latency_hold: args.p99_for,
         }),
     ))?;
     Ok(ExitCode::SUCCESS)
@@ -265,12 +298,18 @@ fn inconclusive(question: Question, reason: String) -> Answer {
 
 async fn decide(judge: &Judge, mut question: Question) -> Answer {
     let end = question.end.unwrap_or_else(unix_now);
+    // The runbook's tolerances, as this question's caller set them.
+    let mut policy = judge.policy.clone();
+    if let Some(share) = question.http_error_share {
+        policy.error_share = share;
+    }
     let reading = signals::Reading {
         question: &question,
         end,
         startup_lookback: judge.startup_lookback.as_secs_f64(),
         min_startups: judge.policy.min_startups,
         deadline: tokio::time::Instant::now() + judge.deadline,
+        latency_hold: question.p99_for.unwrap_or(judge.latency_hold).as_secs_f64(),
     };
     let collected = match signals::collect(&judge.prometheus, &reading).await {
         Ok(c) => c,
@@ -306,13 +345,13 @@ async fn decide(judge: &Judge, mut question: Question) -> Answer {
     }
     let interval = question.interval.as_secs_f64();
     let look = signals::look(Some(first_data), end, interval);
-    let current = verdict::judge(&collected.signals_at(end), &judge.policy, look);
+    let current = verdict::judge(&collected.signals_at(end), &policy, look);
     // The earlier looks replayed from the same samples; a long analysis
     // asked often replays its first REPLAYED_LOOKS, where most is spent.
     let earlier = (1..look.min(REPLAYED_LOOKS + 1))
         .map(|k| {
             let signals = collected.signals_at(first_data + f64::from(k) * interval);
-            (k, verdict::judge_for_failure(&signals, &judge.policy, k))
+            (k, verdict::judge_for_failure(&signals, &policy, k))
         })
         .find(|(_, j)| j.outcome == Outcome::Fail);
     Answer::new(question, look, verdict::stays_failed(current, look, earlier))

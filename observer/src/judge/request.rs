@@ -29,10 +29,27 @@ pub struct Question {
     /// Unix seconds the analysis ends at; `None` is now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end: Option<f64>,
+    /// The share of the canary's HTTP requests answered 5xx (and, apart,
+    /// cut off) tolerated whatever the baseline's, when the caller sets
+    /// it: the runbook's 1% (`http_error_share`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_error_share: Option<f64>,
+    /// How long the canary's p99 must stay above 1.25 times the baseline's
+    /// before it fails, when the caller sets it: the runbook's 3 minutes
+    /// (`p99_for`).
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_as_secs")]
+    pub p99_for: Option<Duration>,
 }
 
 fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
+}
+
+fn opt_as_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => as_secs(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// Argo's AnalysisRuns ask every minute unless told otherwise.
@@ -107,7 +124,8 @@ fn flatten(key: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>
 
 /// Argo Rollouts: `namespace`, `workload`, `canary` and `baseline`
 /// (revisions: `{{args.canary-hash}}` from `podTemplateHashValue: Latest`,
-/// `Stable` for the baseline), optional `window`, `interval`, `end`.
+/// `Stable` for the baseline), optional `window`, `interval`, `end`,
+/// `http_error_share`, `p99_for`.
 pub fn from_argo(p: &Params) -> Result<Question, BadRequest> {
     let workload = p.require("workload")?;
     let side = |name: &'static str| -> Result<Side, BadRequest> {
@@ -120,6 +138,8 @@ pub fn from_argo(p: &Params) -> Result<Question, BadRequest> {
         window: duration_or(p, "window", DEFAULT_WINDOW)?,
         interval: duration_or(p, "interval", DEFAULT_INTERVAL)?,
         end: end(p)?,
+        http_error_share: error_share(p)?,
+        p99_for: p99_for(p)?,
     })
 }
 
@@ -142,7 +162,8 @@ fn checked(q: Question) -> Result<Question, BadRequest> {
 /// pods are its target Deployment's current revision (`metadata.workload`,
 /// else the Canary's name; the revision is found in Prometheus, see
 /// `signals`) and the baseline `<target>-primary`, as Flagger names them.
-/// `window` and `interval` may come in the webhook's metadata.
+/// `window`, `interval`, `http_error_share` and `p99_for` may come in the
+/// webhook's metadata.
 pub fn from_flagger(p: &Params) -> Result<Question, BadRequest> {
     let target = p.get("workload").unwrap_or(p.require("name")?).to_string();
     checked(Question {
@@ -152,7 +173,33 @@ pub fn from_flagger(p: &Params) -> Result<Question, BadRequest> {
         window: duration_or(p, "window", DEFAULT_WINDOW)?,
         interval: duration_or(p, "interval", DEFAULT_INTERVAL)?,
         end: end(p)?,
+        http_error_share: error_share(p)?,
+        p99_for: p99_for(p)?,
     })
+}
+
+fn error_share(p: &Params) -> Result<Option<f64>, BadRequest> {
+    p.get("http_error_share")
+        .map(|t| {
+            t.parse::<f64>().ok().filter(|v| (0.0..1.0).contains(v)).ok_or_else(|| {
+                BadRequest::Invalid(
+                    "http_error_share",
+                    format!("{t:?} is not a share from 0 to below 1, such as 0.01"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// A duration, zero included: `p99_for=0s` fails on the look's counts alone.
+fn p99_for(p: &Params) -> Result<Option<Duration>, BadRequest> {
+    p.get("p99_for")
+        .map(|t| {
+            parse_duration(t).ok_or_else(|| {
+                BadRequest::Invalid("p99_for", format!("{t:?} is not a duration such as 3m or 0s"))
+            })
+        })
+        .transpose()
 }
 
 fn duration_or(p: &Params, name: &'static str, default: Duration) -> Result<Duration, BadRequest> {
@@ -276,6 +323,24 @@ mod tests {
         assert_eq!(missing, Err(BadRequest::Missing("baseline")));
         let bad = from_argo(&params("namespace=ml&workload=w&canary=a&baseline=b&window=soon", ""));
         assert!(matches!(bad, Err(BadRequest::Invalid("window", _))));
+    }
+
+    #[test]
+    fn the_runbooks_tolerances_come_with_the_question_or_are_refused() {
+        let argo = |extra: &str| {
+            from_argo(&params(&format!("namespace=ml&workload=w&canary=a&baseline=b{extra}"), ""))
+        };
+        let q = argo("&http_error_share=0.02&p99_for=5m").expect("question");
+        assert_eq!((q.http_error_share, q.p99_for), (Some(0.02), Some(Duration::from_secs(300))));
+        let q = argo("").expect("question");
+        assert_eq!((q.http_error_share, q.p99_for), (None, None));
+        assert_eq!(argo("&p99_for=0s").expect("question").p99_for, Some(Duration::ZERO));
+        assert!(matches!(argo("&http_error_share=1"), Err(BadRequest::Invalid("http_error_share", _))));
+        assert!(matches!(argo("&http_error_share=1%"), Err(BadRequest::Invalid("http_error_share", _))));
+        assert!(matches!(argo("&p99_for=three"), Err(BadRequest::Invalid("p99_for", _))));
+        let body = r#"{"name":"c","namespace":"t","metadata":{"http_error_share":"0.05","p99_for":"2m"}}"#;
+        let q = from_flagger(&params("", body)).expect("question");
+        assert_eq!((q.http_error_share, q.p99_for), (Some(0.05), Some(Duration::from_secs(120))));
     }
 
     #[test]

@@ -37,6 +37,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
+    http_signals::{self, HttpSeries},
     prometheus::{quote, PromError, Prometheus, Series},
     request::{Question, Side},
     verdict::{SignalData, SignalKind, Span, Stratum},
@@ -50,7 +51,7 @@ struct Signal {
     excluded: fn(&BTreeMap<String, String>) -> bool,
 }
 
-fn nothing(_: &BTreeMap<String, String>) -> bool {
+pub(super) fn nothing(_: &BTreeMap<String, String>) -> bool {
     false
 }
 
@@ -107,7 +108,7 @@ const SIGNALS: &[Signal] = &[
 
 /// The names the judge reports, in order.
 pub fn signal_names() -> impl Iterator<Item = &'static str> {
-    SIGNALS.iter().map(|s| s.name)
+    SIGNALS.iter().map(|s| s.name).chain(http_signals::signal_names())
 }
 
 const STARTUPS: &str = "canaryscope_gpu_startups_total";
@@ -134,6 +135,8 @@ pub struct Reading<'a> {
     pub min_startups: f64,
     /// When every query must have answered.
     pub deadline: tokio::time::Instant,
+    /// How long the latency signal's test must hold (seconds).
+    pub latency_hold: f64,
 }
 
 /// Every raw sample one side holds, by metric.
@@ -166,11 +169,12 @@ pub struct Collected {
     min_startups: f64,
     /// Where the samples fetched begin.
     fetched_from: f64,
+    latency_hold: f64,
 }
 
 /// The node a series was scraped from: the `node` target label the
 /// ServiceMonitor sets, else the daemon's address.
-fn node_of(labels: &BTreeMap<String, String>) -> String {
+pub(super) fn node_of(labels: &BTreeMap<String, String>) -> String {
     labels.get("node").or_else(|| labels.get("instance")).cloned().unwrap_or_else(|| "unknown".into())
 }
 
@@ -199,7 +203,7 @@ pub fn increase(samples: &[(f64, f64)], from: f64, to: f64) -> f64 {
 }
 
 /// Per node, what the series counted over `(from, to]`.
-fn per_node(
+pub(super) fn per_node(
     series: &[Series],
     excluded: fn(&BTreeMap<String, String>) -> bool,
     from: f64,
@@ -262,14 +266,16 @@ fn newest_revision(pod_seconds: &[Series], end: f64) -> Option<String> {
 }
 
 /// Each query's name (what the answer names when it is slow) and PromQL.
-type Query = (String, String);
+pub(super) type Query = (String, String);
 
 /// Every metric of one side over `range` seconds before the end.
 fn side_queries(side: &str, selector: &str, range: f64) -> Vec<(&'static str, Query)> {
     let metrics = [STARTUPS, POD_SECONDS].into_iter().chain(SIGNALS.iter().map(|s| s.metric));
-    metrics
-        .map(|m| (m, (format!("{side} {m}"), format!("{m}{{{selector}}}[{}s]", range.ceil() as u64))))
-        .collect()
+    let range = range.ceil() as u64;
+    let mut queries: Vec<_> =
+        metrics.map(|m| (m, (format!("{side} {m}"), format!("{m}{{{selector}}}[{range}s]")))).collect();
+    queries.extend(http_signals::queries(side, selector, range));
+    queries
 }
 
 /// Runs every query at once, each answer in its query's place, all by
@@ -343,6 +349,7 @@ pub async fn collect(prom: &Prometheus, r: &Reading<'_>) -> Result<Collected, Pr
         history_from: r.end - r.startup_lookback,
         min_startups: r.min_startups,
         fetched_from: r.end - range,
+        latency_hold: r.latency_hold,
     })
 }
 
@@ -415,22 +422,30 @@ impl Collected {
             per_node(self.canary.of(POD_SECONDS), nothing, from, at),
             per_node(self.baseline.of(POD_SECONDS), nothing, from, at),
         );
+        let http = HttpSeries {
+            canary_counts: self.canary.of(http_signals::REQUEST_COUNT),
+            canary_buckets: self.canary.of(http_signals::REQUEST_BUCKETS),
+            baseline_counts: self.baseline.of(http_signals::REQUEST_COUNT),
+            baseline_buckets: self.baseline.of(http_signals::REQUEST_BUCKETS),
+        };
+        let requests = http_signals::signals_at(&http, span, self.fetched_from, self.latency_hold);
         SIGNALS
             .iter()
             .map(|signal| {
                 let canary = per_node(self.canary.of(signal.metric), signal.excluded, from, at);
                 let (canary_exposure, baseline, baseline_exposure, baseline_span) = match signal.kind {
-                    SignalKind::PerPodSecond => (
-                        pod_seconds.0.clone(),
-                        per_node(self.baseline.of(signal.metric), signal.excluded, from, at),
-                        pod_seconds.1.clone(),
-                        span,
-                    ),
                     SignalKind::PerStartup => {
                         let startups = per_node(self.canary.of(STARTUPS), nothing, from, at);
                         let (events, exposure, span) = self.baseline_startups(&startups, span);
                         (startups, events, exposure, span)
                     }
+                    // Per pod-second: the table holds no request signal.
+                    _ => (
+                        pod_seconds.0.clone(),
+                        per_node(self.baseline.of(signal.metric), signal.excluded, from, at),
+                        pod_seconds.1.clone(),
+                        span,
+                    ),
                 };
                 let read = per_node(self.baseline.of(signal.metric), signal.excluded, self.fetched_from, at);
                 SignalData {
@@ -444,8 +459,10 @@ impl Collected {
                         .chain(read.values())
                         .map(|v| whole(Some(v)))
                         .sum(),
+                    requests: None,
                 }
             })
+            .chain(requests)
             .collect()
     }
 
@@ -477,7 +494,7 @@ impl Collected {
 }
 
 /// One stratum per node any count or exposure names.
-fn strata(
+pub(super) fn strata(
     canary: &BTreeMap<String, f64>,
     canary_exposure: &BTreeMap<String, f64>,
     baseline: &BTreeMap<String, f64>,

@@ -232,6 +232,8 @@ impl Track {
                     rng.binomial(dc.round() as u64, self.canary_rate),
                     rng.binomial(db.round() as u64, self.baseline_rate),
                 ),
+                // Request signals are simulated by tests/judge/simulate.py.
+                SignalKind::PerRequest | SignalKind::Latency => (0, 0),
             };
             s.canary_events += ec;
             s.baseline_events += eb;
@@ -263,6 +265,7 @@ fn tracks(cfg: &SimConfig, scenario: &Scenario, ratio: f64) -> Vec<Track> {
             let rate = pod_rate(cfg.baseline_events);
             out.push(Track::new("crashes".into(), SignalKind::PerPodSecond, nodes, rate, rate));
         }
+        SignalKind::PerRequest | SignalKind::Latency => {}
     }
     for i in 0..cfg.background_signals {
         let rate = pod_rate(cfg.background_events);
@@ -294,8 +297,8 @@ fn run_analysis(cfg: &SimConfig, scenario: &Scenario, ratio: f64, rng: &mut Rng)
         );
         for t in &mut signals {
             let (c, b) = match t.kind {
-                SignalKind::PerPodSecond => (&pod_seconds.0, &pod_seconds.1),
                 SignalKind::PerStartup => (&startups.0, &startups.1),
+                _ => (&pod_seconds.0, &pod_seconds.1),
             };
             t.advance(c, b, rng);
         }
@@ -331,6 +334,7 @@ fn run_case(cfg: &SimConfig, scenario: &Scenario, ratio: f64, rng: &mut Rng) -> 
     let what = match scenario.kind {
         SignalKind::PerPodSecond => "events per pod-second",
         SignalKind::PerStartup => "failures per start-up (crashes per pod-second beside, at equal rates)",
+        SignalKind::PerRequest | SignalKind::Latency => "requests",
     };
     CaseReport {
         name: scenario.name,

@@ -8,7 +8,13 @@
 //! listed, never used to blame. Failures per start-up: Fisher's exact test
 //! (a worse canary is any higher failure proportion). Events per pod-second:
 //! the conditional binomial test of two Poisson rates against the tolerated
-//! ratio (`H0: rate_c/rate_b <= r`, r = 1.5 unless the signal's own).
+//! ratio (`H0: rate_c/rate_b <= r`, r = 1.5 unless the signal's own). HTTP
+//! requests (`requests` has their tests and why): a share of requests
+//! (5xx, cut off) fails only above both the tolerated share and r times
+//! the baseline's (the exact binomial test and the Poisson one, the larger
+//! p-value); the p99 is compared through the requests beyond the
+//! baseline's p99 bucket bound and beyond 1.25 times it (Fisher's test),
+//! held over the runbook's 3 minutes.
 //!
 //! # Repeated looks and many signals
 //!
@@ -42,12 +48,18 @@
 //!   it includes Tarone's `alpha_k / m`, m the number of tests able to
 //!   reach it). Rare-event signals with a handful of events, most of them
 //!   most of the time, then cost nothing or little, instead of dividing
-//!   alpha by every signal.
+//!   alpha by every signal. A request share tested against a tolerated
+//!   share has a half that is not conditional on those margins: its size
+//!   at t is taken as t (a Bonferroni share) whenever it could fail.
 //!
 //! So `P(any false rollback, over all looks and signals) <= alpha`, for
 //! per-pod-second signals whenever the canary's rate is at most the
-//! tolerated ratio times the baseline's, and for start-ups whenever its
-//! failure proportion is at most the baseline's. The default alpha is
+//! tolerated ratio times the baseline's, for start-ups whenever its
+//! failure proportion is at most the baseline's, and for request shares
+//! whenever the canary's is at most the larger of the tolerated share and
+//! r times the baseline's. The p99's holds for a canary no slower than
+//! stable stretched by 1.25, up to the cut being chosen from the
+//! baseline's own requests (`requests`; measured by the simulation). The default alpha is
 //! 0.05: the bound at the edge of tolerance, and in the simulation the
 //! false-rollback share at equal rates is about 0.2% for per-pod-second
 //! signals and 0.5–0.7% for start-ups (target 1%), as exact conditional
@@ -108,7 +120,10 @@
 //! sequential procedure the alpha spending bounds, so it costs no alpha.
 use serde::Serialize;
 
-use super::stats::{Attainable, Conditional, Counts};
+use super::{
+    requests::{self, FailTest, RequestTerms},
+    stats::{Attainable, Conditional, Counts},
+};
 
 /// How a signal's exposure is counted, which picks its exact test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -120,6 +135,13 @@ pub enum SignalKind {
     /// Events per pod-second observed: the conditional binomial test of two
     /// Poisson rates against the tolerated ratio, stratified by node.
     PerPodSecond,
+    /// HTTP requests of one kind among those served: above both the
+    /// tolerated share and the tolerated ratio times the baseline's
+    /// (`requests`).
+    PerRequest,
+    /// HTTP requests slower than 1.25 times the baseline's p99, against the
+    /// baseline's slower than it (`requests`).
+    Latency,
 }
 
 impl SignalKind {
@@ -127,6 +149,7 @@ impl SignalKind {
         match self {
             SignalKind::PerStartup => "start-ups",
             SignalKind::PerPodSecond => "pod-seconds",
+            SignalKind::PerRequest | SignalKind::Latency => "requests",
         }
     }
 }
@@ -181,6 +204,8 @@ pub struct SignalData {
     /// The baseline's events over everything read of it, before the
     /// canary's span too: whether the signal is quiet for this workload.
     pub baseline_events_read: u64,
+    /// Request signals: what their tests need beyond the strata.
+    pub requests: Option<RequestTerms>,
 }
 
 impl SignalData {
@@ -194,6 +219,7 @@ impl SignalData {
             canary_span: Span::default(),
             baseline_span: Span::default(),
             baseline_events_read,
+            requests: None,
         }
     }
 }
@@ -211,6 +237,11 @@ pub struct Policy {
     pub min_startups: f64,
     /// The canary's pod-seconds needed before a pass.
     pub min_pod_seconds: f64,
+    /// The canary's HTTP requests on compared nodes needed before a pass.
+    pub min_requests: f64,
+    /// The share of the canary's requests answered 5xx (or cut off) that
+    /// is tolerated whatever the baseline's (the runbook's 1%).
+    pub error_share: f64,
 }
 
 impl Default for Policy {
@@ -221,6 +252,8 @@ impl Default for Policy {
             ratio_overrides: Vec::new(),
             min_startups: DEFAULT_MIN_STARTUPS,
             min_pod_seconds: DEFAULT_MIN_POD_SECONDS,
+            min_requests: requests::DEFAULT_MIN_REQUESTS,
+            error_share: requests::DEFAULT_ERROR_SHARE,
         }
     }
 }
@@ -234,6 +267,7 @@ impl Policy {
         match kind {
             SignalKind::PerStartup => self.min_startups,
             SignalKind::PerPodSecond => self.min_pod_seconds,
+            SignalKind::PerRequest | SignalKind::Latency => self.min_requests,
         }
     }
 
@@ -247,8 +281,11 @@ impl Policy {
         if let Some(r) = ratios.into_iter().find(|r| !positive(*r)) {
             return Some(format!("tolerated ratio {r} is not a positive number"));
         }
-        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0) {
+        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0 && self.min_requests >= 0.0) {
             return Some("a minimum exposure is negative".into());
+        }
+        if !(self.error_share >= 0.0 && self.error_share < 1.0) {
+            return Some(format!("tolerated share {} is not below 1", self.error_share));
         }
         None
     }
@@ -353,6 +390,10 @@ pub struct SignalReport {
     pub canary_span: Span,
     pub baseline_span: Span,
     pub note: String,
+    /// Request signals: the tolerated share and the p-values of each half,
+    /// or the latency cuts by node and the hold's earlier checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<RequestTerms>,
 }
 
 /// The canary's events and exposure on nodes the baseline does not run on.
@@ -399,6 +440,7 @@ fn judge_explained(signals: &[SignalData], policy: &Policy, look: u32, explain: 
                 test: a.test.as_ref()?,
                 p_value: a.report.p_value?,
                 min: a.report.min_attainable_p?,
+                sizes_exact: a.sizes_exact,
             })
         })
         .collect();
@@ -448,7 +490,12 @@ fn threshold(tests: &[Tested], budget: f64) -> f64 {
     let attainable: Vec<Attainable> = tests
         .iter()
         .filter(|t| t.min <= budget)
-        .map(|t| t.test.attainable_up_to(budget, ATTAINABLE_COUNT))
+        .map(|t| match t.sizes_exact {
+            true => t.test.attainable_up_to(budget, ATTAINABLE_COUNT),
+            // Its size at any threshold from its smallest p-value on is
+            // bounded by the threshold itself.
+            false => Attainable { values: vec![t.min], complete: false },
+        })
         .collect();
     let mut candidates: Vec<f64> = attainable
         .iter()
@@ -466,6 +513,8 @@ struct Tested<'a> {
     test: &'a Conditional,
     p_value: f64,
     min: f64,
+    /// Whether `test`'s attainable p-values bound the signal's size.
+    sizes_exact: bool,
 }
 
 /// `P(p <= t)` for one test, or a bound on it past its listed values.
@@ -493,6 +542,9 @@ struct Assessed {
     used: Vec<Stratum>,
     ratio: f64,
     baseline_events_read: u64,
+    sizes_exact: bool,
+    /// Request signals: their tolerated share (0 for the others).
+    share: f64,
 }
 
 /// The counts and exact tests of one signal, before the threshold is known.
@@ -507,9 +559,21 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
         SignalKind::PerPodSecond => {
             (Conditional::poisson(&counts, ratio), Some(ratio), "poisson_exact_cond_stratified")
         }
+        SignalKind::PerRequest => {
+            (Conditional::poisson(&counts, ratio), Some(ratio), "share_above_tolerated_and_baseline")
+        }
+        SignalKind::Latency => {
+            (Conditional::fisher(&counts), Some(requests::LATENCY_RATIO), "p99_fisher_exact_stratified")
+        }
     };
+    let share = if signal.kind == SignalKind::PerRequest { policy.error_share } else { 0.0 };
+    let mut terms = signal
+        .requests
+        .clone()
+        .or_else(|| (signal.kind == SignalKind::PerRequest).then(RequestTerms::default));
     let tested = applies && !used.is_empty();
-    let no_worse = tested.then(|| Conditional::poisson(&counts, ratio));
+    let fail = tested.then(|| fail_test(signal.kind, &counts, &test, share, terms.as_mut()));
+    let no_worse = tested.then(|| no_worse_p(signal.kind, &counts, ratio, share));
     let test = tested.then_some(test);
     let alone: Vec<&&Stratum> =
         not_used.iter().filter(|s| positive(s.canary_exposure) || s.canary_events > 0).collect();
@@ -524,10 +588,10 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
         baseline_exposure: sum(|s| s.baseline_exposure),
         rate_ratio: mantel_haenszel_ratio(&used),
         tolerated_ratio,
-        p_value: test.as_ref().map(Conditional::p_value),
-        min_attainable_p: test.as_ref().map(Conditional::min_attainable),
+        p_value: fail.map(|f| f.p_value),
+        min_attainable_p: fail.map(|f| f.min_attainable),
         threshold: 0.0,
-        no_worse_p_value: no_worse.as_ref().map(Conditional::lower_tail),
+        no_worse_p_value: no_worse,
         pass_threshold: 0.0,
         min_exposure: policy.min_exposure(signal.kind),
         exposure_needed: None,
@@ -541,9 +605,38 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
         canary_span: signal.canary_span,
         baseline_span: signal.baseline_span,
         note: String::new(),
+        requests: terms,
     };
     let baseline_events_read = signal.baseline_events_read.max(report.baseline_events);
-    Assessed { report, test, used: used.into_iter().cloned().collect(), ratio, baseline_events_read }
+    let sizes_exact = fail.is_none_or(|f| f.sizes_exact);
+    let used = used.into_iter().cloned().collect();
+    Assessed { report, test, used, ratio, baseline_events_read, sizes_exact, share }
+}
+
+/// The failure test's p-value, the smallest it could attain, and whether
+/// the conditional test's attainable p-values bound its size.
+fn fail_test(
+    kind: SignalKind,
+    counts: &[Counts],
+    test: &Conditional,
+    share: f64,
+    terms: Option<&mut RequestTerms>,
+) -> FailTest {
+    match (kind, terms) {
+        (SignalKind::PerRequest, Some(terms)) => requests::share_fail(counts, test, share, terms),
+        (SignalKind::Latency, Some(terms)) => requests::latency_fail(test, terms),
+        _ => FailTest { p_value: test.p_value(), min_attainable: test.min_attainable(), sizes_exact: true },
+    }
+}
+
+/// `P(S <= s)` of the test that shows the canary no worse than tolerated.
+/// Failures per start-up use the Poisson form with start-ups as exposure.
+fn no_worse_p(kind: SignalKind, counts: &[Counts], ratio: f64, share: f64) -> f64 {
+    match kind {
+        SignalKind::PerRequest => requests::share_no_worse(counts, share, ratio),
+        SignalKind::Latency => requests::latency_no_worse(counts),
+        SignalKind::PerStartup | SignalKind::PerPodSecond => Conditional::poisson(counts, ratio).lower_tail(),
+    }
 }
 
 fn has_data(s: &Stratum) -> bool {
@@ -580,6 +673,9 @@ fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) 
             "no node runs both revisions (nodes with one: {})",
             if report.nodes_not_used.is_empty() { "none".into() } else { report.nodes_not_used.join(", ") }
         );
+        if report.kind == SignalKind::Latency && report.canary_only.exposure > 0.0 {
+            report.note = format!("no node to compare on ({})", uncompared(report.requests.as_ref()));
+        }
         return;
     };
     let compared = format!(
@@ -592,9 +688,16 @@ fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) 
         short(p_value),
         short(threshold),
     );
+    let now = a.test.as_ref().map_or(1.0, Conditional::p_value);
     if p_value <= threshold {
         report.verdict = SignalVerdict::Fail;
         report.note = compared;
+    } else if report.kind == SignalKind::Latency && now <= threshold {
+        report.rule = "slower_not_yet_held";
+        report.note = format!(
+            "{compared}: slower now (p = {}), not yet on the counts of each minute of the hold",
+            short(now)
+        );
     } else if report.canary_exposure < report.min_exposure * (1.0 - EXPOSURE_SLACK) {
         report.rule = "below_min_exposure";
         report.exposure_needed = Some(report.min_exposure - report.canary_exposure);
@@ -610,6 +713,13 @@ fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) 
             report.canary_only.events,
             short(report.canary_only.exposure),
             report.canary_only.nodes.join(", ")
+        );
+    } else if report.kind == SignalKind::Latency && report.canary_only.exposure > 0.0 {
+        report.rule = "uncompared_requests";
+        report.note = format!(
+            "{} canary requests on nodes where the baseline's p99 is not known ({}), not compared ({compared})",
+            short(report.canary_only.exposure),
+            uncompared(report.requests.as_ref())
         );
     } else if report.canary_events == 0 && a.baseline_events_read == 0 {
         report.verdict = SignalVerdict::Pass;
@@ -635,18 +745,50 @@ fn pass_if_shown_no_worse(a: &mut Assessed, pass_threshold: f64, compared: Strin
     if !explain {
         return;
     }
-    report.exposure_needed = exposure_needed(&a.used, a.ratio, pass_threshold);
-    let needed = match report.exposure_needed {
-        Some(more) => format!("about {} more canary {} at these rates", short(more), report.kind.unit()),
-        None => format!("its rate is not below {} times the baseline's", a.ratio),
+    report.exposure_needed = exposure_needed(&a.used, report.kind, a.ratio, a.share, pass_threshold);
+    let needed = match (report.exposure_needed, report.kind) {
+        (Some(more), kind) => format!("about {} more canary {} at these rates", short(more), kind.unit()),
+        (None, SignalKind::PerRequest) => {
+            format!("its share is not below {} nor {} times the baseline's", a.share, a.ratio)
+        }
+        (None, SignalKind::Latency) => {
+            "its requests beyond 1.25 times the baseline's p99 are not fewer than \
+             the baseline's beyond it"
+                .into()
+        }
+        (None, _) => format!("its rate is not below {} times the baseline's", a.ratio),
     };
     report.note = format!("{compared}; not shown no worse ({against}): {needed}");
+}
+
+/// Where the canary's requests were not compared, and how many more
+/// baseline requests each such node needs.
+fn uncompared(terms: Option<&RequestTerms>) -> String {
+    let nodes = terms.map(|t| t.uncompared.as_slice()).unwrap_or_default();
+    let told: Vec<String> = nodes
+        .iter()
+        .map(|u| match u.baseline_requests_needed {
+            Some(more) => format!("{}: {} more baseline requests needed", u.node, short(more)),
+            None => format!("{}: the baseline's p99 is beyond the last bucket", u.node),
+        })
+        .collect();
+    if told.is_empty() {
+        "no baseline there".into()
+    } else {
+        told.join("; ")
+    }
 }
 
 /// The canary exposure still to come before the `shown_no_worse` rule
 /// could pass at the rates seen so far: every count and exposure scaled by
 /// the smallest factor (up to 1024) at which the test rejects.
-fn exposure_needed(used: &[Stratum], ratio: f64, pass_threshold: f64) -> Option<f64> {
+fn exposure_needed(
+    used: &[Stratum],
+    kind: SignalKind,
+    ratio: f64,
+    share: f64,
+    pass_threshold: f64,
+) -> Option<f64> {
     let rejects = |f: f64| {
         let scaled: Vec<Counts> = used
             .iter()
@@ -657,7 +799,7 @@ fn exposure_needed(used: &[Stratum], ratio: f64, pass_threshold: f64) -> Option<
                 baseline_exposure: s.baseline_exposure * f,
             })
             .collect();
-        Conditional::poisson(&scaled, ratio).lower_tail() <= pass_threshold
+        no_worse_p(kind, &scaled, ratio, share) <= pass_threshold
     };
     let mut high = 2.0;
     while !rejects(high) {
@@ -1029,6 +1171,29 @@ mod tests {
         assert_eq!(tarone_count(&[1e-9, 1e-9, 0.006], 0.01), 2);
         assert_eq!(tarone_count(&[1e-9, 1e-9, 0.004], 0.01), 3);
         assert_eq!(tarone_count(&[], 0.01), 1);
+    }
+
+    #[test]
+    fn a_share_against_a_tolerated_share_is_charged_its_threshold_whenever_it_applies() {
+        // 6 of 10 failed start-ups against 0 of 10: Fisher's p = 0.00542,
+        // its only attainable value within look 1's budget of 0.01.
+        let mut signals =
+            service_signals(vec![stratum("a", 6, 10.0, 0, 10.0)], vec![], &[("a", 1200.0, 1200.0)]);
+        // No 5xx in 10,000 requests of either: the comparison with the
+        // baseline could not fail, the binomial half against 1% could.
+        signals.push(signal("http_5xx", SignalKind::PerRequest, vec![stratum("a", 0, 1e4, 0, 3e4)]));
+        let judged = |error_share| judge(&signals, &Policy { error_share, ..Policy::default() }, 1);
+        let alone = judged(0.0);
+        assert_eq!(alone.outcome, Outcome::Fail, "the comparison alone, quiet, costs nothing: {alone:#?}");
+        // Charged 0.00542 beside Fisher's 0.00542, the look's budget would
+        // be spent twice over: the threshold falls to Tarone's 0.005.
+        let charged = judged(0.01);
+        let s = find(&charged, "gpu_startup_failures");
+        assert_ne!(s.verdict, SignalVerdict::Fail, "{s:#?}");
+        assert!((s.threshold - DEFAULT_ALPHA * look_weight(1) / 2.0).abs() < 1e-12, "{s:#?}");
+        let s = find(&charged, "http_5xx");
+        assert_eq!((s.verdict, s.rule), (SignalVerdict::Pass, "no_events"), "{s:#?}");
+        assert_eq!(s.requests.as_ref().and_then(|r| r.tolerated_share), Some(0.01));
     }
 
     #[test]
