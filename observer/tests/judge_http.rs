@@ -503,11 +503,7 @@ fn side_in_prometheus(prom_port: u16, revision: &str) -> Value {
 /// One pod a revision, the first stable's, scheduled while the daemon runs,
 /// each serving the same application under uvicorn; returned once
 /// Prometheus has seen every one running, as traffic comes to pods that run.
-fn serve_revisions(
-    api_port: u16,
-    prom_port: u16,
-    hashes: &[&str],
-) -> (Vec<NodePod>, Vec<Served>) {
+fn serve_revisions(api_port: u16, prom_port: u16, hashes: &[&str]) -> (Vec<NodePod>, Vec<Served>) {
     let pods = hashes
         .iter()
         .enumerate()
@@ -537,12 +533,8 @@ fn real_requests_fail_a_slower_canary_and_a_failing_one_and_not_one_like_stable(
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-    ]);
+    let daemon =
+        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     let hashes = ["stablehash", "slowhash", "failhash", "alikehash"];
     let (pods, servers) = serve_revisions(api_port, prom_port, &hashes);

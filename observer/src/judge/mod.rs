@@ -44,7 +44,8 @@ use crate::{error::CliError, event_loop::StopSignals};
 const ENDPOINTS: &str = "\
 Endpoints (HTTP, on --listen):
   GET|POST /v1/judge                      Argo Rollouts' web metric: always 200, the JSON judgement
-                                          (namespace, workload, canary, baseline; optional window, interval, end);
+                                          (namespace, workload, canary, baseline; optional window, interval, end,
+                                          http_error_share, p99_for);
                                           the AnalysisTemplate reads result.verdict: pass, fail, inconclusive
   POST     /v1/flagger/rollout            Flagger's rollout webhook: 409 on fail (counts toward its
                                           rollback threshold), 200 on pass or inconclusive
