@@ -1,5 +1,8 @@
 //! Which counts the judge compares, and how they are read from Prometheus:
 //! per node, for each side, the events and the exposure they happened in.
+//! The request signals' series (HTTP requests by status class, latency
+//! buckets) are fetched with the others and counted the same way in
+//! `http_signals`.
 //!
 //! # Counting
 //!
