@@ -20,8 +20,9 @@
 //! - against the baseline: the conditional test of two Poisson rates at
 //!   ratio `r`, events per request, stratified by node, as the per-pod-second
 //!   signals are tested. Requests are binomial, less dispersed than the
-//!   Poisson model, which makes it conservative (the simulation measured
-//!   each look's false rollbacks at about 0.6 of its threshold).
+//!   Poisson model, which makes it conservative: given the events, the
+//!   canary's count is drawn without replacement, less spread than the
+//!   binomial the test assumes.
 //!
 //! and the p-value is the larger of the two. A tolerated share of 0 leaves
 //! the comparison with the baseline alone. The binomial half is not
@@ -95,8 +96,8 @@ pub const DEFAULT_LATENCY_HOLD: f64 = 180.0;
 pub const HOLD_STEP: f64 = 60.0;
 /// Baseline requests a node needs before its p99 is a cut: three above
 /// it. Fewer make the cut often fall below the p99, where a canary slowed
-/// by an added delay is more than 25% slower (the simulation measured the
-/// per-look rate at twice the threshold with 200).
+/// by an added delay is more than 25% slower, and the truncation of the
+/// baseline's count at the cut weighs more.
 pub const MIN_BASELINE_REQUESTS: f64 = 300.0;
 
 /// What the answer says of a request signal beyond the common fields.
