@@ -90,8 +90,6 @@ pub const DEFAULT_ERROR_SHARE: f64 = 0.01;
 /// Requests the canary needs on compared nodes before a request signal can
 /// pass: a p99 rests on the slowest ten of a thousand.
 pub const DEFAULT_MIN_REQUESTS: f64 = 1000.0;
-/// The runbook's "over 3 consecutive minutes".
-pub const DEFAULT_LATENCY_HOLD: f64 = 180.0;
 /// The checks of the hold are this far apart: the runbook's minutes.
 pub const HOLD_STEP: f64 = 60.0;
 /// Baseline requests a node needs before its p99 is a cut: three above
