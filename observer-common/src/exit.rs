@@ -46,7 +46,8 @@ pub struct SignalOrigin {
 }
 
 /// A process (thread-group leader) ended abnormally: killed by a signal or
-/// exiting with status 137. Normal exits never leave the kernel.
+/// exiting with status 137, or a candidate run ended however it did
+/// ([`EXIT_FLAG_RUN`]). Other normal exits never leave the kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ExitEvent {
@@ -60,11 +61,16 @@ pub struct ExitEvent {
     /// Valid when `flags` has [`EXIT_FLAG_ORIGIN`]: the fatal signal's
     /// origin (its number equals the exit signal).
     pub origin: SignalOrigin,
+    /// With [`EXIT_FLAG_RUN`]: boot time of the candidate run's exec (ns).
+    pub run_exec_ns: u64,
 }
 
 pub const EXIT_FLAG_OOM_VICTIM: u32 = 1;
 pub const EXIT_FLAG_CRASH: u32 = 2;
 pub const EXIT_FLAG_ORIGIN: u32 = 4;
+/// The process was a candidate run (`runs::RUNS_MAP`): its exit is sent
+/// whatever its status, with [`ExitEvent::run_exec_ns`].
+pub const EXIT_FLAG_RUN: u32 = 8;
 
 /// Signals whose default action is to ignore or to stop: they never end a
 /// process, so `signal_generate` does not record where they came from

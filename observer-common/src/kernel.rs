@@ -90,6 +90,12 @@ pub struct KernelOffsets {
     pub rb_node_rb_left: u32,
     pub rb_node_rb_right: u32,
     pub have_vma_tree: u32,
+    /// For runs: the parent, `task->real_parent`, and a process's
+    /// executable, `mm->exe_file` (with `task_mm`, the file's inode and
+    /// dentry name offsets of `have_vma`).
+    pub task_real_parent: u32,
+    pub mm_exe_file: u32,
+    pub have_exe: u32,
 }
 
 impl KernelOffsets {
@@ -146,5 +152,8 @@ impl KernelOffsets {
         rb_node_rb_left: 0,
         rb_node_rb_right: 0,
         have_vma_tree: 0,
+        task_real_parent: 0,
+        mm_exe_file: 0,
+        have_exe: 0,
     };
 }

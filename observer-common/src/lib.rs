@@ -56,6 +56,7 @@ pub mod kfd;
 pub mod library_load;
 pub mod memlimit;
 pub mod oom;
+pub mod runs;
 pub mod sched;
 
 /// Ring buffer carrying rare events (failures, stalls, crashes, kills) to userspace.
@@ -117,6 +118,7 @@ wire_enum! {
         GpuMap = 9,
         MemoryLimitRefusal = 10,
         LibraryLoadFailed = 11,
+        RunExec = 12,
     }
 }
 
@@ -238,6 +240,7 @@ mod pod_impls {
     unsafe impl aya::Pod for crate::discovery::GpuMapEvent {}
     unsafe impl aya::Pod for crate::discovery::GpuFileKey {}
     unsafe impl aya::Pod for crate::library_load::LoadFailedEvent {}
+    unsafe impl aya::Pod for crate::runs::RunExecEvent {}
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use observer_common::{
     exit::{
         exit_signal, is_abnormal_exit, never_fatal,
         signal::{SIGKILL, SIGXCPU},
-        ExitEvent, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, EXIT_FLAG_ORIGIN,
+        ExitEvent, SignalOrigin, EXIT_FLAG_CRASH, EXIT_FLAG_OOM_VICTIM, EXIT_FLAG_ORIGIN, EXIT_FLAG_RUN,
         ORIGIN_FLAG_RLIMIT_CPU, RLIMIT_CPU, RLIMIT_SIZE, RLIM_INFINITY, SI_KERNEL, SI_NOINFO,
     },
     gpu::{Api, InflightKey},
@@ -25,6 +25,7 @@ use crate::{
     gpu::GPU_INFLIGHT,
     kernel::{offsets, read},
     oom::OOM_VICTIMS,
+    runs::RUNS,
 };
 
 /// Where the last possibly fatal signal of each process came from, until
@@ -155,7 +156,13 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
     if have_origin {
         let _ = SIGNAL_ORIGINS.remove(&tgid);
     }
-    if !is_abnormal_exit(exit_code) && !oom_victim {
+    // A candidate run's exit is reported whatever its status.
+    // SAFETY: read-only map lookup.
+    let run_exec_ns = unsafe { RUNS.get(&tgid) }.copied().unwrap_or(0);
+    if run_exec_ns != 0 {
+        let _ = RUNS.remove(&tgid);
+    }
+    if !is_abnormal_exit(exit_code) && !oom_victim && run_exec_ns == 0 {
         if crash.is_some() {
             let _ = CRASHES.remove(&tgid);
         }
@@ -172,6 +179,10 @@ fn try_process_exit(_ctx: &RawTracePointContext) -> Result<i32, i64> {
         (*ev).header = current_header(EventKind::Exit as u32);
         (*ev).exit_code = exit_code;
         (*ev).flags = 0;
+        (*ev).run_exec_ns = run_exec_ns;
+        if run_exec_ns != 0 {
+            (*ev).flags |= EXIT_FLAG_RUN;
+        }
         (*ev).oom_anon_rss_kb = 0;
         (*ev).crash = CrashInfo::default();
         if oom_victim {

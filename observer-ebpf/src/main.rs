@@ -21,6 +21,7 @@ mod kfd;
 mod library_load;
 mod memlimit;
 mod oom;
+mod runs;
 mod sched;
 
 #[cfg(not(test))]

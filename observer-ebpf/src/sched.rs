@@ -40,8 +40,9 @@ static RUNQ_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_REPORTED_C
 #[map(name = "RUNQ_ROOTS")] // observer_common::sched::RUNQ_ROOTS_MAP
 static RUNQ_ROOTS: HashMap<[u8; ROOT_PATH_LEN], u8> = HashMap::with_max_entries(MAX_RUNQ_ROOTS, 0);
 
+/// Whether a cgroup is one canaryscope reports on (also the runs' scope).
 #[inline(always)]
-fn reported(cgroup: u64) -> bool {
+pub(crate) fn reported(cgroup: u64) -> bool {
     // SAFETY: read-only map lookup.
     unsafe { RUNQ_CGROUPS.get(&cgroup).is_some() }
 }

@@ -197,6 +197,66 @@ pub fn sender_scope(
     }
 }
 
+/// How a run ended (see `pipeline::runs`). A metric label: the set is
+/// closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RunEnding {
+    /// Exit status 0.
+    ExitZero,
+    /// Another exit status, with no memory-limit refusal seen.
+    ExitNonzero,
+    /// A mmap, mremap or brk of the run was refused by its RLIMIT_AS or
+    /// RLIMIT_DATA before it ended, other than with status 0 and other than
+    /// by a kill with a cause of its own (OOM, CPU limit, a signal sent).
+    MemoryLimit,
+    OomKill,
+    RlimitCpu,
+    /// A signal sent from its own pod: a wrapper's wall-clock timeout.
+    Sent,
+    /// A signal sent from outside its pod (the host, another pod): a pod
+    /// deleted, a person. Not the run's own ending; the judge leaves it out.
+    SentOutside,
+    /// Any other cause of a death by signal ([`Cause`]).
+    Other(Cause),
+}
+
+impl RunEnding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExitZero => "exit_zero",
+            Self::ExitNonzero => "exit_nonzero",
+            Self::MemoryLimit => "memory_limit",
+            Self::OomKill => "oom_kill",
+            Self::RlimitCpu => "rlimit_cpu",
+            Self::Sent => "sent",
+            Self::SentOutside => "sent_outside",
+            Self::Other(cause) => cause.as_str(),
+        }
+    }
+}
+
+/// How a run ended: `death` is the cause and the sender's scope of a
+/// death by signal (or status 137), `None` for an exit; `refused`, whether
+/// a memory limit refused one of its allocations.
+pub fn run_ending(exit_status: u32, death: Option<(Cause, Option<SenderScope>)>, refused: bool) -> RunEnding {
+    match death {
+        Some((Cause::OomKill, _)) => RunEnding::OomKill,
+        Some((Cause::RlimitCpu, _)) => RunEnding::RlimitCpu,
+        Some((Cause::Sent, scope)) => match scope {
+            Some(SenderScope::SelfProcess | SenderScope::SameContainer | SenderScope::SamePod) => {
+                RunEnding::Sent
+            }
+            _ => RunEnding::SentOutside,
+        },
+        // A process that cannot allocate dies of it in many ways (exit 101,
+        // an abort, a fault on the NULL it got): the limit ended it.
+        _ if refused && !(death.is_none() && exit_status == 0) => RunEnding::MemoryLimit,
+        Some((cause, _)) => RunEnding::Other(cause),
+        None if exit_status == 0 => RunEnding::ExitZero,
+        None => RunEnding::ExitNonzero,
+    }
+}
+
 /// Why the host killed the process of a pod's container at `target_cgroup`,
 /// from the pod's state in the API: `None` outside pods, and while the pod
 /// cache cannot tell (not synced, or the API unreachable).
@@ -282,6 +342,28 @@ mod tests {
         // The same codes from another process are no fault of the target's.
         assert_eq!(cause(&exit(11, EXIT_FLAG_ORIGIN, sent_by(7, SIGSEGV, 1, 0))), Cause::Kernel);
         assert_eq!(cause(&exit(6, EXIT_FLAG_ORIGIN, sent_by(7, SIGABRT, -6, 0))), Cause::Sent);
+    }
+
+    #[test]
+    fn runs_end_by_status_by_limit_or_by_a_wrapper() {
+        use SenderScope::*;
+        assert_eq!(run_ending(0, None, false), RunEnding::ExitZero);
+        assert_eq!(run_ending(1, None, false), RunEnding::ExitNonzero);
+        // z3's "out of memory" (exit 101) after its RLIMIT_AS refused a call.
+        assert_eq!(run_ending(101, None, true), RunEnding::MemoryLimit);
+        // A run that coped with a refusal and succeeded ended well.
+        assert_eq!(run_ending(0, None, true), RunEnding::ExitZero);
+        assert_eq!(run_ending(0, Some((Cause::Abort, None)), true), RunEnding::MemoryLimit);
+        assert_eq!(run_ending(0, Some((Cause::Abort, None)), false), RunEnding::Other(Cause::Abort));
+        assert_eq!(run_ending(0, Some((Cause::RlimitCpu, None)), true), RunEnding::RlimitCpu);
+        assert_eq!(run_ending(0, Some((Cause::OomKill, None)), false), RunEnding::OomKill);
+        // The wrapper's timeout kills from the same container; a pod's
+        // deletion from the host is not the run's ending.
+        assert_eq!(run_ending(0, Some((Cause::Sent, Some(SameContainer))), false), RunEnding::Sent);
+        assert_eq!(run_ending(0, Some((Cause::Sent, Some(SamePod))), false), RunEnding::Sent);
+        assert_eq!(run_ending(0, Some((Cause::Sent, Some(Host))), false), RunEnding::SentOutside);
+        assert_eq!(run_ending(0, Some((Cause::Sent, None)), false), RunEnding::SentOutside);
+        assert_eq!(RunEnding::Other(Cause::Wrapped).as_str(), "wrapped");
     }
 
     #[test]

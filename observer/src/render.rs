@@ -125,6 +125,13 @@ pub fn detail(event: &Event) -> String {
             format!("{method} {answer} in {}{probe}", duration(*duration_ns))
         }
         Detail::HttpUnparsed { protocol } => format!("a {protocol} connection, not parsed (HTTP/1.x only)"),
+        Detail::RunEnded { executable, duration_ns, ending, exit_code } => {
+            format!(
+                "run of {executable} ended ({}, status {exit_code}) after {}",
+                ending.as_str(),
+                duration(*duration_ns)
+            )
+        }
         Detail::LibraryLoadFailed { .. } => load_failed(&event.detail),
         Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
             let held = held_ns.map(|ns| format!(", process held {}", duration(ns))).unwrap_or_default();

@@ -68,9 +68,19 @@ fn every_probe_attaches_or_names_the_kernel_feature_it_lacks() {
             _ => assert_eq!(probe["attached"], true, "{probe}"),
         }
     }
-    for family in
-        ["exit", "exit_cause", "crash", "oom", "memlimit", "discovery", "sched", "throttle", "gpu", "http"]
-    {
+    for family in [
+        "exit",
+        "exit_cause",
+        "crash",
+        "oom",
+        "memlimit",
+        "runs",
+        "discovery",
+        "sched",
+        "throttle",
+        "gpu",
+        "http",
+    ] {
         assert!(seen.contains(family), "check reports {family}: {seen:?}");
     }
     assert_eq!(report["observable"], true, "{report}");

@@ -23,6 +23,7 @@ const FAMILIES: [(&str, &str); 11] = [
     ("exit_cause", "who sent a fatal signal"),
     ("oom", "OOM kills"),
     ("memlimit", "refused allocations (rlimits)"),
+    ("runs", "runs of programs pods start (exec to exit)"),
     ("sched", "run-queue latency"),
     ("throttle", "CPU throttling"),
     ("http", "HTTP requests of pods (cgroup_skb)"),

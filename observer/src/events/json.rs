@@ -123,6 +123,12 @@ enum JsonDetail<'a> {
     HttpUnparsed {
         protocol: &'static str,
     },
+    Run {
+        executable: &'a str,
+        duration_ns: u64,
+        ending: &'static str,
+        exit_code: i32,
+    },
     GpuLibraryLoadFailed {
         library: &'a str,
         missing: &'a str,
@@ -227,6 +233,12 @@ impl<'a> JsonDetail<'a> {
                 Self::HttpRequest { method, status: *status, class, duration_ns: *duration_ns, probe: *probe }
             }
             Detail::HttpUnparsed { protocol } => Self::HttpUnparsed { protocol },
+            Detail::RunEnded { executable, duration_ns, ending, exit_code } => Self::Run {
+                executable,
+                duration_ns: *duration_ns,
+                ending: ending.as_str(),
+                exit_code: *exit_code,
+            },
             Detail::LibraryLoadFailed { .. } => Self::load_failed(detail),
             Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {
                 Self::LibraryProbed {

@@ -10,11 +10,12 @@ use observer_common::{
     kfd::{HwEvent, KfdIoctlEvent},
     memlimit::{MemLimit, MemLimitEvent, MemSyscall},
     oom::OomVictimEvent,
+    runs::RunExecEvent,
     EventHeader, EventKind,
 };
 
 use crate::{
-    exit_cause::{Cause, KillReason, Sender},
+    exit_cause::{Cause, KillReason, RunEnding, Sender},
     names,
 };
 
@@ -185,6 +186,16 @@ pub enum Detail {
     HttpUnparsed {
         protocol: &'static str,
     },
+    /// A run ended: a program a pod's process started, from its exec to its
+    /// exit (see `pipeline::runs`).
+    RunEnded {
+        /// The executable's base name.
+        executable: String,
+        duration_ns: u64,
+        ending: RunEnding,
+        /// Its exit status; 0 for a death by signal.
+        exit_code: i32,
+    },
 }
 
 /// How long after a file was revealed its probes existed.
@@ -266,6 +277,7 @@ pub enum Raw {
     GpuMap(GpuMapEvent),
     MemoryLimitRefusal(MemLimitEvent),
     LibraryLoadFailed(Box<observer_common::library_load::LoadFailedEvent>),
+    RunExec(Box<RunExecEvent>),
 }
 
 impl Raw {
@@ -282,6 +294,7 @@ impl Raw {
             Self::GpuMap(_) => "gpu_map",
             Self::MemoryLimitRefusal(_) => "memory_limit_refusal",
             Self::LibraryLoadFailed(_) => "library_load_failed",
+            Self::RunExec(_) => "run_exec",
         }
     }
 }
@@ -324,6 +337,7 @@ pub fn decode(data: &[u8]) -> Result<Raw, DecodeError> {
         EventKind::GpuMap => Ok(Raw::GpuMap(read(data, kind)?)),
         EventKind::MemoryLimitRefusal => Ok(Raw::MemoryLimitRefusal(read(data, kind)?)),
         EventKind::LibraryLoadFailed => Ok(Raw::LibraryLoadFailed(Box::new(read(data, kind)?))),
+        EventKind::RunExec => Ok(Raw::RunExec(Box::new(read(data, kind)?))),
     }
 }
 
@@ -366,6 +380,7 @@ impl Event {
             Detail::GpuVramStranded { .. } => "gpu_vram_stranded",
             Detail::HttpRequest { .. } => "http_request",
             Detail::HttpUnparsed { .. } => "http_unparsed",
+            Detail::RunEnded { .. } => "run",
         }
     }
 
@@ -374,7 +389,8 @@ impl Event {
         match &self.detail {
             Detail::GpuCall { result, .. } => *result != 0,
             Detail::KfdIoctl { result, .. } => *result < 0,
-            Detail::LibraryProbed { .. } | Detail::HttpUnparsed { .. } => false,
+            // A run's death is an `exit` event too: the run is what ran.
+            Detail::LibraryProbed { .. } | Detail::HttpUnparsed { .. } | Detail::RunEnded { .. } => false,
             Detail::HttpRequest { status, .. } => status.is_none_or(|s| s >= 500),
             _ => true,
         }
@@ -647,6 +663,12 @@ mod tests {
                 held_bytes: 3 << 30,
                 cause: None,
                 attributed: false,
+            },
+            Detail::RunEnded {
+                executable: "z3".into(),
+                duration_ns: 1_500_000_000,
+                ending: crate::exit_cause::RunEnding::RlimitCpu,
+                exit_code: 0,
             },
         ];
         details.into_iter().map(|detail| Event { origin: origin.clone(), detail }).collect()

@@ -13,6 +13,7 @@
 //! A malformed request gets 400 with one line. Prometheus unreachable, a
 //! workload without data, or too little exposure is `inconclusive` with
 //! the reason, never `pass`.
+mod cascade;
 mod http;
 mod http_signals;
 mod latency;
@@ -21,6 +22,7 @@ mod request;
 pub mod requests;
 mod signals;
 pub mod simulate;
+mod solver_runs;
 pub mod stats;
 pub mod verdict;
 
@@ -92,6 +94,17 @@ pub struct Args {
     /// question's `p99_for` overrides it.
     #[arg(long, default_value = "3m", value_name = "DURATION", value_parser = parse_hold)]
     pub p99_for: Duration,
+    /// Runs the canary must reach before it can pass (workloads whose pods
+    /// start runs, such as solvers).
+    #[arg(long, default_value_t = verdict::DEFAULT_MIN_RUNS, value_name = "N")]
+    pub min_runs: f64,
+    /// Distinct pods of the workload killed (OOM, crash) within
+    /// --cascade-window that make a cascade.
+    #[arg(long, default_value_t = cascade::DEFAULT_PODS, value_name = "N")]
+    pub cascade_pods: usize,
+    /// How close together a cascade's kills are.
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = parse_lookback)]
+    pub cascade_window: Duration,
     /// How far back the baseline's GPU start-ups are read on the canary's
     /// nodes, when the canary's own span holds too few of them.
     #[arg(long, default_value = "7d", value_name = "DURATION", value_parser = parse_lookback)]
@@ -146,15 +159,25 @@ impl Args {
                 self.tolerated_ratio
             )));
         }
-        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0 && self.min_requests >= 0.0) {
+        if !(self.min_startups >= 0.0
+            && self.min_pod_seconds >= 0.0
+            && self.min_requests >= 0.0
+            && self.min_runs >= 0.0)
+        {
             return Err(CliError::usage(
-                "--min-startups, --min-pod-seconds and --min-requests cannot be negative",
+                "--min-startups, --min-pod-seconds, --min-requests and --min-runs cannot be negative",
             ));
         }
         if !(self.http_error_share >= 0.0 && self.http_error_share < 1.0) {
             return Err(CliError::usage(format!(
                 "--http-error-share {}: expected a share from 0 to below 1, such as 0.01",
                 self.http_error_share
+            )));
+        }
+        if self.cascade_pods < 2 {
+            return Err(CliError::usage(format!(
+                "--cascade-pods {}: a cascade is at least 2 pods",
+                self.cascade_pods
             )));
         }
         Ok(Policy {
@@ -165,6 +188,7 @@ impl Args {
             min_pod_seconds: self.min_pod_seconds,
             min_requests: self.min_requests,
             error_share: self.http_error_share,
+            min_runs: self.min_runs,
         })
     }
 }
@@ -175,6 +199,7 @@ struct Judge {
     startup_lookback: Duration,
     deadline: Duration,
     latency_hold: Duration,
+    cascade: cascade::Rule,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -193,8 +218,8 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     if args.check_config {
         println!(
             "canaryscope judge would serve on {addr}, asking {url}, with {policy:#?}, a start-up lookback \
-             of {:?}, a p99 hold of {:?} and a deadline of {:?}",
-            args.startup_lookback, args.p99_for, args.deadline
+             of {:?}, a p99 hold of {:?}, a deadline of {:?} and cascades of {} pods within {:?}",
+            args.startup_lookback, args.p99_for, args.deadline, args.cascade_pods, args.cascade_window
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -210,6 +235,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             startup_lookback: args.startup_lookback,
             deadline: args.deadline,
             latency_hold: args.p99_for,
+            cascade: cascade::Rule { window: args.cascade_window.as_secs_f64(), pods: args.cascade_pods },
         }),
     ))?;
     Ok(ExitCode::SUCCESS)
@@ -280,12 +306,14 @@ struct Answer {
     look: u32,
     question: Question,
     signals: Vec<verdict::SignalReport>,
+    /// Pods of the workload killed one after another, if a cascade is under way.
+    cascade: Option<cascade::Cascade>,
 }
 
 impl Answer {
-    fn new(question: Question, look: u32, judgement: Judgement) -> Self {
+    fn new(question: Question, look: u32, judgement: Judgement, cascade: Option<cascade::Cascade>) -> Self {
         let Judgement { outcome, reason, signals } = judgement;
-        Self { verdict: outcome, reason, look, question, signals }
+        Self { verdict: outcome, reason, look, question, signals, cascade }
     }
 }
 
@@ -294,7 +322,7 @@ const REPLAYED_LOOKS: u32 = 240;
 
 /// An answer that is `inconclusive` for `reason`, before any look.
 fn inconclusive(question: Question, reason: String) -> Answer {
-    Answer { verdict: Outcome::Inconclusive, reason, look: 0, question, signals: Vec::new() }
+    Answer { verdict: Outcome::Inconclusive, reason, look: 0, question, signals: Vec::new(), cascade: None }
 }
 
 async fn decide(judge: &Judge, mut question: Question) -> Answer {
@@ -344,18 +372,38 @@ async fn decide(judge: &Judge, mut question: Question) -> Answer {
             format!("no data for the baseline {:?} in namespace {:?}", question.baseline, question.namespace);
         return inconclusive(question, reason);
     }
+    let cascade = match read_cascade(judge, &question, end).await {
+        Ok(c) => c,
+        Err(e) => return inconclusive(question, format!("the workload's kills, for a cascade: {e}")),
+    };
     let interval = question.interval.as_secs_f64();
     let look = signals::look(Some(first_data), end, interval);
     let current = verdict::judge(&collected.signals_at(end), &policy, look);
+    let current = cascade::apply(current, cascade.as_ref(), look);
     // The earlier looks replayed from the same samples; a long analysis
     // asked often replays its first REPLAYED_LOOKS, where most is spent.
     let earlier = (1..look.min(REPLAYED_LOOKS + 1))
         .map(|k| {
             let signals = collected.signals_at(first_data + f64::from(k) * interval);
-            (k, verdict::judge_for_failure(&signals, &policy, k))
+            (k, cascade::apply(verdict::judge_for_failure(&signals, &policy, k), cascade.as_ref(), k))
         })
         .find(|(_, j)| j.outcome == Outcome::Fail);
-    Answer::new(question, look, verdict::stays_failed(current, look, earlier))
+    Answer::new(question, look, verdict::stays_failed(current, look, earlier), cascade)
+}
+
+/// A cascade of kills in the workload (any revision) at `end`, within the
+/// answer's deadline.
+async fn read_cascade(
+    judge: &Judge,
+    question: &Question,
+    end: f64,
+) -> Result<Option<cascade::Cascade>, prometheus::PromError> {
+    let query = cascade::query(&question.namespace, &question.canary.workload, judge.cascade);
+    let deadline = tokio::time::Instant::now() + judge.deadline;
+    let series = tokio::time::timeout_at(deadline, judge.prometheus.samples(&query, end))
+        .await
+        .map_err(|_| prometheus::PromError::Deadline(vec![format!("{} (cascade)", cascade::LAST_KILL)]))??;
+    Ok(cascade::find(&series, end, judge.cascade))
 }
 
 fn unix_now() -> f64 {

@@ -43,6 +43,7 @@ use super::{
     http_signals::{self, HttpSeries},
     prometheus::{quote, PromError, Prometheus, Series},
     request::{Question, Side},
+    solver_runs::{self, RunData},
     verdict::{SignalData, SignalKind, Span, Stratum},
 };
 
@@ -111,7 +112,11 @@ const SIGNALS: &[Signal] = &[
 
 /// The names the judge reports, in order.
 pub fn signal_names() -> impl Iterator<Item = &'static str> {
-    SIGNALS.iter().map(|s| s.name).chain(http_signals::signal_names())
+    SIGNALS
+        .iter()
+        .map(|s| s.name)
+        .chain(http_signals::signal_names())
+        .chain([solver_runs::LIMIT_SIGNAL, solver_runs::P99_SIGNAL])
 }
 
 const STARTUPS: &str = "canaryscope_gpu_startups_total";
@@ -173,6 +178,8 @@ pub struct Collected {
     /// Where the samples fetched begin.
     fetched_from: f64,
     latency_hold: f64,
+    /// Both sides' runs.
+    runs: RunData,
 }
 
 /// The node a series was scraped from: the `node` target label the
@@ -317,8 +324,10 @@ pub async fn collect(prom: &Prometheus, r: &Reading<'_>) -> Result<Collected, Pr
     let canary_sel = selector(&q.namespace, &q.canary);
     let mut plan = side_queries("canary", &canary_sel, range);
     plan.extend(side_queries("baseline", &selector(&q.namespace, &q.baseline), range));
-    let queries: Vec<Query> = plan.iter().map(|(_, query)| query.clone()).collect();
-    let answers = fetch_all(prom, &queries, r.end, r.deadline).await?;
+    let mut queries: Vec<Query> = plan.iter().map(|(_, query)| query.clone()).collect();
+    queries.extend(solver_runs::queries(&canary_sel, &selector(&q.namespace, &q.baseline), range));
+    let mut answers = fetch_all(prom, &queries, r.end, r.deadline).await?;
+    let mut runs = RunData::new(answers.split_off(plan.len()));
     let (mut canary, mut baseline) = (SideData::default(), SideData::default());
     let half = plan.len() / 2;
     for (i, ((metric, _), series)) in plan.iter().zip(answers).enumerate() {
@@ -332,6 +341,7 @@ pub async fn collect(prom: &Prometheus, r: &Reading<'_>) -> Result<Collected, Pr
             for series in canary.0.values_mut() {
                 series.retain(|s| s.labels.get("revision") == newest.as_ref());
             }
+            runs.keep_canary_revision(newest.as_ref());
             newest
         }
     };
@@ -353,6 +363,7 @@ pub async fn collect(prom: &Prometheus, r: &Reading<'_>) -> Result<Collected, Pr
         min_startups: r.min_startups,
         fetched_from: r.end - range,
         latency_hold: r.latency_hold,
+        runs,
     })
 }
 
@@ -432,11 +443,13 @@ impl Collected {
             baseline_buckets: self.baseline.of(http_signals::REQUEST_BUCKETS),
         };
         let requests = http_signals::signals_at(&http, span, self.fetched_from, self.latency_hold);
-        SIGNALS
+        let mut signals: Vec<SignalData> = SIGNALS
             .iter()
             .map(|signal| {
                 let canary = per_node(self.canary.of(signal.metric), signal.excluded, from, at);
                 let (canary_exposure, baseline, baseline_exposure, baseline_span) = match signal.kind {
+                    // Runs are read by `solver_runs`.
+                    SignalKind::PerRun => Default::default(),
                     SignalKind::PerStartup => {
                         let startups = per_node(self.canary.of(STARTUPS), nothing, from, at);
                         let (events, exposure, span) = self.baseline_startups(&startups, span);
@@ -463,10 +476,13 @@ impl Collected {
                         .map(|v| whole(Some(v)))
                         .sum(),
                     requests: None,
+                    definition: None,
                 }
             })
             .chain(requests)
-            .collect()
+            .collect();
+        signals.extend(self.runs.signals_at(span));
+        signals
     }
 
     /// The baseline's start-up failures and start-ups: over the canary's

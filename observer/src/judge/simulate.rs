@@ -228,7 +228,7 @@ impl Track {
                 SignalKind::PerPodSecond => {
                     (rng.poisson(self.canary_rate * dc), rng.poisson(self.baseline_rate * db))
                 }
-                SignalKind::PerStartup => (
+                SignalKind::PerStartup | SignalKind::PerRun => (
                     rng.binomial(dc.round() as u64, self.canary_rate),
                     rng.binomial(db.round() as u64, self.baseline_rate),
                 ),
@@ -258,9 +258,9 @@ fn tracks(cfg: &SimConfig, scenario: &Scenario, ratio: f64) -> Vec<Track> {
             let rate = pod_rate(cfg.baseline_events);
             out.push(Track::new("tested".into(), SignalKind::PerPodSecond, nodes, rate * ratio, rate));
         }
-        SignalKind::PerStartup => {
+        SignalKind::PerStartup | SignalKind::PerRun => {
             let p = (cfg.baseline_events / (baseline_su * looks)).min(1.0);
-            out.push(Track::new("tested".into(), SignalKind::PerStartup, nodes, (p * ratio).min(1.0), p));
+            out.push(Track::new("tested".into(), scenario.kind, nodes, (p * ratio).min(1.0), p));
             // A GPU workload is judged on its crashes too, at equal rates.
             let rate = pod_rate(cfg.baseline_events);
             out.push(Track::new("crashes".into(), SignalKind::PerPodSecond, nodes, rate, rate));
@@ -297,8 +297,11 @@ fn run_analysis(cfg: &SimConfig, scenario: &Scenario, ratio: f64, rng: &mut Rng)
         );
         for t in &mut signals {
             let (c, b) = match t.kind {
-                SignalKind::PerStartup => (&startups.0, &startups.1),
-                _ => (&pod_seconds.0, &pod_seconds.1),
+                SignalKind::PerPodSecond | SignalKind::PerRequest | SignalKind::Latency => {
+                    (&pod_seconds.0, &pod_seconds.1)
+                }
+                // Runs are counted as start-ups are: failures out of attempts.
+                SignalKind::PerStartup | SignalKind::PerRun => (&startups.0, &startups.1),
             };
             t.advance(c, b, rng);
         }
@@ -335,6 +338,7 @@ fn run_case(cfg: &SimConfig, scenario: &Scenario, ratio: f64, rng: &mut Rng) -> 
         SignalKind::PerPodSecond => "events per pod-second",
         SignalKind::PerStartup => "failures per start-up (crashes per pod-second beside, at equal rates)",
         SignalKind::PerRequest | SignalKind::Latency => "requests",
+        SignalKind::PerRun => "failures per run (crashes per pod-second beside, at equal rates)",
     };
     CaseReport {
         name: scenario.name,

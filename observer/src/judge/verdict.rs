@@ -142,6 +142,10 @@ pub enum SignalKind {
     /// HTTP requests slower than 1.25 times the baseline's p99, against the
     /// baseline's slower than it (`requests`).
     Latency,
+    /// Runs that failed (a limit or wrapper ended them; slower than the
+    /// tolerated p99) out of runs: Fisher's exact test, stratified by node
+    /// and executable (`solver_runs`).
+    PerRun,
 }
 
 impl SignalKind {
@@ -150,6 +154,7 @@ impl SignalKind {
             SignalKind::PerStartup => "start-ups",
             SignalKind::PerPodSecond => "pod-seconds",
             SignalKind::PerRequest | SignalKind::Latency => "requests",
+            SignalKind::PerRun => "runs",
         }
     }
 }
@@ -206,6 +211,9 @@ pub struct SignalData {
     pub baseline_events_read: u64,
     /// Request signals: what their tests need beyond the strata.
     pub requests: Option<RequestTerms>,
+    /// What counts as an event, where the data decides it (the run p99's
+    /// bound per executable).
+    pub definition: Option<String>,
 }
 
 impl SignalData {
@@ -220,6 +228,7 @@ impl SignalData {
             baseline_span: Span::default(),
             baseline_events_read,
             requests: None,
+            definition: None,
         }
     }
 }
@@ -242,6 +251,8 @@ pub struct Policy {
     /// The share of the canary's requests answered 5xx (or cut off) that
     /// is tolerated whatever the baseline's (the runbook's 1%).
     pub error_share: f64,
+    /// The canary's runs needed before a pass (workloads that start runs).
+    pub min_runs: f64,
 }
 
 impl Default for Policy {
@@ -254,13 +265,16 @@ impl Default for Policy {
             min_pod_seconds: DEFAULT_MIN_POD_SECONDS,
             min_requests: requests::DEFAULT_MIN_REQUESTS,
             error_share: requests::DEFAULT_ERROR_SHARE,
+            min_runs: DEFAULT_MIN_RUNS,
         }
     }
 }
 
 impl Policy {
     fn ratio_for(&self, name: &str) -> f64 {
-        self.ratio_overrides.iter().rev().find(|(n, _)| n == name).map_or(self.tolerated_ratio, |(_, r)| *r)
+        let default =
+            BUILT_IN_RATIOS.iter().find(|(n, _)| *n == name).map_or(self.tolerated_ratio, |(_, r)| *r);
+        self.ratio_overrides.iter().rev().find(|(n, _)| n == name).map_or(default, |(_, r)| *r)
     }
 
     fn min_exposure(&self, kind: SignalKind) -> f64 {
@@ -268,6 +282,7 @@ impl Policy {
             SignalKind::PerStartup => self.min_startups,
             SignalKind::PerPodSecond => self.min_pod_seconds,
             SignalKind::PerRequest | SignalKind::Latency => self.min_requests,
+            SignalKind::PerRun => self.min_runs,
         }
     }
 
@@ -281,7 +296,11 @@ impl Policy {
         if let Some(r) = ratios.into_iter().find(|r| !positive(*r)) {
             return Some(format!("tolerated ratio {r} is not a positive number"));
         }
-        if !(self.min_startups >= 0.0 && self.min_pod_seconds >= 0.0 && self.min_requests >= 0.0) {
+        if !(self.min_startups >= 0.0
+            && self.min_pod_seconds >= 0.0
+            && self.min_requests >= 0.0
+            && self.min_runs >= 0.0)
+        {
             return Some("a minimum exposure is negative".into());
         }
         if !(self.error_share >= 0.0 && self.error_share < 1.0) {
@@ -306,6 +325,11 @@ pub const DEFAULT_TOLERATED_RATIO: f64 = 1.5;
 pub const DEFAULT_MIN_STARTUPS: f64 = 10.0;
 /// Ten pod-minutes.
 pub const DEFAULT_MIN_POD_SECONDS: f64 = 600.0;
+pub const DEFAULT_MIN_RUNS: f64 = 100.0;
+/// Signals whose tolerance is built into their events rather than a
+/// ratio: the run p99's canary runs are shifted by the tolerated slowdown
+/// (`solver_runs`), so its pass compares the shares above as they are.
+const BUILT_IN_RATIOS: &[(&str, f64)] = &[("run_duration_p99", 1.0)];
 /// The share of alpha look 1 may spend: strong early evidence (8 of 20
 /// start-ups failed against none) must fail at once.
 pub const FIRST_LOOK_SHARE: f64 = 0.2;
@@ -389,6 +413,8 @@ pub struct SignalReport {
     pub canary_only: CanaryOnly,
     pub canary_span: Span,
     pub baseline_span: Span,
+    /// What counts as an event, where the data decides it.
+    pub definition: Option<String>,
     pub note: String,
     /// Request signals: the tolerated share and the p-values of each half,
     /// or the latency cuts by node and the hold's earlier checks.
@@ -555,7 +581,9 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
     let counts: Vec<Counts> = used.iter().map(|s| s.counts()).collect();
     let ratio = policy.ratio_for(&signal.name);
     let (test, tolerated_ratio, rule) = match signal.kind {
-        SignalKind::PerStartup => (Conditional::fisher(&counts), None, "fisher_exact_stratified"),
+        SignalKind::PerStartup | SignalKind::PerRun => {
+            (Conditional::fisher(&counts), None, "fisher_exact_stratified")
+        }
         SignalKind::PerPodSecond => {
             (Conditional::poisson(&counts, ratio), Some(ratio), "poisson_exact_cond_stratified")
         }
@@ -604,6 +632,7 @@ fn assess(signal: &SignalData, policy: &Policy) -> Assessed {
         },
         canary_span: signal.canary_span,
         baseline_span: signal.baseline_span,
+        definition: signal.definition.clone(),
         note: String::new(),
         requests: terms,
     };
@@ -635,7 +664,9 @@ fn no_worse_p(kind: SignalKind, counts: &[Counts], ratio: f64, share: f64) -> f6
     match kind {
         SignalKind::PerRequest => requests::share_no_worse(counts, share, ratio),
         SignalKind::Latency => requests::latency_no_worse(counts),
-        SignalKind::PerStartup | SignalKind::PerPodSecond => Conditional::poisson(counts, ratio).lower_tail(),
+        SignalKind::PerStartup | SignalKind::PerPodSecond | SignalKind::PerRun => {
+            Conditional::poisson(counts, ratio).lower_tail()
+        }
     }
 }
 

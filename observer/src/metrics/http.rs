@@ -5,7 +5,7 @@
 //!
 //! Series exist only for revisions that served traffic: nothing is
 //! rendered for a class or a protocol never seen.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use super::{
     context::{workload_values, Render},
@@ -14,10 +14,9 @@ use super::{
         Kind::{Counter, Histogram},
         MetricDecl,
         Scope::{Node, Revision, Workload},
-        View,
     },
     families::FamilySet,
-    revision::{owner, owner_labels, retired_owner, revision_key, Owner, RevisionKey},
+    revision::{owner_labels, revision_key, ByRevision, RevisionKey},
     series::{OnNode, PodCounts},
 };
 use crate::attribution::labels::WorkloadLabels;
@@ -116,50 +115,6 @@ impl Durations {
     }
 }
 
-/// A revision-scoped counter or histogram kept per cgroup, with what purged
-/// cgroups left to their revision.
-#[derive(Debug)]
-struct ByRevision<K, V> {
-    live: BTreeMap<(u64, K), V>,
-    retired: BTreeMap<(RevisionKey, K), V>,
-}
-
-impl<K, V> Default for ByRevision<K, V> {
-    fn default() -> Self {
-        Self { live: BTreeMap::new(), retired: BTreeMap::new() }
-    }
-}
-
-impl<K: Ord + Copy, V: Default> ByRevision<K, V> {
-    fn entry(&mut self, cgroup: u64, key: K) -> &mut V {
-        self.live.entry((cgroup, key)).or_default()
-    }
-
-    fn retire(&mut self, cgroup: u64, revision: &RevisionKey, merge: impl Fn(&mut V, &V)) {
-        let keys: Vec<(u64, K)> = self.live.keys().filter(|(c, _)| *c == cgroup).copied().collect();
-        for k in keys {
-            if let Some(v) = self.live.remove(&k) {
-                merge(self.retired.entry((revision.clone(), k.1)).or_default(), &v);
-            }
-        }
-    }
-
-    /// Every owner's merged value in `view`: live cgroups by their labels,
-    /// and when scraped, what purged ones left.
-    fn shown<'a>(&'a self, r: &Render<'a>, merge: impl Fn(&mut V, &V)) -> BTreeMap<(Owner<'a>, K), V> {
-        let mut out: BTreeMap<(Owner, K), V> = BTreeMap::new();
-        for ((cgroup, k), v) in self.live.iter().filter(|((c, _), _)| !r.series.revision_held(*c)) {
-            merge(out.entry((owner(r.series.labels(*cgroup), r.view), *k)).or_default(), v);
-        }
-        if r.view == View::Scrape {
-            for ((revision, k), v) in &self.retired {
-                merge(out.entry((retired_owner(revision), *k)).or_default(), v);
-            }
-        }
-        out
-    }
-}
-
 #[derive(Default)]
 pub struct Http {
     durations: ByRevision<&'static str, Durations>,
@@ -204,9 +159,9 @@ impl Http {
 
     /// Forgets what purged pods left to revisions no longer on the node.
     pub fn keep_revisions(&mut self, live: &HashSet<RevisionKey>) {
-        self.durations.retired.retain(|(k, _), _| live.contains(k));
-        self.probes.retired.retain(|(k, _), _| live.contains(k));
-        self.unparsed.retired.retain(|(k, _), _| live.contains(k));
+        self.durations.keep_revisions(live);
+        self.probes.keep_revisions(live);
+        self.unparsed.keep_revisions(live);
     }
 
     pub fn render(&self, fams: &mut FamilySet, r: &Render) {

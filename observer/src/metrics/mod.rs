@@ -20,10 +20,12 @@ mod gpu_never_initialized;
 mod hardware;
 mod http;
 mod kfd;
+mod kills;
 mod node;
 mod oom;
 pub mod recorder;
 pub mod revision;
+mod runs;
 pub mod series;
 pub mod server;
 mod vram;
@@ -69,6 +71,8 @@ pub struct Metrics {
     vram: vram::Vram,
     cpu: cpu::Cpu,
     http: http::Http,
+    runs: runs::Runs,
+    kills: kills::Kills,
     pub node: NodeState,
     /// What purged pods left to their revisions' shared series.
     retired: Retired,
@@ -130,11 +134,20 @@ impl Metrics {
             Detail::Crash { .. } | Detail::Exit { .. } => {
                 if self.admit(cgroup) {
                     self.exits.record(cgroup, &event.detail);
+                    if let Detail::Crash { .. } = event.detail {
+                        self.kills.killed(cgroup, "crash", event.origin.ts_ns);
+                    }
                 }
             }
             Detail::OomKill { scope, .. } => {
                 if self.admit(cgroup) {
                     self.oom.killed(cgroup, scope);
+                    self.kills.killed(cgroup, "oom_kill", event.origin.ts_ns);
+                }
+            }
+            Detail::RunEnded { executable, duration_ns, ending, .. } => {
+                if self.admit(cgroup) {
+                    self.runs.ended(cgroup, executable, *duration_ns, *ending);
                 }
             }
             Detail::GpuHardware { kind, attributed, .. } => {
@@ -338,12 +351,14 @@ impl Metrics {
             self.hardware.keep_pods(&on_node);
             self.cpu.keep_pods(&on_node);
             self.http.keep_pods(&on_node);
+            self.kills.keep_pods(&on_node);
             let live: HashSet<RevisionKey> =
                 self.series.iter().map(|(_, t)| revision_key(&t.labels)).collect();
             self.retired.keep_only(&live);
             self.exposure.keep_only(&live);
             self.vram.keep_revisions(&live);
             self.http.keep_revisions(&live);
+            self.runs.keep_revisions(&live);
         }
         purged
     }
@@ -361,6 +376,8 @@ impl Metrics {
         self.hardware.retire(cgroup, labels);
         self.cpu.retire(cgroup, labels, &mut self.retired);
         self.http.retire(cgroup, labels);
+        self.runs.retire(cgroup, labels);
+        self.kills.retire(cgroup, labels);
         self.vram.retire(cgroup);
         self.exposure.forget(cgroup);
     }
@@ -445,6 +462,7 @@ impl Metrics {
         self.exits.render_crashes(&mut fams, &r);
         self.oom.render_kills(&mut fams, &r);
         self.exits.render_exits(&mut fams, &r);
+        self.kills.render(&mut fams, &r);
         self.exposure_families(&mut fams, view);
         self.kfd.render(&mut fams, &r);
         self.hardware.render(&mut fams, &r);
@@ -452,6 +470,7 @@ impl Metrics {
         self.oom.render_refusals(&mut fams, &r);
         self.cpu.render(&mut fams, &r);
         self.http.render(&mut fams, &r);
+        self.runs.render(&mut fams, &r);
         self.node.render(&mut fams, &self.series);
         fams.finish();
     }

@@ -13,6 +13,7 @@ use observer_common::{gpu::GpuStatsKey, kfd::KfdStatsKey, LatencyHistogram};
 
 use super::{
     catalog::View,
+    context::Render,
     series::{Series, NO_LABELS},
 };
 use crate::attribution::labels::WorkloadLabels;
@@ -166,6 +167,60 @@ impl<'a> Owners<'a> {
         });
         let retired = retired.iter().filter(move |_| view == View::Scrape);
         live.chain(retired.map(move |((r, k), s)| (self.of(&retired_owner(r)), k, s)))
+    }
+}
+
+/// A revision-scoped counter or histogram kept per cgroup from events (HTTP
+/// requests, runs), with what purged cgroups left to their revision.
+#[derive(Debug)]
+pub struct ByRevision<K, V> {
+    live: BTreeMap<(u64, K), V>,
+    retired: BTreeMap<(RevisionKey, K), V>,
+}
+
+impl<K, V> Default for ByRevision<K, V> {
+    fn default() -> Self {
+        Self { live: BTreeMap::new(), retired: BTreeMap::new() }
+    }
+}
+
+impl<K: Ord + Copy, V: Default> ByRevision<K, V> {
+    pub fn entry(&mut self, cgroup: u64, key: K) -> &mut V {
+        self.live.entry((cgroup, key)).or_default()
+    }
+
+    pub fn retire(&mut self, cgroup: u64, revision: &RevisionKey, merge: impl Fn(&mut V, &V)) {
+        let keys: Vec<(u64, K)> = self.live.keys().filter(|(c, _)| *c == cgroup).copied().collect();
+        for k in keys {
+            if let Some(v) = self.live.remove(&k) {
+                merge(self.retired.entry((revision.clone(), k.1)).or_default(), &v);
+            }
+        }
+    }
+
+    /// Forgets what purged pods left to revisions no longer on the node.
+    pub fn keep_revisions(&mut self, live: &HashSet<RevisionKey>) {
+        self.retired.retain(|(k, _), _| live.contains(k));
+    }
+
+    /// Every key held, live or retired.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.live.keys().map(|(_, k)| k).chain(self.retired.keys().map(|(_, k)| k))
+    }
+
+    /// Every owner's merged value in `view`: live cgroups by their labels,
+    /// and when scraped, what purged ones left.
+    pub fn shown<'a>(&'a self, r: &Render<'a>, merge: impl Fn(&mut V, &V)) -> BTreeMap<(Owner<'a>, K), V> {
+        let mut out: BTreeMap<(Owner, K), V> = BTreeMap::new();
+        for ((cgroup, k), v) in self.live.iter().filter(|((c, _), _)| !r.series.revision_held(*c)) {
+            merge(out.entry((owner(r.series.labels(*cgroup), r.view), *k)).or_default(), v);
+        }
+        if r.view == View::Scrape {
+            for ((revision, k), v) in &self.retired {
+                merge(out.entry((retired_owner(revision), *k)).or_default(), v);
+            }
+        }
+        out
     }
 }
 

@@ -294,8 +294,12 @@ impl Attributor {
                 let attributed = culprit.is_some();
                 vec![Event { origin, detail: Detail::GpuHardware { kind, function, detail, attributed } }]
             }
-            // Discovery records are the library tracker's.
-            Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) | Raw::LibraryLoadFailed(_) => Vec::new(),
+            // Discovery records are the library tracker's, runs' the pipeline's.
+            Raw::LibraryMap(_)
+            | Raw::Exec(_)
+            | Raw::GpuMap(_)
+            | Raw::LibraryLoadFailed(_)
+            | Raw::RunExec(_) => Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod never_initialized;
 mod oom_groups;
 pub mod reader;
 pub mod runq_scope;
+mod runs;
 pub mod stalls;
 pub mod vram;
 
@@ -27,10 +28,14 @@ use crate::{
         tracker::{Announcement, ExplicitLibraryError, LibraryTracker},
     },
     events::{Detail, Event, Origin, Raw},
+    exit_cause::{Cause, SenderScope},
     probes::{self, gpu::GpuProbes, table, KernelSettings, LoadError, Loaded, ProbeStatus},
 };
 use attribute::Attributor;
-use observer_common::gpu::Api;
+use observer_common::{
+    exit::{ExitEvent, EXIT_FLAG_RUN},
+    gpu::Api,
+};
 use reader::Ring;
 use stalls::{Stall, StallDetector};
 
@@ -151,6 +156,8 @@ pub struct Pipeline {
     kill_reasons: kill_reasons::KillReasons,
     /// Pods' HTTP requests (the `http` family), when selected and loaded.
     http: Option<http::HttpStage>,
+    /// Runs of programs pods start, from their exec to their exit.
+    runs: runs::Runs,
     /// Dropped last, releasing every probe; by then the holding program is
     /// unloaded (see `Drop`) and the hold has resumed what it held.
     kernel: Loaded,
@@ -208,6 +215,7 @@ impl Pipeline {
             process_starts: Default::default(),
             kill_reasons: Default::default(),
             http: None,
+            runs: Default::default(),
             kernel,
         };
         if options.families.http {
@@ -257,9 +265,14 @@ impl Pipeline {
                     self.announce(&mut out);
                     out.extend(self.load_failed(&ev));
                 }
+                Raw::RunExec(ev) => self.runs.exec(&ev),
                 other => {
                     self.announce(&mut out);
                     let first = out.len();
+                    let run_exit = match &other {
+                        Raw::Exit(ev) if ev.flags & EXIT_FLAG_RUN != 0 => Some(ev.clone()),
+                        _ => None,
+                    };
                     out.extend(self.attribution.events(
                         other,
                         self.tracker.probes(),
@@ -270,10 +283,18 @@ impl Pipeline {
                         if is_gpu_trouble(event) {
                             self.tracker.note_trouble(&mut self.kernel, event.origin.cgroup_id);
                         }
+                        if let Detail::MemoryLimitRefusal { .. } = event.detail {
+                            self.runs.refused(event.origin.pid);
+                        }
                     }
+                    let run = run_exit.and_then(|ev| {
+                        let detail = self.runs.ended(&ev, run_death(&ev, &out[first..]))?;
+                        Some(Event { origin: self.attribution.origin(&ev.header), detail })
+                    });
                     let now = std::time::Instant::now();
                     let attributed: Vec<Event> = out.drain(first..).collect();
                     out.extend(attributed.into_iter().filter_map(|e| self.kill_reasons.settle(e, now)));
+                    out.extend(run);
                 }
             }
         }
@@ -562,6 +583,23 @@ impl Pipeline {
         self.tracker.stop_holding(&mut self.kernel);
         crate::probes::releaser::release_after_exit()
     }
+}
+
+/// The cause of a candidate run's death and who sent it, from the `exit`
+/// event attribution made of its record (none for a normal exit). A sender
+/// in the run's own cgroup is its wrapper wherever the cgroup is (a
+/// `--cgroup` prefix outside pods, too).
+fn run_death(ev: &ExitEvent, attributed: &[Event]) -> Option<(Cause, Option<SenderScope>)> {
+    attributed.iter().find_map(|e| match &e.detail {
+        Detail::Exit { cause, sender, .. } if e.origin.pid == ev.header.pid => {
+            let scope = sender.as_ref().map(|s| match s.cgroup_id == ev.header.cgroup_id {
+                true => SenderScope::SameContainer,
+                false => s.scope,
+            });
+            Some((*cause, scope))
+        }
+        _ => None,
+    })
 }
 
 /// A GPU failure, stall, crash or hardware fault: what selects a cgroup's

@@ -94,7 +94,23 @@ pub fn kernel_offsets(btf: &Btf) -> KernelOffsets {
     file_and_limit_offsets(btf, &mut o);
     cgroup_and_sched_offsets(btf, &mut o);
     mapping_tree_offsets(btf, &mut o);
+    executable_offsets(btf, &mut o);
     o
+}
+
+/// A task's parent and executable file (runs); needs the cgroup, mm and
+/// file offsets found before.
+fn executable_offsets(btf: &Btf, o: &mut KernelOffsets) {
+    let get = |s: &str, f: &str| member_offset(btf, s, f);
+    if let (Some(parent), Some(exe), true, true, true) = (
+        get("task_struct", "real_parent"),
+        get("mm_struct", "exe_file"),
+        o.have_task_cgroup != 0,
+        o.have_mm != 0,
+        o.have_vma != 0,
+    ) {
+        (o.task_real_parent, o.mm_exe_file, o.have_exe) = (parent, exe, 1);
+    }
 }
 
 /// The task's ids, exit code and cgroup; a mapping's range and file.
@@ -232,6 +248,7 @@ mod tests {
         assert_eq!(o.have_rlimit, 1, "{o:?}");
         assert_eq!(o.have_mm, 1, "{o:?}");
         assert_eq!(o.have_run_delay, 1, "{o:?}");
+        assert_eq!(o.have_exe, 1, "{o:?}");
         let helpers = kernel_helpers(&btf).expect("enum bpf_func_id in BTF");
         // The oldest helper and the newest one canaryscope calls (5.17).
         assert!(helpers.contains("map_lookup_elem") && helpers.contains("find_vma"), "{helpers:?}");

@@ -91,6 +91,8 @@ pub enum Need {
     Helpers(&'static [KernelHelper]),
     /// `task_struct::stack` in BTF.
     TaskStack,
+    /// `task_struct::real_parent` and `mm_struct::exe_file` in BTF.
+    Executable,
 }
 
 /// A BPF helper a program calls, and the Linux release that brought it.
@@ -141,6 +143,9 @@ impl Need {
                 return Err(format!("this kernel lacks the BPF helper(s) {}", missing.join(", ")));
             }
             Self::TaskStack => (o.task_stack != 0, "task_struct::stack not found in BTF"),
+            Self::Executable => {
+                (o.have_exe != 0, "task_struct::real_parent or mm_struct::exe_file not found in BTF")
+            }
             Self::RunDelay => (
                 o.have_run_delay != 0,
                 "task_struct::sched_info.last_queued or se.cfs_rq (CONFIG_SCHED_INFO, CONFIG_FAIR_GROUP_SCHED) \
@@ -298,6 +303,17 @@ pub const PROBES: &[Probe] = &[
             yes: "oom:mark_victim with anon_rss",
             no: "oom:mark_victim (pid only)",
         },
+    },
+    Probe {
+        family: Family::Exits,
+        label: "runs",
+        target: Target::Named("sched_process_exec:runs"),
+        programs: one("run_exec", Hook::Raw("sched_process_exec")),
+        needs: &[Need::TaskCgroup, Need::Executable],
+        used: Use::Always,
+        detail: StatusDetail::Text(
+            "programs a pod's process starts, exec to exit, in the cgroups the cpu family reports on",
+        ),
     },
     memory_limit("syscalls:mmap", ("memlimit_mmap_enter", "sys_enter_mmap"), ("memlimit_mmap_exit", "sys_exit_mmap")),
     memory_limit(

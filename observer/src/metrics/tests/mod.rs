@@ -1,6 +1,7 @@
 //! The exposition as a whole: every family rendered as declared, the
 //! cap, escaping, change tracking. `identity` holds the label-set rule.
 mod identity;
+mod runs;
 
 use super::*;
 use crate::{
@@ -267,6 +268,15 @@ fn rich() -> Metrics {
     m.record(&event(2, request("2xx", Some(200), true)));
     m.record(&event(1, Detail::HttpUnparsed { protocol: "h2" }));
     m.set_http_segments_lost(3);
+    m.record(&event(
+        1,
+        Detail::RunEnded {
+            executable: "z3".into(),
+            duration_ns: 120_000_000,
+            ending: crate::exit_cause::RunEnding::ExitZero,
+            exit_code: 0,
+        },
+    ));
     // Put on a revision once its pod's labels are known.
     m.record(&event(1, stranded(true)));
     m.record(&event(2, stranded(false)));
