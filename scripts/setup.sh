@@ -30,6 +30,8 @@ PACKAGES=(
     # the HTTP request tests' and bench's real clients and servers: wrk,
     # ApacheBench, curl, nghttpd (h2c), nginx (the bench's keep-alive server)
     wrk apache2-utils curl nghttp2-server nginx-light
+    # the solver runs' tests: a real SMT solver under the runbook's wrapper
+    z3
 )
 # readme-generator (deploy/, below) is an npm package: a machine of this kind
 # has Node.js and npm, a bare Debian root takes Debian's.

@@ -3,16 +3,22 @@
 //! exact conditional test of two Poisson rates, a brute-force enumeration
 //! with exact rationals and a NumPy convolution of SciPy's probability
 //! functions for stratified cases, and statsmodels' Cochran–Mantel–Haenszel
-//! test (a normal approximation) for large stratified tables.
+//! test (a normal approximation) for large stratified tables. The run
+//! signals' p-values against tests/judge/runs_oracle.py, which chooses the
+//! run p99's bound itself.
 use std::{
+    collections::BTreeMap,
     io::Write,
     path::PathBuf,
     process::{Command, Stdio},
 };
 
-use observer::judge::stats::{
-    fisher_greater, fisher_greater_stratified, poisson_ratio_greater, poisson_ratio_greater_stratified,
-    Counts,
+use observer::judge::{
+    solver_runs::{slow_runs, Bound, Cumulative},
+    stats::{
+        fisher_greater, fisher_greater_stratified, poisson_ratio_greater, poisson_ratio_greater_stratified,
+        Counts,
+    },
 };
 use serde_json::{json, Value};
 
@@ -329,4 +335,137 @@ fn p_values_match_scipy_statsmodels_and_enumeration() {
         }
     }
     assert!(wrong.is_empty(), "p-values that differ from the oracle:\n  {}", wrong.join("\n  "));
+}
+
+/// One stratum's runs at the given seconds, as cumulative buckets over the
+/// exporter's bounds (10 ms x 1.25^k).
+fn run_buckets(times: &[f64]) -> Cumulative {
+    let mut c = Cumulative { total: times.len() as f64, ..Default::default() };
+    for k in 0..=48 {
+        let b = 0.01 * 1.25f64.powi(k);
+        c.at_or_below.insert(Bound(b), times.iter().filter(|t| **t <= b).count() as f64);
+    }
+    c
+}
+
+fn side_json(c: &Cumulative) -> Value {
+    json!({
+        "le": c.at_or_below.keys().map(|b| b.0).collect::<Vec<_>>(),
+        "cumulative": c.at_or_below.values().collect::<Vec<_>>(),
+        "total": c.total,
+    })
+}
+
+/// Deterministic log-normal run times around `median` (sigma 0.6, from a
+/// fixed sequence through Box-Muller), for the cases below.
+fn spread(n: usize, median: f64, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut uniform = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let z = (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
+            median * (0.6 * z).exp()
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs python3 (SciPy where installed); run by `cargo xtask test`"]
+fn run_p99_and_limit_share_p_values_match_the_oracle() {
+    type Strata = Vec<(&'static str, &'static str, Vec<f64>, Vec<f64>)>;
+    let p99_cases: Vec<(&str, Strata)> = vec![
+        ("3x slower, one node", vec![("a", "z3", spread(30, 0.3, 1), spread(30, 0.1, 2))]),
+        ("equal, 2,000 runs a side", vec![("a", "z3", spread(2000, 0.1, 3), spread(2000, 0.1, 4))]),
+        ("1.5x slower, 5,000 runs a side", vec![("a", "z3", spread(5000, 0.15, 16), spread(5000, 0.1, 17))]),
+        (
+            "two nodes and two solvers, one slower on one node",
+            vec![
+                ("a", "z3", spread(120, 0.2, 5), spread(300, 0.1, 6)),
+                ("b", "z3", spread(80, 0.1, 7), spread(200, 0.1, 8)),
+                ("a", "cvc5", spread(50, 1.0, 9), spread(90, 1.0, 10)),
+                ("b", "cvc5", spread(40, 1.0, 11), spread(0, 1.0, 12)),
+            ],
+        ),
+        ("exactly 1.25x", vec![("a", "z3", spread(400, 0.125, 13), spread(400, 0.1, 13))]),
+        ("too few runs for ten", vec![("a", "z3", spread(4, 0.5, 14), spread(3, 0.1, 15))]),
+    ];
+    let limit_cases: Vec<(&str, Vec<[f64; 4]>)> = vec![
+        ("8 of 30 timed out against 1 of 30", vec![[8.0, 30.0, 1.0, 30.0]]),
+        (
+            "two nodes and two solvers",
+            vec![[3.0, 40.0, 2.0, 90.0], [5.0, 20.0, 1.0, 60.0], [0.0, 9.0, 4.0, 30.0]],
+        ),
+    ];
+    let mut input = Vec::new();
+    let mut ours = Vec::new();
+    for (_, strata) in &p99_cases {
+        let (mut canary, mut baseline) = (BTreeMap::new(), BTreeMap::new());
+        let mut oracle = Vec::new();
+        for (node, exe, c, b) in strata {
+            let key = (node.to_string(), exe.to_string());
+            let (c, b) = (run_buckets(c), run_buckets(b));
+            oracle.push(json!({"executable": exe, "canary": side_json(&c), "baseline": side_json(&b)}));
+            canary.insert(key.clone(), c);
+            baseline.insert(key, b);
+        }
+        input.push(json!({"kind": "p99", "strata": oracle}));
+        let (tail, thresholds) = slow_runs(&canary, &baseline);
+        let counts: Vec<Counts> =
+            tail.values().map(|[ce, cx, be, bx]| counts(&[*ce, *cx, *be, *bx])).collect();
+        ours.push((fisher_greater_stratified(&counts).p_value, Some(thresholds)));
+    }
+    for (_, strata) in &limit_cases {
+        input.push(json!({"kind": "limits", "strata": strata}));
+        let counts: Vec<Counts> = strata.iter().map(counts).collect();
+        ours.push((fisher_greater_stratified(&counts).p_value, None));
+    }
+    let input = Value::Array(input);
+    let answers = run_oracle("tests/judge/runs_oracle.py", &input, false);
+    // Without SciPy the oracle enumerates with exact rationals: both agree.
+    let exact = run_oracle("tests/judge/runs_oracle.py", &input, true);
+    let names = p99_cases.iter().map(|(n, _)| *n).chain(limit_cases.iter().map(|(n, _)| *n));
+    let mut wrong = Vec::new();
+    for (((name, (p, thresholds)), answer), exact) in names.zip(ours).zip(&answers).zip(&exact) {
+        let enumerated = exact["p_value"].as_f64().expect("a p-value");
+        if exact["method"] != "exact" || !within(p, enumerated, Tolerance::Relative(EXACT)) {
+            wrong.push(format!("{name}: judge {p:e}, enumeration {enumerated:e} ({})", exact["method"]));
+        }
+        let theirs = answer["p_value"].as_f64().expect("a p-value");
+        eprintln!("{name}: judge {p:e}, oracle ({}) {theirs:e}", answer["method"]);
+        if !within(p, theirs, Tolerance::Relative(EXACT)) {
+            wrong.push(format!("{name}: judge {p:e}, oracle {theirs:e}"));
+        }
+        for (exe, t) in thresholds.iter().flatten() {
+            let theirs = answer["bounds"][exe].as_f64();
+            if theirs.is_none_or(|x| (x / t - 1.0).abs() > 1e-9) {
+                wrong.push(format!("{name}: {exe}'s bound: judge {t}, oracle {theirs:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "run signals that differ from the oracle:\n  {}", wrong.join("\n  "));
+    // The cases test what they say: the slower canary's p is small, the
+    // one at exactly the tolerance is not.
+    let p = |i: usize| answers[i]["p_value"].as_f64().expect("p");
+    assert!(p(2) < 1e-3 && p(4) > 0.01, "{answers:?}");
+}
+
+/// A reference script's answers to `input` (a JSON list of cases); with
+/// `exact`, by enumeration with exact rationals rather than SciPy.
+fn run_oracle(script: &str, input: &Value, exact: bool) -> Vec<Value> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(script);
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .env("CANARYSCOPE_ORACLE_EXACT", if exact { "1" } else { "0" })
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
+    child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("write cases");
+    let out = child.wait_with_output().expect("oracle ran");
+    assert!(out.status.success(), "{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the oracle answers JSON")
 }

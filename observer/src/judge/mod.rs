@@ -22,7 +22,7 @@ mod request;
 pub mod requests;
 mod signals;
 pub mod simulate;
-mod solver_runs;
+pub mod solver_runs;
 pub mod stats;
 pub mod verdict;
 

@@ -25,8 +25,9 @@
 //!
 //! `t` is chosen from the two revisions' runs pooled, the canary's shifted,
 //! per executable: the highest bound with at least `max(10, 1%)` of the
-//! pooled runs above it, so the pooled p99 once there are 1,000 runs, and a
-//! wider tail before (with 200 runs, the 10 slowest: the 95th percentile).
+//! pooled runs above it (but at most half of them), so the pooled p99 once
+//! there are 1,000 runs, and a wider tail before (with 200 runs, the 10
+//! slowest: the 95th percentile; with fewer than 20, the slower half).
 //! Under the null's edge the shifted canary's runs and the baseline's are
 //! exchangeable within a node, and `t` depends only on the pooled counts,
 //! which any exchange of labels leaves as they are; so, given each
@@ -54,7 +55,7 @@ pub const OUTSIDE: &str = "sent_outside";
 pub const TOLERATED_SLOWDOWN: f64 = 1.25;
 /// The pooled share of runs above the tested bound...
 pub const TAIL_SHARE: f64 = 0.01;
-/// ...and at least this many runs.
+/// ...and at least this many runs (at most half of them all).
 pub const MIN_TAIL_RUNS: f64 = 10.0;
 
 pub const LIMIT_SIGNAL: &str = "run_limit_endings";
@@ -82,7 +83,7 @@ pub struct RunData {
 }
 
 /// A stratum: node and executable.
-type Key = (String, String);
+pub type Key = (String, String);
 
 impl RunData {
     pub fn new(answers: Vec<Vec<Series>>) -> Self {
@@ -268,7 +269,7 @@ pub fn slow_runs(
         let pooled =
             |(t, up): (f64, f64)| strata.iter().map(|(_, c, b)| c.above(up) + b.above(t)).sum::<f64>();
         let runs: f64 = strata.iter().map(|(_, c, b)| c.total + b.total).sum();
-        let wanted = MIN_TAIL_RUNS.max((TAIL_SHARE * runs).ceil());
+        let wanted = MIN_TAIL_RUNS.max((TAIL_SHARE * runs).ceil()).min((runs / 2.0).ceil());
         let Some(&chosen) = candidates.iter().rev().find(|&&c| pooled(c) >= wanted).or(candidates.first())
         else {
             continue;
