@@ -34,8 +34,9 @@ def run_solver_with_hard_limits(proof_script, timeout_seconds=10, max_memory_mb=
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 
     # Through `sh -c`, as a worker that builds a command line does: the
-    # shell starts z3, and z3 is the run.
-    command = f"{solver()} -in" if shell else [solver(), "-in"]
+    # shell forks z3 (a lone command it would exec in its own place), and
+    # z3 is the run.
+    command = f"{solver()} -in && true" if shell else [solver(), "-in"]
     try:
         proc = subprocess.run(
             command,
