@@ -102,6 +102,28 @@ def rows():
                   "Processes that died by a signal or exited 137, by who ended them.",
                   (f"sum by ({BY}, cause) (increase(canaryscope_abnormal_exits_total{{{SEL}}}[{RANGE}]))", LEGEND + " {{cause}}")),
         ]),
+        ("Solver runs and kill cascades: canary vs stable", [
+            panel("Run p99 by executable", "s",
+                  "p99 of the runs the revision's pods started (a program exec'd by the container's long-lived "
+                  "process, exec to exit), per executable; CanaryRunLatencyRegression at 1.25 x stable for 3 minutes.",
+                  (f"histogram_quantile(0.99, sum by (le, {BY}, executable) (rate(canaryscope_run_duration_seconds_bucket{{{SEL}}}[{RANGE}])))",
+                   LEGEND + " {{executable}}")),
+            panel("Runs by ending", "reqps",
+                  "Runs ended per second by exit status, limit (memory_limit, rlimit_cpu, oom_kill) or wrapper "
+                  "(sent: its wall-clock timeout); the canary judge compares the share a limit or wrapper ended.",
+                  (f"sum by ({BY}, ending) (rate(canaryscope_run_endings_total{{{SEL}}}[{RANGE}]))",
+                   LEGEND + " {{ending}}")),
+            panel("Kill cascade: pods killed within 10m", "short",
+                  "Distinct pods of the workload, any revision, with a process killed by the OOM killer or a crash "
+                  "in the last 10 minutes (CanaryscopeKillCascade at 3): a poison job moving from pod to pod. "
+                  "Revisions hit beside it.",
+                  ("count by (namespace, workload) (max by (namespace, workload, pod) "
+                   f"(max_over_time(canaryscope_last_kill_timestamp_seconds{{{SEL}}}[10m])) > time() - 600)",
+                   "{{namespace}}/{{workload}} pods"),
+                  ("count by (namespace, workload) (max by (namespace, workload, revision) "
+                   f"(max_over_time(canaryscope_last_kill_timestamp_seconds{{{SEL}}}[10m])) > time() - 600)",
+                   "{{namespace}}/{{workload}} revisions")),
+        ]),
         ("HTTP requests: canary vs stable (measured from the node)", [
             panel("HTTP requests by status class", "reqps",
                   "Requests the revision's servers answered, per second, by status class (closed: the "

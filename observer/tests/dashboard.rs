@@ -50,10 +50,15 @@ const CAUSED: &[&str] = &[
     "HTTP requests by status class",
     "HTTP error ratio (5xx and closed)",
     "HTTP latency p99",
+    "Run p99 by executable",
+    "Runs by ending",
 ];
 /// Node-level panels: the probes of both daemons, the second one's lost
 /// events and refused series.
 const NODE: &[&str] = &["Probes attached", "Events lost", "Series overflow"];
+/// Workload-level panels (no revision): the canary's OOM-killed pod counts
+/// toward a cascade.
+const WORKLOAD: &[&str] = &["Kill cascade: pods killed within 10m"];
 /// The stable pod's one failure: a crash inside the library, which these
 /// panels must show as the stable's.
 const STABLE_FAILED: &[&str] = &["Native crashes by library", "Abnormal exits by cause"];
@@ -205,6 +210,12 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         // The stable's one kind of failure, which the checks below must
         // find as its.
         crash_in_launch(&stable, true);
+        // A run: a program the canary's own process starts.
+        let run = canary
+            .command(std::path::Path::new("/usr/bin/python3"))
+            .args(["-c", "import subprocess; subprocess.run(['/bin/true'], check=True)"])
+            .status();
+        assert!(run.expect("python3").success());
         let out =
             canary.command(&fixture("oom_hog")).arg("200").stdout(Stdio::null()).output().expect("oom_hog");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(9), "{out:?}");
@@ -215,6 +226,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         "canaryscope_http_server_request_duration_seconds_count{track=\"canary\"}",
         "canaryscope_gpu_init_failures_total{track=\"canary\"}",
         "canaryscope_oom_kills_total{track=\"canary\"}",
+        "canaryscope_run_endings_total{track=\"canary\"}",
         "canaryscope_native_crashes_total{track=\"canary\"}",
         "canaryscope_native_crashes_total{track=\"stable\"}",
         "canaryscope_abnormal_exits_total{track=\"stable\"}",
@@ -246,7 +258,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         let answer = prom(prom_port, q);
         assert_eq!(answer["status"], "success", "{title}: {q}: {answer}");
     }
-    for title in CAUSED.iter().chain(NODE).chain(STABLE_CLEAN) {
+    for title in CAUSED.iter().chain(NODE).chain(WORKLOAD).chain(STABLE_CLEAN) {
         assert!(queries.iter().any(|(t, _)| t == title), "no panel {title}");
     }
 
@@ -258,7 +270,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
         .iter()
         .map(|t| (*t, "canary"))
         .chain(STABLE_FAILED.iter().map(|t| (*t, "stable")))
-        .chain(NODE.iter().map(|t| (*t, "")));
+        .chain(NODE.iter().chain(WORKLOAD).map(|t| (*t, "")));
     let mut missing: Vec<(&str, &str)> = wanted.collect();
     while !missing.is_empty() {
         missing.retain(|(title, track)| {
