@@ -22,7 +22,10 @@ share); about 20 baseline crashes over the analysis. Cases:
 - retried: equal rates now, after an aborted try at 5 x that ended 20
   minutes before this one began (same revision);
 - canary_only: equal rates, and one more canary pod on a node without the
-  baseline, crashing at the same rate.
+  baseline, crashing at the same rate;
+- runs_*: solver runs' durations and endings (tests/judge/sim_runs.py says
+  how they are drawn): as long, 1.25 x (the tolerated slowdown) and twice
+  as long; limit endings at equal shares and at three times the baseline's.
 
 Cases with series or questions of their own (`OWN`, below):
 
@@ -76,6 +79,7 @@ import zlib
 
 import numpy as np
 
+import sim_runs
 from services import Services, free_port, http, wait_http
 
 STEP = 15
@@ -101,6 +105,7 @@ CASES = {
     "parameters": 1.0,
     "deadline": 1.0,
 }
+CASES.update({case: sim_runs.ratio(case) for case in sim_runs.CASES})
 
 
 class Draws:
@@ -479,6 +484,21 @@ OWN = {
 }
 
 
+def write_pod_seconds(out, labels, pods, start):
+    """A revision's pod-seconds on a node, from `start` to the end."""
+    lines = out["lines"].setdefault("canaryscope_pod_seconds_total", [])
+    for k in range((END - start) // STEP + 1):
+        t = start + k * STEP
+        lines.append(f"canaryscope_pod_seconds_total{{{labels}}} {float(pods * (t - start))} {t}")
+
+
+def runs_analysis(draws, case, ratio, i, out):
+    return sim_runs.analysis(sys.modules[__name__], draws, case, i, out)
+
+
+OWN.update({case: (runs_analysis, judged_as_argo) for case in sim_runs.CASES})
+
+
 class Spool:
     """Exposition lines by metric, as `out["lines"]` holds them, kept in a
     file a metric rather than in memory: 1,000 analyses a case are tens of
@@ -496,6 +516,9 @@ class Spool:
 
     def __init__(self, directory):
         self.directory, self.files = directory, {}
+        # OpenMetrics types other than counter, by metric (histogram
+        # buckets are written as `unknown`, one series per bound).
+        self.types = {}
 
     def setdefault(self, metric, _default=None):
         if metric not in self.files:
@@ -508,7 +531,9 @@ class Spool:
     def write_openmetrics(self, path):
         with open(path, "w") as f:
             for metric, lines in self.files.items():
-                f.write(f"# TYPE {metric.removesuffix('_total')} counter\n")
+                kind = self.types.get(metric, "counter")
+                family = metric.removesuffix("_total") if kind == "counter" else metric
+                f.write(f"# TYPE {family} {kind}\n")
                 lines.seek(0)
                 shutil.copyfileobj(lines, f)
                 lines.close()
@@ -543,7 +568,7 @@ def main():
             draws.for_case(c)
             write = OWN[c][0] if c in OWN else analysis
             namespaces[c] = [write(draws, c, CASES[c], i, out) for i in range(args.analyses)]
-        sampler = draws.check()
+        sampler = draws.check() + sim_runs.check()
         if not all(c["ok"] for c in sampler):
             sys.exit(f"the Poisson sampler is off: {sampler}")
         tsdb = os.path.join(work, "tsdb")

@@ -330,6 +330,21 @@ pub const DEFAULT_MIN_RUNS: f64 = 100.0;
 /// ratio: the run p99's canary runs are shifted by the tolerated slowdown
 /// (`solver_runs`), so its pass compares the shares above as they are.
 const BUILT_IN_RATIOS: &[(&str, f64)] = &[("run_duration_p99", 1.0)];
+/// Signals held to a share of each look's threshold: the runs'. A solver
+/// canary runs hundreds of runs, so their exact tests are nearly
+/// continuous, unlike the handful of crashes the other signals see, and
+/// the run p99's tail bound moves with the pooled runs from look to look,
+/// so its looks are nearly separate tests: the union bound over looks is
+/// then nearly reached. With the whole threshold, tests/judge/simulate.py
+/// failed 2.0% of canaries with the baseline's share of limit endings and
+/// about 3% of canaries exactly 1.25 times slower; with a fifth, under 1%,
+/// while canaries twice as slow or with three times the share still fail
+/// at their second look. A smaller threshold keeps every bound above.
+const FAILURE_SHARES: &[(&str, f64)] = &[("run_duration_p99", 0.2), ("run_limit_endings", 0.2)];
+
+fn failure_share(name: &str) -> f64 {
+    FAILURE_SHARES.iter().find(|(n, _)| *n == name).map_or(1.0, |(_, share)| *share)
+}
 /// The share of alpha look 1 may spend: strong early evidence (8 of 20
 /// start-ups failed against none) must fail at once.
 pub const FIRST_LOOK_SHARE: f64 = 0.2;
@@ -689,6 +704,7 @@ fn mantel_haenszel_ratio(used: &[&Stratum]) -> Option<f64> {
 /// The signal's verdict, its rule and a note saying why.
 fn decide(a: &mut Assessed, threshold: f64, pass_threshold: f64, explain: bool) {
     let report = &mut a.report;
+    let threshold = threshold * failure_share(&report.name);
     report.threshold = threshold;
     report.pass_threshold = pass_threshold;
     let unit = report.kind.unit();
