@@ -58,6 +58,15 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// A run's end: what ran, how it ended and how long it took.
+fn run(executable: &str, duration_ns: u64, ending: crate::exit_cause::RunEnding, exit_code: i32) -> String {
+    format!(
+        "run of {executable} ended ({}, status {exit_code}) after {}",
+        ending.as_str(),
+        duration(duration_ns)
+    )
+}
+
 pub fn detail(event: &Event) -> String {
     match &event.detail {
         Detail::Crash { signal, addr, library, library_offset, in_call, .. } => {
@@ -126,11 +135,7 @@ pub fn detail(event: &Event) -> String {
         }
         Detail::HttpUnparsed { protocol } => format!("a {protocol} connection, not parsed (HTTP/1.x only)"),
         Detail::RunEnded { executable, duration_ns, ending, exit_code } => {
-            format!(
-                "run of {executable} ended ({}, status {exit_code}) after {}",
-                ending.as_str(),
-                duration(*duration_ns)
-            )
+            run(executable, *duration_ns, *ending, *exit_code)
         }
         Detail::LibraryLoadFailed { .. } => load_failed(&event.detail),
         Detail::LibraryProbed { library, flavor, functions, reason, held_ns, probes_after } => {

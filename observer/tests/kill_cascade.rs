@@ -6,7 +6,6 @@
 //! cascade is under way, naming its pods, rather than blaming the canary
 //! it hit most; with the cascade rule raised past three pods, the same
 //! counts fail the canary.
-mod support;
 
 use std::{
     os::unix::process::ExitStatusExt,
@@ -16,7 +15,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::{k8s::*, *};
+use test_support::{k8s::*, *};
 
 fn prom_value(port: u16, query: &str) -> f64 {
     prom_query(port, query).first().and_then(|s| s["value"][1].as_str()?.parse().ok()).unwrap_or(0.0)
@@ -115,8 +114,18 @@ fn an_oom_cascade_across_three_pods_of_two_revisions_is_named_not_blamed_on_the_
         poison(&canary[0].1);
         poison(&canary[1].1);
     }
-    wait_prom(prom_port, "canary OOM kills", "sum(canaryscope_oom_kills_total{revision=\"poisonhash\"})", |v| v == 10.0);
-    wait_prom(prom_port, "stable OOM kills", "sum(canaryscope_oom_kills_total{revision=\"stablehash\"})", |v| v == 1.0);
+    wait_prom(
+        prom_port,
+        "canary OOM kills",
+        "sum(canaryscope_oom_kills_total{revision=\"poisonhash\"})",
+        |v| v == 10.0,
+    );
+    wait_prom(
+        prom_port,
+        "stable OOM kills",
+        "sum(canaryscope_oom_kills_total{revision=\"stablehash\"})",
+        |v| v == 1.0,
+    );
     // The rules see it: three pods, two revisions, the alert firing.
     let pods = "canaryscope:kill_cascade_pods:10m{workload=\"solver\"}";
     wait_prom(prom_port, "the cascade's pods", pods, |v| v == 3.0);

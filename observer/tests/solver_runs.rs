@@ -6,7 +6,6 @@
 //! runs take three times longer, through a real Prometheus and the judge,
 //! whose p-value an independent oracle recomputes from Prometheus' own
 //! buckets.
-mod support;
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +17,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use support::{k8s::*, *};
+use test_support::{k8s::*, *};
 
 fn solver_dir() -> PathBuf {
     repo().join("tests/solver")
@@ -119,7 +118,8 @@ fn a_real_z3_under_the_runbooks_wrapper_ends_each_way_and_only_its_runs_count() 
     }
     // kubelet's exec probe: a shell from outside the container, and the
     // program it starts, are no runs.
-    let probe = cg.command(Path::new("/bin/sh")).args(["-c", "cat /proc/self/stat >/dev/null; true"]).status();
+    let probe =
+        cg.command(Path::new("/bin/sh")).args(["-c", "cat /proc/self/stat >/dev/null; true"]).status();
     assert!(probe.expect("the probe").success());
 
     let owner = format!("workload=\"{}\"", cg.rel.rsplit_once('/').map(|(pod, _)| pod).unwrap_or_default());
@@ -142,7 +142,9 @@ fn a_real_z3_under_the_runbooks_wrapper_ends_each_way_and_only_its_runs_count() 
     assert_eq!(executables, BTreeMap::from([("z3".to_string(), jobs.len() as f64)]), "{metrics}");
     // The refused allocations were seen, and the durations are the runs':
     // exec to exit, within the worker's own fork-to-wait times.
-    assert!(metrics.lines().any(|l| l.starts_with("canaryscope_memory_limit_refusals_total{") && l.contains("limit=\"as\"")));
+    assert!(metrics
+        .lines()
+        .any(|l| l.starts_with("canaryscope_memory_limit_refusals_total{") && l.contains("limit=\"as\"")));
     let sum = run_lines(&metrics, &owner, "canaryscope_run_duration_seconds_sum", "executable")["z3"];
     assert!(sum <= worker_seconds && sum >= 0.8 * worker_seconds - 0.05, "{sum} s of {worker_seconds} s");
 }
@@ -180,12 +182,14 @@ fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool) {
 /// after the canary's first data, so its value is its increase).
 fn oracle_p99(prom_port: u16, canary: &str, baseline: &str, at: f64) -> Value {
     let side = |revision: &str| {
-        let query = format!("canaryscope_run_duration_seconds_bucket{{revision=\"{revision}\",executable=\"z3\"}}");
+        let query =
+            format!("canaryscope_run_duration_seconds_bucket{{revision=\"{revision}\",executable=\"z3\"}}");
         let encoded: String = query
             .bytes()
             .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
             .collect();
-        let (_, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}&time={at}")).expect("Prometheus");
+        let (_, body) =
+            http_get(prom_port, &format!("/api/v1/query?query={encoded}&time={at}")).expect("Prometheus");
         let answer: Value = serde_json::from_str(&body).expect("JSON");
         let mut buckets: Vec<(f64, f64)> = Vec::new();
         let mut total = 0.0;
@@ -214,6 +218,31 @@ fn oracle_p99(prom_port: u16, canary: &str, baseline: &str, at: f64) -> Value {
     answers.into_iter().next().expect("one answer")
 }
 
+/// Runs per revision in the test below.
+const RUNS: usize = 20;
+
+/// [`RUNS`] rounds of one job per worker, one worker after another so that
+/// all see the same load; a worker's job is that many copies of the same
+/// problem. The seconds each worker saw, by name.
+fn rounds<'a>(workers: &mut [(&'a str, &mut Worker, u32)]) -> BTreeMap<&'a str, Vec<f64>> {
+    let mut seconds: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..RUNS {
+        for (name, worker, copies) in workers.iter_mut() {
+            worker.send(&json!({"pigeons": 7, "copies": copies}));
+            let (outcome, s) = worker.done();
+            assert_eq!(outcome, "exit0");
+            seconds.entry(*name).or_default().push(s);
+        }
+    }
+    seconds
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 #[test]
 #[ignore = "needs root, z3 and prometheus (scripts/setup.sh); run by `cargo xtask test`"]
 fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
@@ -234,33 +263,11 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
         let q = format!("sum(canaryscope_pod_seconds_total{{revision=\"{hash}\"}})");
         wait_prom(prom_port, "pod-seconds", &q, |v| v > 0.0);
     }
-    // Rounds of one job each, one after another, so the three see the same
-    // load: the slow canary's job is three copies of the same problem.
-    const RUNS: usize = 20;
-    let mut seconds: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for _ in 0..RUNS {
-        let jobs = [(json!({"pigeons": 7}), 1), (json!({"pigeons": 7, "copies": 3}), 2), (json!({"pigeons": 7}), 3)];
-        for (job, which) in jobs {
-            let (name, worker) = match which {
-                1 => ("stable", &mut stable),
-                2 => ("slow", &mut slow),
-                _ => ("same", &mut same),
-            };
-            worker.send(&job);
-            let (outcome, s) = worker.done();
-            assert_eq!(outcome, "exit0");
-            seconds.entry(name).or_default().push(s);
-        }
-    }
+    let seconds = rounds(&mut [("stable", &mut stable, 1), ("slow", &mut slow, 3), ("same", &mut same, 1)]);
     for hash in ["stablehash", "slowhash", "samehash"] {
         let q = format!("sum(canaryscope_run_duration_seconds_count{{revision=\"{hash}\"}})");
         wait_prom(prom_port, "every run scraped", &q, |v| v == RUNS as f64);
     }
-    let median = |v: &Vec<f64>| {
-        let mut v = v.clone();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let worker_ratio = median(&seconds["slow"]) / median(&seconds["stable"]);
     let p50 = |hash: &str| {
         let q = format!(
@@ -269,11 +276,14 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
         prom_value(prom_port, &q).expect("a p50")
     };
     let daemon_ratio = p50("slowhash") / p50("stablehash");
-    eprintln!("slow/stable median: {worker_ratio:.2} by the workers, {daemon_ratio:.2} by the daemon's buckets");
+    eprintln!(
+        "slow/stable median: {worker_ratio:.2} by the workers, {daemon_ratio:.2} by the daemon's buckets"
+    );
     // Three times the solving, beside z3's start-up of a few tens of ms.
     assert!(worker_ratio > 2.2 && daemon_ratio > 2.2, "{worker_ratio} {daemon_ratio}");
 
-    let end = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock")).as_secs_f64();
+    let end =
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock")).as_secs_f64();
     let (_judge, judge_port) = start_judge(prom_port);
     let ask = |canary: &str| -> Value {
         let path = format!(
@@ -286,7 +296,11 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
     let answer = ask("slowhash");
     assert_eq!(answer["verdict"], "fail", "{answer:#}");
     let p99 = signal(&answer, "run_duration_p99");
-    assert_eq!((&p99["verdict"], &p99["rule"]), (&json!("fail"), &json!("fisher_exact_stratified")), "{p99:#}");
+    assert_eq!(
+        (&p99["verdict"], &p99["rule"]),
+        (&json!("fail"), &json!("fisher_exact_stratified")),
+        "{p99:#}"
+    );
     // One stratum: the node (here its daemon's address) and the executable.
     assert_eq!(p99["nodes_used"], json!([format!("127.0.0.1:{}/z3", daemon.port)]), "{p99:#}");
     // The same p-value from Prometheus' buckets, by the oracle's own rule.

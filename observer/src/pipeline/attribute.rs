@@ -295,11 +295,8 @@ impl Attributor {
                 vec![Event { origin, detail: Detail::GpuHardware { kind, function, detail, attributed } }]
             }
             // Discovery records are the library tracker's, runs' the pipeline's.
-            Raw::LibraryMap(_)
-            | Raw::Exec(_)
-            | Raw::GpuMap(_)
-            | Raw::LibraryLoadFailed(_)
-            | Raw::RunExec(_) => Vec::new(),
+            Raw::LibraryMap(_) | Raw::Exec(_) | Raw::GpuMap(_) => Vec::new(),
+            Raw::LibraryLoadFailed(_) | Raw::RunExec(_) => Vec::new(),
         }
     }
 
