@@ -20,17 +20,18 @@
 //! Prometheus with promtool and asks the real service at every look. Its
 //! cases (equal rates, the tolerated ratio 1.5, 5x, a daemon restart, a
 //! retried revision, a node without the baseline, a GPU canary whose
-//! baseline started days before, Flagger's newest revision) are rows of
-//! their own: false rollbacks at most 1% where the canary is within
-//! tolerance, detection at least 90% at 5x, and the share of healthy
-//! canaries that pass by look 10 beside them. Its checks (the refused or
-//! inconclusive parameters, a slow Prometheus under a deadline) are rows
-//! too: any analysis not answered as documented makes the run wrong.
-//! 1,000 analyses a case (100 when quick). Its request signals' cases
-//! (issue 53: 5xx share, p99 against stable, each at the tolerance's edge
-//! and at the size the issue sets for detection) run in Prometheus servers
-//! of their own, 300 analyses a case (20 when quick): each writes every
-//! latency bucket of six revisions' node series.
+//! baseline started days before, Flagger's newest revision; solver runs as
+//! long, 1.25x and 2x as long, limit endings at the baseline's share and 3x
+//! it) are rows of their own: false rollbacks at most 1% where the canary
+//! is within tolerance (a ratio up to 1.5), detection at least 90% beyond
+//! it, and the share of healthy canaries that pass by look 10 beside them.
+//! Its checks (the refused or inconclusive parameters, a slow Prometheus
+//! under a deadline) are rows too: any analysis not answered as documented
+//! makes the run wrong. 1,000 analyses a case (100 when quick). Its request
+//! signals' cases (issue 53: 5xx share, p99 against stable, each at the
+//! tolerance's edge and at the size the issue sets for detection) run in
+//! Prometheus servers of their own, 300 analyses a case (20 when quick):
+//! each writes every latency bucket of six revisions' node series.
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
