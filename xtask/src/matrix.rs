@@ -14,7 +14,7 @@ const START: &str = "<!-- kernel-matrix:start (cargo xtask matrix writes this ta
 const END: &str = "<!-- kernel-matrix:end -->";
 
 /// The families in the order docs/how-it-sees.md explains them.
-const FAMILIES: [(&str, &str); 11] = [
+const FAMILIES: [(&str, &str); 12] = [
     ("gpu", "GPU runtime calls (uprobes)"),
     ("discovery", "new runtime files before their first call"),
     ("kfd", "KFD ioctls"),
