@@ -555,7 +555,8 @@ fn an_independent_simulation_through_prometheus_meets_the_targets() {
     // Within tolerance, nothing fails in 20; at 5x nearly all do. The runs:
     // as long, exactly 1.25x as long, the baseline's share of limit endings
     // are within it; twice as long, three times the share are not.
-    let within = ["equal", "edge", "restart", "retried", "canary_only", "gpu_equal", "gpu_rare", "flagger_newest"];
+    let within =
+        ["equal", "edge", "restart", "retried", "canary_only", "gpu_equal", "gpu_rare", "flagger_newest"];
     let runs_within = ["runs_p99_equal", "runs_p99_edge", "runs_limits_edge"];
     for name in within.iter().chain(&runs_within) {
         assert!(share(name, "failed_share") <= 0.05, "{name}: {report:#}");

@@ -6,7 +6,6 @@
 //! cascade is under way, naming its pods, rather than blaming the canary
 //! it hit most; with the cascade rule raised past three pods, the same
 //! counts fail the canary.
-
 use std::{
     os::unix::process::ExitStatusExt,
     process::{Command, Stdio},
@@ -15,7 +14,14 @@ use std::{
 };
 
 use serde_json::Value;
-use test_support::{k8s::*, *};
+use test_support::{
+    assert_root, canaryscope, fixture, free_port, http_get,
+    k8s::{
+        prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
+        NodePod, Proc, NS,
+    },
+    random_pod_uid, Daemon, PodCgroup,
+};
 
 fn prom_value(port: u16, query: &str) -> f64 {
     prom_query(port, query).first().and_then(|s| s["value"][1].as_str()?.parse().ok()).unwrap_or(0.0)

@@ -6,7 +6,6 @@
 //! runs take three times longer, through a real Prometheus and the judge,
 //! whose p-value an independent oracle recomputes from Prometheus' own
 //! buckets.
-
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Write},
@@ -17,7 +16,14 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use test_support::{k8s::*, *};
+use test_support::{
+    assert_root, canaryscope, field, free_port, http_get,
+    k8s::{
+        prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
+        NodePod, Proc, NS,
+    },
+    metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
+};
 
 fn solver_dir() -> PathBuf {
     repo().join("tests/solver")

@@ -332,12 +332,13 @@ async fn decide(judge: &Judge, mut question: Question) -> Answer {
     if let Some(share) = question.http_error_share {
         policy.error_share = share;
     }
+    let deadline = tokio::time::Instant::now() + judge.deadline;
     let reading = signals::Reading {
         question: &question,
         end,
         startup_lookback: judge.startup_lookback.as_secs_f64(),
         min_startups: judge.policy.min_startups,
-        deadline: tokio::time::Instant::now() + judge.deadline,
+        deadline,
         latency_hold: question.p99_for.unwrap_or(judge.latency_hold).as_secs_f64(),
     };
     let collected = match signals::collect(&judge.prometheus, &reading).await {
@@ -372,7 +373,7 @@ async fn decide(judge: &Judge, mut question: Question) -> Answer {
             format!("no data for the baseline {:?} in namespace {:?}", question.baseline, question.namespace);
         return inconclusive(question, reason);
     }
-    let cascade = match read_cascade(judge, &question, end).await {
+    let cascade = match read_cascade(judge, &question, end, deadline).await {
         Ok(c) => c,
         Err(e) => return inconclusive(question, format!("the workload's kills, for a cascade: {e}")),
     };
@@ -391,15 +392,15 @@ async fn decide(judge: &Judge, mut question: Question) -> Answer {
     Answer::new(question, look, verdict::stays_failed(current, look, earlier), cascade)
 }
 
-/// A cascade of kills in the workload (any revision) at `end`, within the
-/// answer's deadline.
+/// A cascade of kills in the workload (any revision) at `end`, by the
+/// answer's `deadline` (the same the signals' queries had).
 async fn read_cascade(
     judge: &Judge,
     question: &Question,
     end: f64,
+    deadline: tokio::time::Instant,
 ) -> Result<Option<cascade::Cascade>, prometheus::PromError> {
     let query = cascade::query(&question.namespace, &question.canary.workload, judge.cascade);
-    let deadline = tokio::time::Instant::now() + judge.deadline;
     let series = tokio::time::timeout_at(deadline, judge.prometheus.samples(&query, end))
         .await
         .map_err(|_| prometheus::PromError::Deadline(vec![format!("{} (cascade)", cascade::LAST_KILL)]))??;
