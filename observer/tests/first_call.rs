@@ -353,6 +353,30 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
     }
 }
 
+/// The hold once, for the kernels of the matrix CI boots with one test per
+/// family: a process stopped at its mapping of a never-seen runtime file,
+/// by the kernel side's signal, and resumed once the file is probed, has
+/// its immediate first call seen. Its report, and the record the watchdog
+/// reads, go through maps and signals whose support differs by kernel.
+#[test]
+#[ignore = "needs root; run by `cargo xtask test`"]
+fn a_held_process_has_its_immediate_first_call_seen() {
+    assert_root();
+    let loader = fixture("gpu_dlopen");
+    let lib = zluda();
+    let tracer = Tracer::start(&["--hold", "--all"]);
+    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let fresh = Fresh::new();
+    let copy = fresh.copy(&lib, "held/libcuda.so.1");
+    let mut cmd = pod.command(&loader);
+    cmd.arg(&copy);
+    let pid = out_pid(&run_detached(cmd).stdout);
+    let (call, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
+    assert!(reason(&probed).ends_with("held until probed"), "{probed}");
+    assert!(probed["held_ns"].as_u64().is_some_and(|ns| ns > 0), "{probed}");
+    assert_eq!(call["cgroup"], pod.rel.as_str(), "{call}");
+}
+
 /// A daemon that reads a mapping's report only after the process has
 /// gone (it was busy, or the hold's deadline let the process run on) cannot
 /// reach the file through that process. The file must stay news to the

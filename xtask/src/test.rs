@@ -291,7 +291,8 @@ const LATER_SUITES: &[Suite] = &[
 ];
 
 /// Every probe family once, in the shape the kernel gets, for the kernels
-/// CI cannot afford whole suites on: `check` (kernel_support), a GPU call
+/// CI cannot afford whole suites on: `check` (kernel_support), the hold
+/// (a process stopped at a new runtime file's mapping), a GPU call
 /// failure through both runtime layers, a crash in the library, a library
 /// found after start, per-process hot probes (counted, or timed where the
 /// kernel has no attach cookies), the CPU/OOM/exit suite
@@ -300,6 +301,7 @@ const LATER_SUITES: &[Suite] = &[
 /// kernels that have amdgpu.
 const ONE_PER_FAMILY: &[Suite] = &[
     ("kernel_support", &[]),
+    ("first_call", &["a_held_process_has_its_immediate_first_call_seen"]),
     (
         "gpu_cuda",
         &[
@@ -503,11 +505,19 @@ mod tests {
 
     #[test]
     fn every_kernel_of_the_matrix_runs_check_and_each_family_once_or_more() {
+        let first_call_only =
+            |b: &&Boot| b.suites.iter().flat_map(|l| l.iter()).all(|(n, _)| *n == "first_call");
+        // Each kernel holds a process at a new runtime file's mapping once.
+        for kernel in ["6.1", "6.12", "5.10", "6.1-cloud"] {
+            let holds = VM_BOOTS
+                .iter()
+                .filter(|b| b.kernel == kernel)
+                .flat_map(|b| b.suites.iter().flat_map(|l| l.iter()))
+                .any(|(n, _)| *n == "first_call");
+            assert!(holds, "{kernel} runs no first-call case with the hold");
+        }
         // Every boot but the first-call suite's own.
-        for boot in VM_BOOTS
-            .iter()
-            .filter(|b| !b.suites.iter().flat_map(|l| l.iter()).any(|(n, _)| *n == "first_call"))
-        {
+        for boot in VM_BOOTS.iter().filter(|b| !first_call_only(b)) {
             let names: Vec<&str> = boot.suites.iter().flat_map(|l| l.iter()).map(|(n, _)| *n).collect();
             for must in [
                 "kernel_support",
