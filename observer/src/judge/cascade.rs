@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use super::{
     prometheus::{quote, Series},
-    verdict::{Judgement, Outcome, SignalVerdict},
+    report::{Judgement, Outcome, SignalVerdict},
 };
 
 pub const LAST_KILL: &str = "canaryscope_last_kill_timestamp_seconds";
@@ -147,7 +147,11 @@ pub fn apply(mut judgement: Judgement, cascade: Option<&Cascade>, look: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::verdict::{judge, Policy, SignalData, SignalKind, Stratum};
+    use crate::judge::{
+        policy::Policy,
+        strata::{SignalData, SignalKind, Stratum},
+        verdict::judge,
+    };
 
     fn kill(pod: &str, revision: &str, at: &[f64]) -> Series {
         let labels = [("namespace", "ns"), ("pod", pod), ("revision", revision), ("cause", "oom_kill")];

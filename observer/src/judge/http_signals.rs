@@ -20,7 +20,7 @@ use super::{
     requests::{hold_checks, HeldCheck, RequestTerms},
     signals::{increase, node_of, nothing, per_node, strata, Query},
     stats::Counts,
-    verdict::{SignalData, SignalKind, Span, Stratum},
+    strata::{SignalData, SignalKind, Span, Stratum},
 };
 
 pub const REQUEST_COUNT: &str = "canaryscope_http_server_request_duration_seconds_count";

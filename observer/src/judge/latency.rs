@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{
     requests::{NodeCut, Uncompared, LATENCY_RATIO, MIN_BASELINE_REQUESTS, TAIL_SHARE},
-    verdict::Stratum,
+    strata::Stratum,
 };
 
 /// One revision's requests on one node over a span: cumulative counts at

@@ -17,13 +17,17 @@ mod cascade;
 mod http;
 mod http_signals;
 mod latency;
+pub mod policy;
 mod prometheus;
+pub mod report;
 mod request;
 pub mod requests;
 mod signals;
 pub mod simulate;
 pub mod solver_runs;
+pub mod spending;
 pub mod stats;
+pub mod strata;
 pub mod verdict;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
@@ -35,9 +39,10 @@ use tokio::net::TcpListener;
 
 use self::{
     http::{Reply, Request},
+    policy::Policy,
     prometheus::Prometheus,
+    report::{Judgement, Outcome},
     request::{BadRequest, Params, Question},
-    verdict::{Judgement, Outcome, Policy},
 };
 use crate::{error::CliError, event_loop::StopSignals};
 
@@ -66,19 +71,19 @@ pub struct Args {
     pub prometheus: Option<String>,
     /// False-rollback rate the whole analysis may spend, over all its
     /// looks and signals.
-    #[arg(long, default_value_t = verdict::DEFAULT_ALPHA, value_name = "P")]
+    #[arg(long, default_value_t = policy::DEFAULT_ALPHA, value_name = "P")]
     pub alpha: f64,
     /// Canary/baseline rate ratio tolerated for per-pod-second signals.
-    #[arg(long, default_value_t = verdict::DEFAULT_TOLERATED_RATIO, value_name = "RATIO")]
+    #[arg(long, default_value_t = policy::DEFAULT_TOLERATED_RATIO, value_name = "RATIO")]
     pub tolerated_ratio: f64,
     /// A signal's own tolerated ratio, e.g. `--ratio memory_limit_refusals=3` (repeatable).
     #[arg(long = "ratio", value_name = "SIGNAL=RATIO", value_parser = parse_override)]
     pub ratios: Vec<(String, f64)>,
     /// Start-ups the canary must reach before it can pass.
-    #[arg(long, default_value_t = verdict::DEFAULT_MIN_STARTUPS, value_name = "N")]
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_STARTUPS, value_name = "N")]
     pub min_startups: f64,
     /// Pod-seconds the canary must reach before it can pass.
-    #[arg(long, default_value_t = verdict::DEFAULT_MIN_POD_SECONDS, value_name = "SECONDS")]
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_POD_SECONDS, value_name = "SECONDS")]
     pub min_pod_seconds: f64,
     /// HTTP requests the canary must serve on compared nodes before a
     /// request signal can pass.
@@ -96,7 +101,7 @@ pub struct Args {
     pub p99_for: Duration,
     /// Runs the canary must reach before it can pass (workloads whose pods
     /// start runs, such as solvers).
-    #[arg(long, default_value_t = verdict::DEFAULT_MIN_RUNS, value_name = "N")]
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_RUNS, value_name = "N")]
     pub min_runs: f64,
     /// Distinct pods of the workload killed (OOM, crash) within
     /// --cascade-window that make a cascade.
@@ -305,7 +310,7 @@ struct Answer {
     reason: String,
     look: u32,
     question: Question,
-    signals: Vec<verdict::SignalReport>,
+    signals: Vec<report::SignalReport>,
     /// Pods of the workload killed one after another, if a cascade is under way.
     cascade: Option<cascade::Cascade>,
 }

@@ -44,7 +44,7 @@ use super::{
     prometheus::{quote, PromError, Prometheus, Series},
     request::{Question, Side},
     solver_runs::{self, RunData},
-    verdict::{SignalData, SignalKind, Span, Stratum},
+    strata::{SignalData, SignalKind, Span, Stratum},
 };
 
 struct Signal {

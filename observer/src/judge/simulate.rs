@@ -19,7 +19,13 @@
 //! crate beyond the observer's own.
 use serde::Serialize;
 
-use super::verdict::{self, judge, Outcome, Policy, SignalData, SignalKind, Stratum};
+use super::{
+    policy::Policy,
+    report::Outcome,
+    spending,
+    strata::{SignalData, SignalKind, Stratum},
+    verdict::judge,
+};
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -179,7 +185,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         seed: cfg.seed,
         alpha: cfg.policy.alpha,
         tolerated_ratio: cfg.policy.tolerated_ratio,
-        look_weights: (1..=cfg.looks).map(verdict::look_weight).collect(),
+        look_weights: (1..=cfg.looks).map(spending::look_weight).collect(),
         min_pod_seconds: cfg.policy.min_pod_seconds,
         min_startups: cfg.policy.min_startups,
         canary_pod_seconds_per_look: canary_ps,

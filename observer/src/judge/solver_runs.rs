@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     prometheus::Series,
     signals::{increase, node_of},
-    verdict::{SignalData, SignalKind, Span, Stratum},
+    strata::{SignalData, SignalKind, Span, Stratum},
 };
 
 const ENDINGS: &str = "canaryscope_run_endings_total";
