@@ -280,8 +280,13 @@ const CUDART_LAYERS: &[&str] = &[
     "no_device_is_seen_at_both_layers_of_the_11_8_and_12_runtimes",
 ];
 
+/// Solver runs from exec to exit, each ending a real z3 can have: the runs
+/// family's programs once per kernel.
+const Z3_RUNS: &str = "a_real_z3_under_the_runbooks_wrapper_ends_each_way_and_only_its_runs_count";
+
 /// The suites of the later families, whole on 6.1.
 const LATER_SUITES: &[Suite] = &[
+    ("solver_runs", &[Z3_RUNS]),
     ("hot_calls", &[]),
     ("exit_causes", &[]),
     ("memory_limits", &[]),
@@ -297,8 +302,8 @@ const LATER_SUITES: &[Suite] = &[
 /// found after start, per-process hot probes (counted, or timed where the
 /// kernel has no attach cookies), the CPU/OOM/exit suite
 /// (throttling, OOM kill, exits), a sender of a fatal signal, a refused
-/// allocation and the run-queue histogram. KFD comes on its own, for the
-/// kernels that have amdgpu.
+/// allocation, the run-queue histogram and a solver's runs. KFD comes on
+/// its own, for the kernels that have amdgpu.
 const ONE_PER_FAMILY: &[Suite] = &[
     ("kernel_support", &[]),
     ("first_call", &["a_held_process_has_its_immediate_first_call_seen"]),
@@ -322,6 +327,7 @@ const ONE_PER_FAMILY: &[Suite] = &[
     ("exit_causes", &["kill_9_from_elsewhere_names_the_senders_scope"]),
     ("memory_limits", &["a_tight_mmap_refusal_loop_gives_one_record_a_second_and_an_exact_count"]),
     ("sched_scope", &["a_cgroups_histogram_total_is_the_kernels_run_delay_of_its_threads"]),
+    ("solver_runs", &[Z3_RUNS]),
 ];
 const KFD_ONCE: &[Suite] = &[("vm_kfd", &["real_hip_runtime_kfd_ioctls_and_its_crash_are_seen"])];
 
@@ -527,6 +533,7 @@ mod tests {
                 "exit_causes",
                 "memory_limits",
                 "sched_scope",
+                "solver_runs",
             ] {
                 assert!(names.contains(&must), "{} lacks {must}", boot.kernel);
             }
