@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import deploycheck as dc  # noqa: E402
-from deploycheck import err, ok, finish, by_kind, rel  # noqa: E402
+import lib as dc  # noqa: E402
+from lib import err, ok, finish, by_kind, rel  # noqa: E402
 
 import yaml  # noqa: E402
 
