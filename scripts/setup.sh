@@ -20,6 +20,8 @@ PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev
     libamdhip64-5 gcc make pkg-config
     bpftool bpftrace libbpf-tools prometheus
+    # jq for YAML: deploy/check.sh compares and rewrites manifests with it
+    yq
     qemu-system-x86 busybox-static cpio kmod xz-utils zstd
     # the keys of Debian 11's archive, for the 5.10 VM kernel (tests/vm/run.sh)
     debian-archive-keyring

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import (ARGO, DEPLOY, ERRORS, FLAGGER, JUDGE_ARGO, commented_example, err, finish,  # noqa: E402
                  load_all, ok, rel)

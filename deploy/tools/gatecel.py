@@ -12,6 +12,7 @@ condition (Ready); other users' requests not matched (deploy/check.sh step 10).
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import (ALL_ON_RELEASE, ALL_ON_VALUES, DEPLOY, GATE_CONDITION, GATE_POLICY, RenderError,  # noqa: E402
                  by_kind, daemonset, err, finish, helm_docs, kustomize, load_all, ok, rel)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 
-sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 
 try:
     import yaml

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import (CHART, DEPLOY, ERRORS, GATE_CONDITION, by_kind, daemonset, err, finish, load_all,  # noqa: E402
                  load_yaml, ok, parse_render, rel)

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import (ARGO, DEPLOY, ERRORS, FLAGGER, commented_example, err, finish, load_all,  # noqa: E402
                  load_yaml, ok, rel)

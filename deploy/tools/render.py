@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import (BASE_RELEASE, BASE_VALUES, CHART, DEPLOY, RenderError, err, finish, helm_template,  # noqa: E402
                  ok, parse_render, rel)

@@ -2,7 +2,7 @@
 //! daemon sees every event kind this machine can cause (GPU init failures
 //! and successful calls, a stall, a crash inside the GPU library, an abort,
 //! an OOM kill, an mmap refused by RLIMIT_AS, a CPU-limited cgroup), each
-//! family is asserted on its /metrics, and deploy/tools/deploycheck.py
+//! family is asserted on its /metrics, and deploy/tools/queries.py
 //! checks every rule, alert and analysis query of deploy/ against that
 //! scrape (and against the declared families for what cannot be caused
 //! here: GPU hardware faults, KFD).
@@ -159,11 +159,11 @@ fn every_family_on_a_real_scrape_and_deploy_selects_only_what_it_carries() {
     let scrape = std::env::temp_dir().join(format!("canaryscope-scrape-{}.prom", random_hex(8)));
     std::fs::write(&scrape, &metrics).expect("write the scrape");
     let out = Command::new(python_with_yaml())
-        .arg(repo().join("deploy/tools/deploycheck.py"))
+        .arg(repo().join("deploy/tools/queries.py"))
         .args(["contract", "--scrape"])
         .arg(&scrape)
         .output()
-        .expect("python3 deploycheck.py");
+        .expect("python3 queries.py");
     let _ = std::fs::remove_file(&scrape);
     assert!(
         out.status.success(),

@@ -1,7 +1,7 @@
 //! Every metric family the exporter can render, declared once: name, help,
 //! type and label names. Rendering takes all four from here, so a family
 //! cannot drift from its declaration at one of its use sites, and the
-//! documented lists (docs/daemon.md, deploy/tools/deploycheck.py) have one place to
+//! documented lists (docs/daemon.md, deploy/tools/queries.py) have one place to
 //! be checked against.
 //!
 //! The declarations live in each family's file; this is their one list.

@@ -1,6 +1,6 @@
 //! The metric contract as data for `deploy/`: every family's name, type and
 //! labels, taken from the catalog. `deploy/metric-contract.json` is this
-//! output; deploy/tools/deploycheck.py checks rules, alerts, analysis
+//! output; deploy/tools/queries.py checks rules, alerts, analysis
 //! templates and test series against it, and a unit test keeps the file
 //! equal to the code.
 use serde_json::{json, Map, Value};
