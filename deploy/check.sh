@@ -217,18 +217,20 @@ helm_template() {   # helm_template RELEASE NAMESPACE [helm args...]
 
 # What users apply, rendered by the tools they apply it with, for steps 1 and 9 to 11.
 render() {
-    local r="$tmp/render" overlay="$tmp/render/secure-overlay"
+    local r="$tmp/render" overlay="$tmp/render/secure-overlay" bad=0
     mkdir -p "$overlay" &&
         printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n' \
             "$(realpath --relative-to="$overlay" deploy)" "$(realpath --relative-to="$overlay" deploy/secure)" \
-            > "$overlay/kustomization.yaml" &&
-        kubectl kustomize deploy > "$r/base.yaml" &&
-        kubectl kustomize "$overlay" > "$r/secure.yaml" &&
-        kubectl kustomize deploy/judge > "$r/judge.yaml" &&
-        helm_template canaryscope canaryscope > "$r/chart-default.yaml" &&
-        helm_template inference-observer observability --values deploy/helm/ci/all-on-values.yaml \
-            > "$r/chart-allon.yaml" &&
-        "$PY" deploy/tools/crds.py examples "$r/examples.yaml" >/dev/null
+            > "$overlay/kustomization.yaml" || return 1
+    # Each on its own, so that one refusal does not hide what the others render.
+    kubectl kustomize deploy > "$r/base.yaml" || bad=1
+    kubectl kustomize "$overlay" > "$r/secure.yaml" || bad=1
+    kubectl kustomize deploy/judge > "$r/judge.yaml" || bad=1
+    helm_template canaryscope canaryscope > "$r/chart-default.yaml" || bad=1
+    helm_template inference-observer observability --values deploy/helm/ci/all-on-values.yaml \
+        > "$r/chart-allon.yaml" || bad=1
+    "$PY" deploy/tools/crds.py examples "$r/examples.yaml" >/dev/null || bad=1
+    return $bad
 }
 
 # Built-in kinds against Kubernetes' own schemas, strictly. kubernetes-validate only
