@@ -236,20 +236,24 @@ render() {
 # Built-in kinds against Kubernetes' own schemas, strictly. kubernetes-validate only
 # warns of a kind it has no schema for: custom resources are crds.py's (step 10), and
 # the admission policy exists from 1.30 on; any other such warning fails.
-kube_schemas() {   # kube_schemas FILE...
-    local v rc files bad=0
-    local skip="Couldn't find schema for kind [A-Za-z]+ with api version (argoproj\.io|flagger\.app|monitoring\.coreos\.com)/"
-    local before_vap="Couldn't find schema for kind ValidatingAdmissionPolicy(Binding)? with api version admissionregistration\.k8s\.io/v1 for kubernetes version 1\.28$"
-    # The oldest version supported, the admission policy's first (the policy alone) and
-    # the newest, side by side.
-    for v in 1.28 1.30 1.37; do
+kv_versions=(1.28 1.30 1.37)
+kube_schemas_start() {   # kube_schemas_start FILE...: in the background, while steps 1 to 8 run
+    local v files
+    # The oldest version supported, the admission policy's first (the policy alone), the newest.
+    for v in "${kv_versions[@]}"; do
         files=("$@")
         [ "$v" != 1.30 ] || files=(deploy/gate-admission-policy.yaml)
         { "$PY" -m kubernetes_validate --strict --quiet -k "$v" "${files[@]}" > "$tmp/kv-$v" 2>&1
           echo $? > "$tmp/kv-$v.rc"; } &
+        kv_pids+=($!)
     done
-    wait
-    for v in 1.28 1.30 1.37; do
+}
+kube_schemas() {
+    local v rc bad=0
+    local skip="Couldn't find schema for kind [A-Za-z]+ with api version (argoproj\.io|flagger\.app|monitoring\.coreos\.com)/"
+    local before_vap="Couldn't find schema for kind ValidatingAdmissionPolicy(Binding)? with api version admissionregistration\.k8s\.io/v1 for kubernetes version 1\.28$"
+    wait "${kv_pids[@]}"
+    for v in "${kv_versions[@]}"; do
         rc="$(cat "$tmp/kv-$v.rc")"
         if grep -v -E -e "$skip" -e "$before_vap" -e '^$' "$tmp/kv-$v" | sed 's/^/  FAIL: /' | grep . ||
             [ "$rc" -ne 0 ]; then
@@ -258,12 +262,14 @@ kube_schemas() {   # kube_schemas FILE...
         fi
     done
     [ "$bad" -eq 0 ] &&
-        ok "$# files: built-in objects valid against Kubernetes 1.28 and 1.37, the admission policy 1.30 too (strict)"
+        ok "built-in objects valid against Kubernetes 1.28 and 1.37, the admission policy 1.30 too (strict)"
 }
 
 r="$tmp/render"
 renders=("$r/base.yaml" "$r/secure.yaml" "$r/judge.yaml" "$r/chart-default.yaml" "$r/chart-allon.yaml")
 step "0 render: kubectl kustomize, helm template" render
+kv_pids=()
+kube_schemas_start "${renders[@]}" "$r/examples.yaml" deploy/examples/*.yaml deploy/gate-admission-policy.yaml
 step "1 kustomize base == the Helm chart rendered" chart_base
 step "2 PrometheusRule spec == prometheus/rules.yaml" rules_equal
 step "3 metric contract" sh -c '"$0" deploy/tools/queries.py contract && "$0" deploy/tools/queries.py selftest' "$PY"
@@ -272,8 +278,7 @@ step "5 promtool check rules" promtool check rules deploy/prometheus/rules.yaml
 step "6 promtool test rules (alerts)" promtool test rules deploy/prometheus/tests/*.yaml
 step "7 Argo/Flagger queries: syntax and values" analysis
 step "8 promtool check config (plain Prometheus)" promconfig
-step "9 Kubernetes schemas (kubernetes-validate)" kube_schemas "${renders[@]}" "$r/examples.yaml" \
-    deploy/examples/*.yaml deploy/gate-admission-policy.yaml
+step "9 Kubernetes schemas (kubernetes-validate)" kube_schemas
 step "10 CRD schemas (deploy/schemas)" "$PY" deploy/tools/crds.py validate "${renders[@]}" \
     "$r/examples.yaml" deploy/argo-analysistemplate.yaml deploy/flagger-metrictemplate.yaml \
     deploy/judge/argo-analysistemplate.yaml deploy/judge/flagger-canary-example.yaml \
