@@ -81,7 +81,7 @@ extern "C" {
 }
 
 /// `trace --json [extra]` started and ready.
-fn start_tracer(env: &Env, name: &str, extra: &[&str]) -> Result<Proc> {
+pub(super) fn start_tracer(env: &Env, name: &str, extra: &[&str]) -> Result<Proc> {
     let mut cmd = Command::new(&env.bin);
     cmd.args(["trace", "--json"]).args(extra);
     let mut tracer = Proc::spawn(env, name, &mut cmd, SIGTERM, Duration::from_secs(60))?;

@@ -42,7 +42,7 @@ pub(super) fn render_markdown(
         opt(load.1)
     ));
     s.push_str("\n\nMedians over interleaved rounds unless the unit says otherwise. ");
-    s.push_str("Targets are printed, never asserted.\n\n");
+    s.push_str("Targets are printed; only those marked required fail the run when missed.\n\n");
     s.push_str("| benchmark | unit | baseline | canaryscope | peer | floor | ratios | target | result |\n");
     s.push_str("|---|---|---:|---:|---:|---:|---|---|---|\n");
     for r in rows {

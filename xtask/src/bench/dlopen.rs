@@ -1,0 +1,263 @@
+//! `dlopen_startup`: what an ordinary process that loads many shared
+//! objects at start pays while `canaryscope trace` runs with its default
+//! probes (every family, as the daemon's): the `dlopen`/`dlmopen` entry and
+//! return probes on libc, and discovery's programs on every `mmap` (the
+//! filter that looks for a GPU runtime file's name on each executable
+//! mapping, the memory-limit hooks) and `exec`. None of these objects is a
+//! GPU library, so nothing is probed for them: this is the cost every
+//! non-GPU process pays.
+//!
+//! Two processes, each timed from spawn to exit:
+//! - `many_libs_loader` (tests/fixtures/many_libs_loader.c) opening 500
+//!   distinct generated objects (RTLD_NOW) and exiting. No Python import on
+//!   this host reaches 500 objects: the installed scientific stack maps at
+//!   most about 260 with every module of scipy, pandas, statsmodels and
+//!   numpy imported, and more would mean large wheel downloads. The
+//!   loader does nothing but load, so it is the worst case: every added
+//!   microsecond per `dlopen` shows undiluted.
+//! - A real Python import: every public scipy subpackage, pandas and
+//!   statsmodels.api (about 240 objects, seconds of start-up), the shape
+//!   the issue names; skipped with a note where they are not installed.
+//!
+//! Bare and traced blocks alternate (A/B, then B/A in the next round), a
+//! tracer started for each traced block and stopped, its probes released by
+//! the kernel, before the next bare one; each block's first run is a
+//! discarded warm-up. The row reports min/median/max of each side and the
+//! ratio of medians. Target ≤ 1.02, required: a miss fails the bench (never
+//! the test suite: the smoke run leaves this case out).
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{
+    div, first_call::start_tracer, median, report::num, step, stop::stop_and_await_release, Env, Plan, Row,
+    Target,
+};
+use crate::{root, run};
+
+/// Objects the generated loader opens (the fixture Makefile's MANY_LIBS_COUNT).
+const OBJECTS: usize = 500;
+
+/// The import: scipy's public subpackages, pandas and statsmodels' API; it
+/// prints how many shared objects the interpreter then maps.
+const PYTHON_IMPORT: &str = concat!(
+    "import importlib; [importlib.import_module('scipy.' + n) for n in '",
+    "cluster constants datasets differentiate fft fftpack integrate interpolate io linalg ndimage odr ",
+    "optimize signal sparse sparse.linalg sparse.csgraph spatial special stats",
+    "'.split()]; import pandas, statsmodels.api; ",
+    "print('objects=%d' % len({l.split()[5] for l in open('/proc/self/maps') ",
+    "if len(l.split()) >= 6 and '.so' in l.split()[5]}))",
+);
+
+/// What the bench's reaped children have used so far (getrusage(2)).
+#[repr(C)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    rest: [i64; 14],
+}
+
+const RUSAGE_CHILDREN: i32 = -1;
+
+extern "C" {
+    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+}
+
+/// CPU ms (user and system) of the children reaped so far.
+fn children_cpu_ms() -> f64 {
+    let mut usage = Rusage { utime: [0; 2], stime: [0; 2], rest: [0; 14] };
+    // SAFETY: getrusage fills the struct, whose layout is Linux x86_64's
+    // struct rusage (two timevals, fourteen longs).
+    if unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let ms = |tv: [i64; 2]| tv[0] as f64 * 1e3 + tv[1] as f64 / 1e3;
+    ms(usage.utime) + ms(usage.stime)
+}
+
+/// The figures of one side: wall and CPU ms per run.
+#[derive(Default)]
+struct Side {
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+}
+
+/// One process to time: how to start it and what its output must say.
+struct Workload {
+    row: &'static str,
+    what: String,
+    program: PathBuf,
+    args: Vec<String>,
+    /// Timed runs per block.
+    runs: usize,
+}
+
+impl Workload {
+    /// One run: spawn to exit in ms, its CPU ms, its `objects=`/`loaded=` figure.
+    fn run_once(&self) -> Result<(f64, f64, Option<f64>)> {
+        let cpu_before = children_cpu_ms();
+        let started = Instant::now();
+        let out = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("cannot start {}", self.program.display()))?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let cpu = children_cpu_ms() - cpu_before;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("{} failed ({}): {text}{}", self.what, out.status, String::from_utf8_lossy(&out.stderr));
+        }
+        let objects =
+            super::process::parse_field(&text, "objects").or(super::process::parse_field(&text, "loaded"));
+        Ok((ms, cpu, objects))
+    }
+
+    /// A discarded warm-up run, then `runs` timed ones.
+    fn block(&self, into: &mut Side) -> Result<Option<f64>> {
+        let (_, _, mut objects) = self.run_once()?;
+        for _ in 0..self.runs {
+            let (ms, cpu, seen) = self.run_once()?;
+            into.wall.push(ms);
+            into.cpu.push(cpu);
+            objects = seen.or(objects);
+        }
+        Ok(objects)
+    }
+}
+
+/// Builds the loader and its objects (once; the suite's fixture step
+/// leaves them out to keep its time).
+fn generated_loader(env: &Env, runs: usize) -> Result<Workload> {
+    run(Command::new("make")
+        .args(["-s", "-C"])
+        .arg(root().join("tests/fixtures"))
+        .arg(format!("OUT={}", env.fixtures.display()))
+        .arg(format!("MANY_LIBS_COUNT={OBJECTS}"))
+        .arg("many-libs"))?;
+    let dir = env.fixture("many-libs");
+    Ok(Workload {
+        row: "dlopen_startup_500_objects",
+        what: format!("many_libs_loader opening {OBJECTS} generated objects (RTLD_NOW)"),
+        program: dir.join("many_libs_loader"),
+        args: vec![dir.display().to_string(), OBJECTS.to_string()],
+        runs,
+    })
+}
+
+/// The Python import, where python3 has scipy, pandas and statsmodels.
+fn python_import(runs: usize) -> Option<Workload> {
+    let found = Command::new("python3")
+        .args(["-c", "import scipy, pandas, statsmodels"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    found.then(|| Workload {
+        row: "dlopen_startup_python_import",
+        what: "python3 importing scipy's subpackages, pandas and statsmodels.api".into(),
+        program: PathBuf::from("python3"),
+        args: vec!["-c".into(), PYTHON_IMPORT.into()],
+        runs,
+    })
+}
+
+pub(super) fn dlopen_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
+    let rounds = if plan.quick { 2 } else { plan.sched_rounds.max(2) };
+    let loader = generated_loader(env, if plan.quick { 10 } else { 40 })?;
+    measure(env, &loader, rounds, out)?;
+    match python_import(if plan.quick { 1 } else { 3 }) {
+        Some(python) => measure(env, &python, rounds, out),
+        None => {
+            let mut row = Row::new("dlopen_startup_python_import", "ms");
+            row.notes.push("skipped: python3 lacks scipy, pandas or statsmodels (scripts/setup.sh)".into());
+            out.push(row);
+            Ok(())
+        }
+    }
+}
+
+/// Alternating bare and traced blocks of `work`, `rounds` of each.
+fn measure(env: &Env, work: &Workload, rounds: usize, out: &mut Vec<Row>) -> Result<()> {
+    step(&format!(
+        "dlopen_startup: {}, {rounds} rounds of {} bare and {} traced runs",
+        work.what, work.runs, work.runs
+    ));
+    let mut row = Row::new(work.row, "ms start-up");
+    let (mut bare, mut traced) = (Side::default(), Side::default());
+    let mut objects = None;
+    for round in 0..rounds {
+        // A/B, then B/A: drift within a round falls on both sides.
+        for traced_block in [round % 2 == 1, round % 2 == 0] {
+            let t = Instant::now();
+            if traced_block {
+                let mut tracer = start_tracer(env, "trace-dlopen", &["--log-level", "info"])?;
+                let seen = work.block(&mut traced)?;
+                objects = objects.or(seen);
+                // The libc probes exist from the tracer's first scan; a
+                // tracer without them would measure nothing here.
+                if !tracer.output().contains("at dlopen (") {
+                    row.wrong(format!("round {}: the tracer probed no libc at dlopen", round + 1));
+                }
+                stop_and_await_release(&mut tracer)?;
+            } else {
+                objects = work.block(&mut bare)?.or(objects);
+            }
+            let side = if traced_block { &traced } else { &bare };
+            let block = &side.wall[side.wall.len() - work.runs..];
+            eprintln!(
+                "    round {}/{rounds} {:<7} median {} ms of {} runs ({:.1?})",
+                round + 1,
+                if traced_block { "traced" } else { "bare" },
+                super::report::opt(median(block)),
+                work.runs,
+                t.elapsed()
+            );
+        }
+    }
+    summarise(&mut row, work, &bare, &traced, objects);
+    out.push(row);
+    Ok(())
+}
+
+fn min_median_max(v: &[f64]) -> String {
+    let min = v.iter().copied().reduce(f64::min).unwrap_or(f64::NAN);
+    let max = v.iter().copied().reduce(f64::max).unwrap_or(f64::NAN);
+    format!("{} / {} / {}", num(min), super::report::opt(median(v)), num(max))
+}
+
+fn summarise(row: &mut Row, work: &Workload, bare: &Side, traced: &Side, objects: Option<f64>) {
+    row.baseline = median(&bare.wall);
+    row.canaryscope = median(&traced.wall);
+    let ratio = div(row.canaryscope, row.baseline);
+    row.ratio("traced_vs_bare", ratio);
+    if let (Some(n), Some(c), Some(b)) = (objects, row.canaryscope, row.baseline) {
+        row.ratio("added_us_per_object", Some((c - b) * 1e3 / n));
+    }
+    // CPU time is steadier than wall time on a busy host; it leaves out
+    // the tracer's own work on the other CPU.
+    row.ratio("cpu_traced_vs_bare", div(median(&traced.cpu), median(&bare.cpu)));
+    row.target =
+        Some(Target::new("start-up with canaryscope ≤ 1.02 × bare (medians)", 1.02, ratio, "").required());
+    row.samples.push(("bare".into(), bare.wall.clone()));
+    row.samples.push(("traced".into(), traced.wall.clone()));
+    row.samples.push(("bare_cpu".into(), bare.cpu.clone()));
+    row.samples.push(("traced_cpu".into(), traced.cpu.clone()));
+    row.notes.push(format!(
+        "{}: {} objects mapped; {} runs each side; min / median / max ms, spawn to exit: bare {}, \
+         traced {}; CPU (user+system): bare {}, traced {}",
+        work.what,
+        objects.map(num).unwrap_or_else(|| "?".into()),
+        bare.wall.len(),
+        min_median_max(&bare.wall),
+        min_median_max(&traced.wall),
+        min_median_max(&bare.cpu),
+        min_median_max(&traced.cpu)
+    ));
+}
