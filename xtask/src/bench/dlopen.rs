@@ -34,8 +34,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{
-    div, first_call::start_tracer, median, report::num, step, stop::stop_and_await_release, Env, Plan, Row,
-    Target,
+    bpf_stats::profile_programs, div, first_call::start_tracer, median, report::num, step,
+    stop::stop_and_await_release, Env, Plan, Row, Target,
 };
 use crate::{root, run};
 
@@ -172,8 +172,13 @@ pub(super) fn dlopen_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<
     let rounds = if plan.quick { 2 } else { plan.sched_rounds.max(2) };
     let loader = generated_loader(env, if plan.quick { 10 } else { 40 })?;
     measure(env, &loader, rounds, out)?;
+    out.push(program_time(env, &loader)?);
     match python_import(if plan.quick { 1 } else { 3 }) {
-        Some(python) => measure(env, &python, rounds, out),
+        Some(python) => {
+            measure(env, &python, rounds, out)?;
+            out.push(program_time(env, &python)?);
+            Ok(())
+        }
         None => {
             let mut row = Row::new("dlopen_startup_python_import", "ms");
             row.notes.push("skipped: python3 lacks scipy, pandas or statsmodels (scripts/setup.sh)".into());
@@ -226,6 +231,32 @@ fn measure(env: &Env, work: &Workload, rounds: usize, out: &mut Vec<Row>) -> Res
     Ok(())
 }
 
+/// The diagnostic row: the tracer's in-kernel program time per loader
+/// run, by program, from a pass of its own with the statistics on. The
+/// programs are system-wide, so other work on the host adds runs too.
+fn program_time(env: &Env, work: &Workload) -> Result<Row> {
+    let mut row = Row::new(&format!("{}_bpf_prog_time", work.row), "ns per process");
+    let mut tracer = start_tracer(env, "trace-dlopen-stats", &[])?;
+    let runs = work.runs as u64;
+    let profile = profile_programs(env, tracer.pid(), || {
+        for _ in 0..runs {
+            work.run_once()?;
+        }
+        Ok(())
+    });
+    stop_and_await_release(&mut tracer)?;
+    if let Some((ns, lines)) = profile? {
+        row.canaryscope = Some(ns as f64 / runs as f64);
+        row.notes.push(format!(
+            "{runs} runs of {} with kernel.bpf_stats_enabled; counts are totals over the runs \
+             (other processes on the host included)",
+            work.what
+        ));
+        row.notes.extend(lines);
+    }
+    Ok(row)
+}
+
 fn min_median_max(v: &[f64]) -> String {
     let min = v.iter().copied().reduce(f64::min).unwrap_or(f64::NAN);
     let max = v.iter().copied().reduce(f64::max).unwrap_or(f64::NAN);
@@ -253,7 +284,7 @@ fn summarise(row: &mut Row, work: &Workload, bare: &Side, traced: &Side, objects
         "{}: {} objects mapped; {} runs each side; min / median / max ms, spawn to exit: bare {}, \
          traced {}; CPU (user+system): bare {}, traced {}",
         work.what,
-        objects.map(num).unwrap_or_else(|| "?".into()),
+        objects.map(|n| format!("{n:.0}")).unwrap_or_else(|| "?".into()),
         bare.wall.len(),
         min_median_max(&bare.wall),
         min_median_max(&traced.wall),
