@@ -79,6 +79,16 @@ fn children_cpu_ms() -> f64 {
     ms(usage.utime) + ms(usage.stime)
 }
 
+/// CPU ms (user and system) process `pid` has used so far.
+fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    // After the command: state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 1e3 / super::process::clock_ticks())
+}
+
 /// The figures of one side: wall and CPU ms per run.
 #[derive(Default)]
 struct Side {
@@ -197,13 +207,21 @@ fn measure(env: &Env, work: &Workload, rounds: usize, out: &mut Vec<Row>) -> Res
     let mut row = Row::new(work.row, "ms start-up");
     let (mut bare, mut traced) = (Side::default(), Side::default());
     let mut objects = None;
+    // The tracer's own CPU per run, on the other CPU: what the host pays
+    // beside the process (its scans of the loader's mappings).
+    let mut tracer_cpu = Vec::new();
     for round in 0..rounds {
         // A/B, then B/A: drift within a round falls on both sides.
         for traced_block in [round % 2 == 1, round % 2 == 0] {
             let t = Instant::now();
             if traced_block {
                 let mut tracer = start_tracer(env, "trace-dlopen", &["--log-level", "info"])?;
+                let cpu_before = process_cpu_ms(tracer.pid());
                 let seen = work.block(&mut traced)?;
+                if let (Some(before), Some(after)) = (cpu_before, process_cpu_ms(tracer.pid())) {
+                    // The block's warm-up run counts too.
+                    tracer_cpu.push((after - before) / (work.runs + 1) as f64);
+                }
                 objects = objects.or(seen);
                 // The libc probes exist from the tracer's first scan; a
                 // tracer without them would measure nothing here.
@@ -227,6 +245,7 @@ fn measure(env: &Env, work: &Workload, rounds: usize, out: &mut Vec<Row>) -> Res
         }
     }
     summarise(&mut row, work, &bare, &traced, objects);
+    row.ratio("tracer_cpu_ms_per_run", median(&tracer_cpu));
     out.push(row);
     Ok(())
 }
