@@ -161,18 +161,21 @@ fn generated_loader(env: &Env, runs: usize) -> Result<Workload> {
     })
 }
 
-/// The Python import, where python3 has scipy, pandas and statsmodels.
+/// The Python import, where python3 has scipy, pandas and statsmodels:
+/// the interpreter itself, not a wrapper such as pyenv's shim, whose
+/// shell scripts would add a dozen execs to every run.
 fn python_import(runs: usize) -> Option<Workload> {
     let found = Command::new("python3")
-        .args(["-c", "import scipy, pandas, statsmodels"])
-        .stdout(Stdio::null())
+        .args(["-c", "import scipy, pandas, statsmodels, sys; print(sys.executable)"])
         .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found.then(|| Workload {
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let interpreter = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    Some(Workload {
         row: "dlopen_startup_python_import",
-        what: "python3 importing scipy's subpackages, pandas and statsmodels.api".into(),
-        program: PathBuf::from("python3"),
+        what: format!("{interpreter} importing scipy's subpackages, pandas and statsmodels.api"),
+        program: PathBuf::from(interpreter),
         args: vec!["-c".into(), PYTHON_IMPORT.into()],
         runs,
     })
