@@ -210,8 +210,9 @@ fn measure(env: &Env, work: &Workload, rounds: usize, out: &mut Vec<Row>) -> Res
     let mut row = Row::new(work.row, "ms start-up");
     let (mut bare, mut traced) = (Side::default(), Side::default());
     let mut objects = None;
-    // The tracer's own CPU per run, on the other CPU: what the host pays
-    // beside the process (its scans of the loader's mappings).
+    // The tracer's own CPU per run, on the other CPU: what the node pays
+    // beside the process (its exec's and mappings' handling, and that of
+    // any other process starting on the host meanwhile).
     let mut tracer_cpu = Vec::new();
     for round in 0..rounds {
         // A/B, then B/A: drift within a round falls on both sides.
