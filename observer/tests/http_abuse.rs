@@ -7,12 +7,11 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{SocketAddr, TcpStream},
-    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
-use test_support::{assert_root, canaryscope, free_port, http_get, k8s::Proc, Daemon};
+use test_support::{assert_root, free_port, http_get, judge::start_judge, Daemon};
 
 /// A normal request answers within this while the abuse goes on; the
 /// servers give a head 5 s, so an answer that waited for the abusers'
@@ -97,21 +96,7 @@ fn exporter() -> Server {
 fn judge() -> Server {
     // Nothing listens where Prometheus should: every verdict is an
     // immediate `inconclusive`, as real a verdict as any for the server.
-    let (port, prometheus) = (free_port(), free_port());
-    let judge = Proc(
-        Command::new(canaryscope())
-            .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--prometheus", &format!("http://127.0.0.1:{prometheus}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("canaryscope judge"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(port, "/healthz").is_none_or(|(code, _)| code != 200) {
-        assert!(Instant::now() < deadline, "the judge never answered /healthz");
-        thread::sleep(Duration::from_millis(50));
-    }
+    let (judge, port) = start_judge(free_port(), &[]);
     let pid = judge.0.id();
     default_nofile(pid);
     let answered = |code: u16, body: &str| code == 200 && body.contains("\"inconclusive\"");

@@ -7,57 +7,29 @@
 //! fault must not fail the canary and a fault on most nodes must.
 
 use std::{
-    fs,
-    process::{Command, Stdio},
-    thread,
+    fs, thread,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use test_support::{
-    assert_root, canaryscope, fixture, free_port, http_get,
+    assert_root, fixture, http_get, http_request,
+    judge::{ask_judge, signal, start_judge},
     k8s::{
-        prom, prom_query, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
-        NodePod, Proc, NS,
+        prom_query, prom_value, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom,
+        write_kubeconfig, NodePod, NS,
     },
-    random_pod_uid, Daemon, PodCgroup,
+    random_pod_uid,
+    recorded::Blocks,
+    Daemon, PodCgroup,
 };
-
-/// `canaryscope judge` on a free port, asking the Prometheus on `prom_port`.
-fn start_judge(prom_port: u16, extra: &[&str]) -> (Proc, u16) {
-    let port = free_port();
-    let judge = Proc(
-        Command::new(canaryscope())
-            .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--prometheus", &format!("http://127.0.0.1:{prom_port}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("canaryscope judge"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(port, "/healthz").is_none_or(|(code, _)| code != 200) {
-        assert!(Instant::now() < deadline, "the judge never answered /healthz");
-        thread::sleep(Duration::from_millis(50));
-    }
-    (judge, port)
-}
 
 /// The judge's answer to Argo's question about `canary` against `baseline`.
 fn ask(judge_port: u16, canary: &str, baseline: &str, extra: &str) -> Value {
     let path = format!(
         "/v1/judge?namespace={NS}&workload=infer&canary={canary}&baseline={baseline}&window=10m&interval=10m{extra}"
     );
-    let (code, body) = http_get(judge_port, &path).expect("the judge answers");
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
-    answer["signals"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == name))
-        .unwrap_or_else(|| panic!("no signal {name} in {answer:#}"))
+    ask_judge(judge_port, &path)
 }
 
 /// Pods of one revision, created in the API as a rollout's ReplicaSet does,
@@ -104,26 +76,6 @@ fn start_workload_pods(
     cgroups
 }
 
-/// The sum of `query` in Prometheus now (0 without series).
-fn prom_sum(port: u16, query: &str) -> f64 {
-    prom_query(port, &format!("sum({query})"))
-        .first()
-        .and_then(|s| s["value"][1].as_str().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
-}
-
-fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = prom_sum(port, query);
-        if pred(v) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {query} is {v}");
-        thread::sleep(Duration::from_millis(250));
-    }
-}
-
 #[test]
 #[ignore = "needs root, the HIP runtime and prometheus; run by `cargo xtask test`"]
 fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_canary() {
@@ -153,8 +105,8 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     let _flagger_canary = start_workload_pods(api_port, "svc", "svchash", "canary", 20, 8);
     let _flagger_primary = start_workload_pods(api_port, "svc-primary", "primaryhash", "stable", 20, 0);
 
-    let startups = |hash: &str| format!("canaryscope_gpu_startups_total{{revision=\"{hash}\"}}");
-    let failures = |hash: &str| format!("canaryscope_gpu_startup_failures_total{{revision=\"{hash}\"}}");
+    let startups = |hash: &str| format!("sum(canaryscope_gpu_startups_total{{revision=\"{hash}\"}})");
+    let failures = |hash: &str| format!("sum(canaryscope_gpu_startup_failures_total{{revision=\"{hash}\"}})");
     wait_prom(prom_port, "the failing canary's start-ups", &failures("badhash"), |v| v == 8.0);
     wait_prom(prom_port, "the small canary's failure", &failures("smallhash"), |v| v == 1.0);
     wait_prom(prom_port, "Flagger's canary's failures", &failures("svchash"), |v| v == 8.0);
@@ -170,10 +122,10 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
         wait_prom(prom_port, "start-ups", &startups(hash), |v| v >= total - 1.0 && v <= total);
     }
     // Enough pod-seconds for the healthy canary to pass (12 pods, 10 s steps).
-    wait_prom(prom_port, "pod-seconds", "canaryscope_pod_seconds_total{revision=\"goodhash\"}", |v| {
+    wait_prom(prom_port, "pod-seconds", "sum(canaryscope_pod_seconds_total{revision=\"goodhash\"})", |v| {
         v >= 60.0
     });
-    assert_eq!(prom_sum(prom_port, &failures("stablehash")), 0.0);
+    assert_eq!(prom_value(prom_port, &failures("stablehash")).unwrap_or(0.0), 0.0);
 
     let (_judge, judge_port) = start_judge(prom_port, &["--min-pod-seconds", "60"]);
     let bad = ask(judge_port, "badhash", "stablehash", "");
@@ -197,7 +149,7 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
         let body = format!(
             r#"{{"name":"{name}","namespace":"{NS}","phase":"Progressing","metadata":{{"interval":"10m","window":"10m"}}}}"#
         );
-        http_post(judge_port, &format!("/v1/flagger/{hook}"), &body)
+        http_request(judge_port, "POST", &format!("/v1/flagger/{hook}"), &body).expect("the judge answers")
     };
     let (code, body) = flagger("rollout", "svc");
     assert_eq!(code, 409, "{body}");
@@ -214,23 +166,6 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     assert_eq!((code, body.trim()), (400, "missing `baseline`"));
     drop(daemon);
     let _ = fs::remove_dir_all(&dir);
-}
-
-/// (status, body) of a POST with a JSON body.
-fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: judge\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read");
-    let code = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
 /// One node's counters for one revision, as a daemon on it exports them.
@@ -270,51 +205,16 @@ fn openmetrics(series: &[Recorded], end: i64) -> String {
 
 /// A Prometheus over blocks made from `series` (no scraping), the judge
 /// asking it at the end of the recording.
-fn judge_recorded(dir: &std::path::Path, series: &[Recorded]) -> Value {
+fn judge_recorded(series: &[Recorded]) -> Value {
     let end = 1_700_000_000i64 + 3600 * 3;
-    let input = dir.join("recorded.om");
-    fs::write(&input, openmetrics(series, end)).expect("openmetrics");
-    let tsdb = dir.join("tsdb");
-    let out = Command::new("promtool")
-        .args(["tsdb", "create-blocks-from", "openmetrics"])
-        .arg(&input)
-        .arg(&tsdb)
-        .output()
-        .expect("promtool (Debian's prometheus package)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let prom_port = free_port();
-    let config = dir.join("prometheus.yml");
-    fs::write(&config, "global:\n  scrape_interval: 15s\n").expect("config");
-    let _prom = Proc(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-            .arg("--storage.tsdb.retention.time=100y")
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while prom(prom_port, "vector(1)")["status"] != "success" {
-        assert!(Instant::now() < deadline, "Prometheus did not start over the recorded blocks");
-        thread::sleep(Duration::from_millis(200));
-    }
-    let (_judge, judge_port) = start_judge(prom_port, &[]);
+    let blocks = Blocks::from_openmetrics("judge-nodes", &openmetrics(series, end));
+    let (_judge, judge_port) = start_judge(blocks.port, &[]);
     ask(judge_port, "canary", "stable", &format!("&window=30m&interval=5m&end={end}"))
 }
 
 #[test]
 #[ignore = "needs prometheus, promtool and the release binary; run by `cargo xtask test`"]
 fn a_node_wide_fault_is_not_the_canarys_and_a_fault_on_most_nodes_is() {
-    let run = |name: &str, series: &[Recorded]| -> Value {
-        let dir = scratch_dir().join(name);
-        fs::create_dir_all(&dir).expect("dir");
-        let answer = judge_recorded(&dir, series);
-        let _ = fs::remove_dir_all(&dir);
-        answer
-    };
     let r = |node, revision, pods, crashes_at: &[u32]| Recorded {
         node,
         revision,
@@ -331,7 +231,7 @@ fn a_node_wide_fault_is_not_the_canarys_and_a_fault_on_most_nodes_is() {
         r("node-c", "canary", 1, &[]),
         r("node-c", "stable", 3, &[]),
     ];
-    let answer = run("reset", &reset);
+    let answer = judge_recorded(&reset);
     assert_ne!(answer["verdict"], "fail", "{answer:#}");
     let crashes = signal(&answer, "native_crashes");
     assert_eq!((crashes["canary_events"].as_u64(), crashes["baseline_events"].as_u64()), (Some(1), Some(3)));
@@ -344,11 +244,11 @@ fn a_node_wide_fault_is_not_the_canarys_and_a_fault_on_most_nodes_is() {
         r("node-c", "canary", 1, &[]),
         r("node-c", "stable", 3, &[]),
     ];
-    let answer = run("fault", &fault);
+    let answer = judge_recorded(&fault);
     assert_eq!(answer["verdict"], "fail", "{answer:#}");
     assert_eq!(signal(&answer, "native_crashes")["canary_events"], 12, "{answer:#}");
     // A node running only the canary is reported, not used to blame.
     let alone = [r("node-a", "canary", 1, &[2, 5, 9, 14, 15, 17]), r("node-b", "stable", 3, &[])];
-    let answer = run("alone", &alone);
+    let answer = judge_recorded(&alone);
     assert_ne!(answer["verdict"], "fail", "{answer:#}");
 }

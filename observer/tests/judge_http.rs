@@ -8,7 +8,6 @@
 //! through the daemon's exporter and a real Prometheus.
 use std::{
     collections::BTreeMap,
-    io::Write,
     path::PathBuf,
     process::{Command, Stdio},
     thread,
@@ -18,12 +17,13 @@ use std::{
 use serde_json::{json, Value};
 use test_support::{
     assert_root, canaryscope, free_port,
+    judge::{ask_judge, run_oracle, signal, start_judge},
     k8s::{
         prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
         NodePod, Proc, NS,
     },
     random_pod_uid,
-    recorded::{http, start_judge, Blocks, Rec},
+    recorded::{Blocks, Rec},
     Daemon, PodCgroup,
 };
 
@@ -215,18 +215,7 @@ impl Case {
 
 /// The oracle's p-values for `input` (tests/judge/http_oracle.py).
 fn oracle(input: &Value) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/judge/http_oracle.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (with SciPy: Debian's python3-scipy)");
-    child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("write the cases");
-    let out = child.wait_with_output().expect("the oracle ends");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("the oracle's JSON")
+    run_oracle("tests/judge/http_oracle.py", input, &[])
 }
 
 fn close(judge: &Value, oracle: &Value, what: &str) {
@@ -242,13 +231,6 @@ fn close(judge: &Value, oracle: &Value, what: &str) {
 fn close_complement(judge: &Value, oracle: &Value, what: &str) {
     let (a, b) = (judge.as_f64().unwrap_or(f64::NAN), oracle.as_f64().unwrap_or(f64::NAN));
     assert!((a - b).abs() <= 1e-12 + 1e-9 * b.abs(), "{what}: judge {a}, oracle {b}");
-}
-
-fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
-    answer["signals"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == name))
-        .unwrap_or_else(|| panic!("no signal {name} in {answer:#}"))
 }
 
 /// Every request signal's p-values in `answer` against the oracle's.
@@ -302,9 +284,7 @@ fn ask(port: u16, ns: &str, end: i64, extra: &str) -> Value {
     let path = format!(
         "/v1/judge?namespace={ns}&workload=infer&canary=canary&baseline=stable&window=1h&interval=5m&end={end}{extra}"
     );
-    let (code, body) = http(port, "GET", &path, "").expect("the judge answers");
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    ask_judge(port, &path)
 }
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -573,9 +553,7 @@ fn real_requests_fail_a_slower_canary_and_a_failing_one_and_not_one_like_stable(
         let path = format!(
             "/v1/judge?namespace={NS}&workload=infer&canary={canary}&baseline=stablehash&window=10m&interval=1m&p99_for=0s"
         );
-        let (code, body) = http(judge_port, "GET", &path, "").expect("the judge answers");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("json")
+        ask_judge(judge_port, &path)
     };
     let baseline = side_in_prometheus(prom_port, "stablehash");
     for (canary, name) in [("slowhash", "http_p99"), ("failhash", "http_5xx")] {

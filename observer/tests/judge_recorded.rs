@@ -6,74 +6,37 @@
 //! Argo and Flagger ask it. Each case has a namespace of its own in one
 //! Prometheus, so the whole file starts one Prometheus and one judge.
 use std::{
-    fmt::Write as _,
-    fs,
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
+use test_support::{
+    canaryscope, http_request,
+    judge::{ask_judge, signal, start_judge},
+    k8s::Proc,
+    recorded::{Blocks, Rec},
+};
 
 /// Where every recording ends (Unix seconds); the judge is asked at it.
 const END: i64 = 1_700_000_000 + 3 * 86_400;
 /// Samples every 15 s, as a ServiceMonitor scrapes.
 const STEP: i64 = 15;
 
-fn canaryscope() -> PathBuf {
-    std::env::var_os("CANARYSCOPE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_canaryscope")))
-}
-
-/// A child process killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
-}
-
-/// (status, body) of one HTTP/1.0 request.
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let head = format!("{method} {path} HTTP/1.0\r\nHost: t\r\nContent-Length: {}\r\n\r\n", body.len());
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body.as_bytes()).ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    let code = answer.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
-}
-
-/// One recorded series: its name, labels, and samples `(seconds before
-/// END, value)`.
-struct Rec {
-    metric: &'static str,
-    labels: String,
-    samples: Vec<(i64, f64)>,
-}
-
 /// A revision's owner labels on a node, as the daemon exports them.
 fn owner(ns: &str, workload: &str, revision: &str, node: &str) -> String {
     format!("namespace=\"{ns}\",workload=\"{workload}\",revision=\"{revision}\",track=\"x\",node=\"{node}\"")
 }
 
-/// A series sampled every STEP from `from` to `to` seconds before END,
+/// A counter sampled every STEP from `from` to `to` seconds before END,
 /// valued by `f` of the seconds before END.
 fn rec(metric: &'static str, labels: String, from: i64, to: i64, f: impl Fn(i64) -> f64) -> Rec {
-    let samples = (0..=(from - to) / STEP).map(|i| from - i * STEP).map(|b| (b, f(b))).collect();
-    Rec { metric, labels, samples }
+    let samples = (0..=(from - to) / STEP).map(|i| from - i * STEP).map(|b| (END - b, f(b))).collect();
+    let family = metric.strip_suffix("_total").unwrap_or(metric);
+    Rec { family, kind: "counter", name: metric.to_string(), labels, samples }
 }
 
 const POD_SECONDS: &str = "canaryscope_pod_seconds_total";
@@ -94,105 +57,21 @@ fn crashes(ns: &str, workload: &str, revision: &str, node: &str, span: (i64, i64
     );
     rec(CRASHES, labels, span.0, span.1, |b| at.iter().filter(|a| **a >= b).count() as f64)
 }
-fn openmetrics(recs: &[Rec]) -> String {
-    let mut by_family: std::collections::BTreeMap<&str, Vec<&Rec>> = Default::default();
-    for r in recs {
-        by_family.entry(r.metric).or_default().push(r);
-    }
-    let mut text = String::new();
-    for (metric, recs) in by_family {
-        let family = metric.strip_suffix("_total").unwrap_or(metric);
-        let _ = writeln!(text, "# TYPE {family} counter");
-        for r in recs {
-            for (before, value) in &r.samples {
-                let _ = writeln!(text, "{metric}{{{}}} {value} {}", r.labels, END - before);
-            }
-        }
-    }
-    text.push_str("# EOF\n");
-    text
-}
 
 /// A Prometheus over blocks of one case's series and a judge asking it,
 /// both stopped when the test ends.
 struct Recorded {
     judge_port: u16,
     prom_port: u16,
-    // Dropped in this order: the judge, then Prometheus, then the files.
+    // Dropped in this order: the judge, then Prometheus and its files.
     _judge: Proc,
-    _prometheus: Proc,
-    dir: PathBuf,
-}
-
-impl Drop for Recorded {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
+    _blocks: Blocks,
 }
 
 fn recorded(case: Case) -> Recorded {
-    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("canaryscope-judge-recorded-{}-{run}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("scratch dir");
-    let (prometheus, prom_port) = start_prometheus(&dir, &case());
-    let (judge, judge_port) = start_judge(prom_port, &[]);
-    Recorded { judge_port, prom_port, _judge: judge, _prometheus: prometheus, dir }
-}
-
-fn start_prometheus(dir: &Path, recs: &[Rec]) -> (Proc, u16) {
-    let input = dir.join("recorded.om");
-    fs::write(&input, openmetrics(recs)).expect("openmetrics");
-    let tsdb = dir.join("tsdb");
-    let out = Command::new("promtool")
-        .args(["tsdb", "create-blocks-from", "openmetrics"])
-        .arg(&input)
-        .arg(&tsdb)
-        .output()
-        .expect("promtool (Debian's prometheus package)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let port = free_port();
-    let config = dir.join("prometheus.yml");
-    fs::write(&config, "global:\n  scrape_interval: 15s\n").expect("config");
-    let prometheus = Proc(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-            .arg("--storage.tsdb.retention.time=100y")
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http(port, "GET", "/api/v1/query?query=vector(1)", "").is_none_or(|(c, _)| c != 200) {
-        assert!(Instant::now() < deadline, "Prometheus did not start over the recorded blocks");
-        thread::sleep(Duration::from_millis(100));
-    }
-    (prometheus, port)
-}
-
-/// `canaryscope judge` on a free port, asking the Prometheus on `prom_port`.
-fn start_judge(prom_port: u16, extra: &[&str]) -> (Proc, u16) {
-    let port = free_port();
-    let judge = Proc(
-        Command::new(canaryscope())
-            .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--prometheus", &format!("http://127.0.0.1:{prom_port}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("canaryscope judge"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http(port, "GET", "/healthz", "").is_none_or(|(c, _)| c != 200) {
-        assert!(Instant::now() < deadline, "the judge never answered /healthz");
-        thread::sleep(Duration::from_millis(50));
-    }
-    (judge, port)
+    let blocks = Blocks::new("judge-recorded", &case());
+    let (judge, judge_port) = start_judge(blocks.port, &[]);
+    Recorded { judge_port, prom_port: blocks.port, _judge: judge, _blocks: blocks }
 }
 
 /// Argo's question about `canary` against `baseline` of `ns`/`infer`.
@@ -200,20 +79,11 @@ fn ask_on(port: u16, ns: &str, canary: &str, baseline: &str, extra: &str) -> Val
     let path = format!(
         "/v1/judge?namespace={ns}&workload=infer&canary={canary}&baseline={baseline}&window=1h&interval=5m&end={END}{extra}"
     );
-    let (code, body) = http(port, "GET", &path, "").expect("the judge answers");
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    ask_judge(port, &path)
 }
 
 fn ask(r: &Recorded, ns: &str, extra: &str) -> Value {
     ask_on(r.judge_port, ns, "canary", "stable", extra)
-}
-
-fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
-    answer["signals"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == name))
-        .unwrap_or_else(|| panic!("no signal {name} in {answer:#}"))
 }
 
 type Case = fn() -> Vec<Rec>;
@@ -438,7 +308,7 @@ fn flaggers_canary_is_the_targets_current_revision() {
     let body = format!(
         r#"{{"name":"svc","namespace":"flagger","phase":"Progressing","metadata":{{"interval":"5m","window":"1h","end":"{END}"}}}}"#
     );
-    let (code, answer) = http(r.judge_port, "POST", "/v1/flagger/rollout", &body).expect("answer");
+    let (code, answer) = http_request(r.judge_port, "POST", "/v1/flagger/rollout", &body).expect("answer");
     assert_eq!(code, 200, "{answer}");
     let answer: Value = serde_json::from_str(&answer).expect("json");
     assert_eq!(answer["question"]["canary"]["revision"], "fix", "{answer:#}");
@@ -462,10 +332,11 @@ fn questions_that_would_mislead_are_refused_or_inconclusive() {
     let port = r.judge_port;
     let path = |extra: &str| format!("/v1/judge?namespace=restart&workload=infer&end={END}&window=1h{extra}");
     let (code, body) =
-        http(port, "GET", &path("&canary=canary&baseline=stable&interval=1s"), "").expect("answer");
+        http_request(port, "GET", &path("&canary=canary&baseline=stable&interval=1s"), "").expect("answer");
     assert_eq!((code, body.lines().count()), (400, 1), "{body}");
     assert!(body.contains("interval"), "{body}");
-    let (code, body) = http(port, "GET", &path("&canary=canary&baseline=canary"), "").expect("answer");
+    let (code, body) =
+        http_request(port, "GET", &path("&canary=canary&baseline=canary"), "").expect("answer");
     assert_eq!((code, body.lines().count()), (400, 1), "{body}");
     assert!(body.contains("baseline"), "{body}");
     // The canary's data began 50 minutes before the end: a 20-minute

@@ -6,12 +6,7 @@
 //! test (a normal approximation) for large stratified tables. The run
 //! signals' p-values against tests/judge/runs_oracle.py, which chooses the
 //! run p99's bound itself.
-use std::{
-    collections::BTreeMap,
-    io::Write,
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+use std::collections::BTreeMap;
 
 use observer::judge::{
     solver_runs::{slow_runs, Bound, Cumulative},
@@ -21,6 +16,7 @@ use observer::judge::{
     },
 };
 use serde_json::{json, Value};
+use test_support::judge::run_oracle;
 
 /// Relative tolerance against exact references: both sides compute in
 /// doubles, the judge by saddle-point logarithms, SciPy by Boost.
@@ -285,25 +281,9 @@ fn large_cases() -> Vec<Case> {
 
 /// The oracle's answers, one object of reference p-values per case.
 fn ask_oracle(cases: &[Case]) -> Vec<Value> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let script = root.join("tests/judge/oracle.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
     let input = Value::Array(cases.iter().map(Case::oracle_input).collect());
-    child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("write cases");
-    let out = child.wait_with_output().expect("oracle ran");
-    assert!(
-        out.status.success(),
-        "{} failed (statsmodels 0.14.6 and SciPy 1.16.3: scripts/setup.sh installs them):\n{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answers: Vec<Value> = serde_json::from_slice(&out.stdout).expect("the oracle answers JSON");
+    let answers = run_oracle("tests/judge/oracle.py", &input, &[]);
+    let answers = answers.as_array().cloned().expect("the oracle answers a list");
     assert_eq!(answers.len(), cases.len());
     answers
 }
@@ -423,9 +403,9 @@ fn run_p99_and_limit_share_p_values_match_the_oracle() {
         ours.push((fisher_greater_stratified(&counts).p_value, None));
     }
     let input = Value::Array(input);
-    let answers = run_oracle("tests/judge/runs_oracle.py", &input, false);
+    let answers = oracle_answers("tests/judge/runs_oracle.py", &input, false);
     // Without SciPy the oracle enumerates with exact rationals: both agree.
-    let exact = run_oracle("tests/judge/runs_oracle.py", &input, true);
+    let exact = oracle_answers("tests/judge/runs_oracle.py", &input, true);
     let names = p99_cases.iter().map(|(n, _)| *n).chain(limit_cases.iter().map(|(n, _)| *n));
     let mut wrong = Vec::new();
     for (((name, (p, thresholds)), answer), exact) in names.zip(ours).zip(&answers).zip(&exact) {
@@ -454,18 +434,8 @@ fn run_p99_and_limit_share_p_values_match_the_oracle() {
 
 /// A reference script's answers to `input` (a JSON list of cases); with
 /// `exact`, by enumeration with exact rationals rather than SciPy.
-fn run_oracle(script: &str, input: &Value, exact: bool) -> Vec<Value> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(script);
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .env("CANARYSCOPE_ORACLE_EXACT", if exact { "1" } else { "0" })
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
-    child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("write cases");
-    let out = child.wait_with_output().expect("oracle ran");
-    assert!(out.status.success(), "{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("the oracle answers JSON")
+fn oracle_answers(script: &str, input: &Value, exact: bool) -> Vec<Value> {
+    let env = [("CANARYSCOPE_ORACLE_EXACT", if exact { "1" } else { "0" })];
+    let answers = run_oracle(script, input, &env);
+    answers.as_array().cloned().expect("the oracle answers a list")
 }

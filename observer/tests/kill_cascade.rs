@@ -6,38 +6,18 @@
 //! cascade is under way, naming its pods, rather than blaming the canary
 //! it hit most; with the cascade rule raised past three pods, the same
 //! counts fail the canary.
-use std::{
-    os::unix::process::ExitStatusExt,
-    process::{Command, Stdio},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{os::unix::process::ExitStatusExt, process::Stdio, time::Duration};
 
 use serde_json::Value;
 use test_support::{
-    assert_root, canaryscope, fixture, free_port, http_get,
+    assert_root, fixture,
+    judge::{ask_judge, signal, start_judge},
     k8s::{
-        prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
+        repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom, write_kubeconfig,
         NodePod, Proc, NS,
     },
     random_pod_uid, Daemon, PodCgroup,
 };
-
-fn prom_value(port: u16, query: &str) -> f64 {
-    prom_query(port, query).first().and_then(|s| s["value"][1].as_str()?.parse().ok()).unwrap_or(0.0)
-}
-
-fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = prom_value(port, query);
-        if pred(v) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {query} is {v}");
-        thread::sleep(Duration::from_millis(250));
-    }
-}
 
 /// A pod of the `solver` workload running its worker (a long sleep here),
 /// scheduled as a rollout does, its container limited to 50 MiB.
@@ -52,39 +32,11 @@ fn solver_pod(api_port: u16, hash: &str, track: &str, i: usize) -> (Proc, PodCgr
     (worker, cg, node_pod)
 }
 
-fn start_judge(prom_port: u16, extra: &[&str]) -> (Proc, u16) {
-    let port = free_port();
-    let judge = Proc(
-        Command::new(canaryscope())
-            .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--prometheus", &format!("http://127.0.0.1:{prom_port}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("canaryscope judge"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(port, "/healthz").is_none_or(|(code, _)| code != 200) {
-        assert!(Instant::now() < deadline, "the judge never answered /healthz");
-        thread::sleep(Duration::from_millis(50));
-    }
-    (judge, port)
-}
-
 fn ask(judge_port: u16) -> Value {
     let path = format!(
         "/v1/judge?namespace={NS}&workload=solver&canary=poisonhash&baseline=stablehash&window=10m&interval=10m"
     );
-    let (code, body) = http_get(judge_port, &path).expect("the judge answers");
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).expect("JSON")
-}
-
-fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
-    answer["signals"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == name))
-        .unwrap_or_else(|| panic!("no signal {name} in {answer:#}"))
+    ask_judge(judge_port, &path)
 }
 
 #[test]

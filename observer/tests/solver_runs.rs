@@ -17,10 +17,11 @@ use std::{
 
 use serde_json::{json, Value};
 use test_support::{
-    assert_root, canaryscope, field, free_port, http_get,
+    assert_root, field, http_get,
+    judge::{ask_judge, run_oracle, signal, start_judge},
     k8s::{
-        prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
-        NodePod, Proc, NS,
+        prom_value, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom,
+        write_kubeconfig, NodePod, NS,
     },
     metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
 };
@@ -169,22 +170,6 @@ fn worker_pod(api_port: u16, name: &str, hash: &str, track: &str) -> (NodePod, P
     (node_pod, cg, worker)
 }
 
-fn prom_value(port: u16, query: &str) -> Option<f64> {
-    prom_query(port, query).first().and_then(|s| s["value"][1].as_str()?.parse().ok())
-}
-
-fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = prom_value(port, query).unwrap_or(0.0);
-        if pred(v) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {query} is {v}");
-        thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// The judge's run p99 recomputed by tests/judge/runs_oracle.py from the
 /// cumulative buckets Prometheus holds at `at` (every run series was born
 /// after the canary's first data, so its value is its increase).
@@ -213,17 +198,8 @@ fn oracle_p99(prom_port: u16, canary: &str, baseline: &str, at: f64) -> Value {
         json!({"le": le, "cumulative": cumulative, "total": total})
     };
     let case = json!([{"kind": "p99", "strata": [{"executable": "z3", "canary": side(canary), "baseline": side(baseline)}]}]);
-    let mut child = Command::new("python3")
-        .arg(repo().join("tests/judge/runs_oracle.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs_oracle.py");
-    child.stdin.take().expect("stdin").write_all(case.to_string().as_bytes()).expect("the case");
-    let out = child.wait_with_output().expect("the oracle");
-    assert!(out.status.success());
-    let answers: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
-    answers.into_iter().next().expect("one answer")
+    let answers = run_oracle("tests/judge/runs_oracle.py", &case, &[]);
+    answers.as_array().and_then(|a| a.first()).cloned().expect("one answer")
 }
 
 /// Runs per revision in the test below.
@@ -292,14 +268,12 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
 
     let end =
         (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock")).as_secs_f64();
-    let (_judge, judge_port) = start_judge(prom_port);
+    let (_judge, judge_port) = start_judge(prom_port, &[]);
     let ask = |canary: &str| -> Value {
         let path = format!(
             "/v1/judge?namespace={NS}&workload=solver&canary={canary}&baseline=stablehash&window=10m&interval=10m&end={end:.3}"
         );
-        let (code, body) = http_get(judge_port, &path).expect("the judge answers");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("JSON")
+        ask_judge(judge_port, &path)
     };
     let answer = ask("slowhash");
     assert_eq!(answer["verdict"], "fail", "{answer:#}");
@@ -325,30 +299,4 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
     drop((stable, slow, same));
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn signal<'a>(answer: &'a Value, name: &str) -> &'a Value {
-    answer["signals"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == name))
-        .unwrap_or_else(|| panic!("no signal {name} in {answer:#}"))
-}
-
-/// `canaryscope judge` on a free port, asking the Prometheus on `prom_port`.
-fn start_judge(prom_port: u16) -> (Proc, u16) {
-    let port = free_port();
-    let judge = Proc(
-        Command::new(canaryscope())
-            .args(["judge", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--prometheus", &format!("http://127.0.0.1:{prom_port}")])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("canaryscope judge"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(port, "/healthz").is_none_or(|(code, _)| code != 200) {
-        assert!(Instant::now() < deadline, "the judge never answered /healthz");
-        thread::sleep(Duration::from_millis(50));
-    }
-    (judge, port)
 }

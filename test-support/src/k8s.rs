@@ -523,6 +523,25 @@ pub fn prom_query(port: u16, query: &str) -> Vec<Value> {
     prom(port, query)["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
+/// The value of the first series `query` returns now, if any.
+pub fn prom_value(port: u16, query: &str) -> Option<f64> {
+    prom_query(port, query).first().and_then(|s| s["value"][1].as_str()?.parse().ok())
+}
+
+/// Waits up to a minute for `pred` to hold of `query`'s value (0 while it
+/// returns nothing); `what` names it when it never does.
+pub fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = prom_value(port, query).unwrap_or(0.0);
+        if pred(v) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {query} is {v}");
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// The daemon as the DaemonSet runs it on `node-a`, against the stand-in
 /// API server of `kubeconfig`, holding first calls, with series of deleted
 /// pods kept for `series_grace`.
