@@ -16,7 +16,7 @@ use super::{
         Scope::{Node, Revision, Workload},
     },
     families::FamilySet,
-    revision::{owner_labels, revision_key, ByRevision, RevisionKey},
+    revision::{add_count, owner_labels, revision_key, ByRevision, Durations, RevisionKey},
     series::{OnNode, PodCounts},
 };
 use crate::attribution::labels::WorkloadLabels;
@@ -70,51 +70,6 @@ pub fn bounds() -> &'static [f64] {
     })
 }
 
-/// Requests in the bounds' buckets (not cumulative), their count and sum.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Durations {
-    buckets: Vec<u64>,
-    count: u64,
-    sum_ns: u64,
-}
-
-impl Durations {
-    fn record(&mut self, ns: u64) {
-        let bounds = bounds();
-        if self.buckets.is_empty() {
-            self.buckets = vec![0; bounds.len()];
-        }
-        let seconds = ns as f64 * 1e-9;
-        if let Some(i) = bounds.iter().position(|b| seconds <= *b) {
-            self.buckets[i] += 1;
-        }
-        self.count += 1;
-        self.sum_ns += ns;
-    }
-
-    fn add(&mut self, other: &Durations) {
-        if self.buckets.is_empty() {
-            self.buckets = vec![0; bounds().len()];
-        }
-        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
-            *a += b;
-        }
-        self.count += other.count;
-        self.sum_ns += other.sum_ns;
-    }
-
-    /// Cumulative counts per bound, the count (`+Inf`) and the sum in seconds.
-    pub fn cumulative(&self) -> (Vec<u64>, u64, f64) {
-        let mut running = 0;
-        let mut out = Vec::with_capacity(bounds().len());
-        for i in 0..bounds().len() {
-            running += self.buckets.get(i).copied().unwrap_or(0);
-            out.push(running);
-        }
-        (out, self.count, self.sum_ns as f64 * 1e-9)
-    }
-}
-
 #[derive(Default)]
 pub struct Http {
     durations: ByRevision<&'static str, Durations>,
@@ -125,17 +80,13 @@ pub struct Http {
     pub segments_lost: u64,
 }
 
-fn add_count(a: &mut u64, b: &u64) {
-    *a += b;
-}
-
 impl Http {
     pub fn request(&mut self, cgroup: u64, class: &'static str, duration_ns: u64, probe: bool) {
         if probe {
             *self.probes.entry(cgroup, class) += 1;
             return;
         }
-        self.durations.entry(cgroup, class).record(duration_ns);
+        self.durations.entry(cgroup, class).record(bounds(), duration_ns);
         if class == "5xx" || class == "closed" {
             self.failed.add(cgroup, class, 1);
         }
@@ -167,7 +118,7 @@ impl Http {
     pub fn render(&self, fams: &mut FamilySet, r: &Render) {
         let bounds = bounds();
         for ((owner, class), d) in self.durations.shown(r, Durations::add) {
-            let (cumulative, count, sum) = d.cumulative();
+            let (cumulative, count, sum) = d.cumulative(bounds);
             let v = owner_labels(&owner, r.view, &[class]);
             fams.get(&HTTP_SERVER_REQUEST_DURATION).histogram(&v, bounds, &cumulative, count, sum);
         }
@@ -203,10 +154,10 @@ mod tests {
     #[test]
     fn durations_land_in_their_bucket_and_add_up() {
         let mut d = Durations::default();
-        d.record(12_000_000);
-        d.record(12_500_000);
-        d.record(20_000_000_000);
-        let (cumulative, count, sum) = d.cumulative();
+        d.record(bounds(), 12_000_000);
+        d.record(bounds(), 12_500_000);
+        d.record(bounds(), 20_000_000_000);
+        let (cumulative, count, sum) = d.cumulative(bounds());
         let i = bounds().iter().position(|b| *b >= 0.0125).expect("a bound");
         assert_eq!(cumulative[i], 2, "12 and 12.5 ms at or under 12.5 ms");
         assert_eq!(cumulative[i - 1], 0);

@@ -224,6 +224,61 @@ impl<K: Ord + Copy, V: Default> ByRevision<K, V> {
     }
 }
 
+/// Merges a purged cgroup's count into its revision's ([`ByRevision`]).
+pub fn add_count(a: &mut u64, b: &u64) {
+    *a += b;
+}
+
+/// Durations of events counted in fixed buckets (not cumulative), their
+/// count and sum: a [`ByRevision`] histogram (HTTP requests, runs), whose
+/// family's `bounds` in seconds each call names.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Durations {
+    buckets: Vec<u64>,
+    count: u64,
+    sum_ns: u64,
+}
+
+impl Durations {
+    /// Counts `ns` in the first bucket whose bound holds it; past the last
+    /// bound, in the count (`+Inf`) and the sum only.
+    pub fn record(&mut self, bounds: &[f64], ns: u64) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; bounds.len()];
+        }
+        let seconds = ns as f64 * 1e-9;
+        if let Some(i) = bounds.iter().position(|b| seconds <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum_ns += ns;
+    }
+
+    /// Merges `other` (of the same bounds) into this.
+    pub fn add(&mut self, other: &Durations) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum_ns += other.sum_ns;
+    }
+
+    /// Cumulative counts per bound, the count (`+Inf`) and the sum in seconds.
+    pub fn cumulative(&self, bounds: &[f64]) -> (Vec<u64>, u64, f64) {
+        let mut running = 0;
+        let cumulative = (0..bounds.len())
+            .map(|i| {
+                running += self.buckets.get(i).copied().unwrap_or(0);
+                running
+            })
+            .collect();
+        (cumulative, self.count, self.sum_ns as f64 * 1e-9)
+    }
+}
+
 /// Adds kernel entries to `into` under `key`, their cgroup taken out.
 fn fold<'a, K: Ord + 'a>(
     into: &mut BTreeMap<(RevisionKey, K), LatencyHistogram>,

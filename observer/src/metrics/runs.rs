@@ -16,7 +16,7 @@ use super::{
         Scope::Revision,
     },
     families::FamilySet,
-    revision::{owner_labels, revision_key, ByRevision, RevisionKey},
+    revision::{add_count, owner_labels, revision_key, ByRevision, Durations, RevisionKey},
 };
 use crate::{attribution::labels::WorkloadLabels, exit_cause::RunEnding};
 
@@ -55,52 +55,6 @@ pub fn bounds() -> &'static [f64] {
         b.extend((0..=48).map(|k| 0.01 * 1.25f64.powi(k)));
         b
     })
-}
-
-/// Runs in the bounds' buckets (not cumulative), their count and sum.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Durations {
-    buckets: Vec<u64>,
-    count: u64,
-    sum_ns: u64,
-}
-
-impl Durations {
-    fn record(&mut self, ns: u64) {
-        let bounds = bounds();
-        if self.buckets.is_empty() {
-            self.buckets = vec![0; bounds.len()];
-        }
-        let seconds = ns as f64 * 1e-9;
-        if let Some(i) = bounds.iter().position(|b| seconds <= *b) {
-            self.buckets[i] += 1;
-        }
-        self.count += 1;
-        self.sum_ns += ns;
-    }
-
-    fn add(&mut self, other: &Durations) {
-        if self.buckets.is_empty() {
-            self.buckets = vec![0; bounds().len()];
-        }
-        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
-            *a += b;
-        }
-        self.count += other.count;
-        self.sum_ns += other.sum_ns;
-    }
-
-    /// Cumulative counts per bound, the count (`+Inf`) and the sum in seconds.
-    fn cumulative(&self) -> (Vec<u64>, u64, f64) {
-        let mut running = 0;
-        let cumulative = (0..bounds().len())
-            .map(|i| {
-                running += self.buckets.get(i).copied().unwrap_or(0);
-                running
-            })
-            .collect();
-        (cumulative, self.count, self.sum_ns as f64 * 1e-9)
-    }
 }
 
 /// Executable names by id, at most [`MAX_EXECUTABLES`] in use.
@@ -153,10 +107,6 @@ pub struct Runs {
     endings: ByRevision<(u32, RunEnding), u64>,
 }
 
-fn add_count(a: &mut u64, b: &u64) {
-    *a += b;
-}
-
 impl Runs {
     pub fn ended(&mut self, cgroup: u64, executable: &str, duration_ns: u64, ending: RunEnding) {
         let name = if executable.is_empty() { "unknown" } else { executable };
@@ -164,7 +114,7 @@ impl Runs {
         *self.endings.entry(cgroup, (id, ending)) += 1;
         // Killed from outside (its pod deleted), a run did not take its course.
         if ending != RunEnding::SentOutside {
-            self.durations.entry(cgroup, id).record(duration_ns);
+            self.durations.entry(cgroup, id).record(bounds(), duration_ns);
         }
     }
 
@@ -186,7 +136,7 @@ impl Runs {
     pub fn render(&self, fams: &mut FamilySet, r: &Render) {
         let bounds = bounds();
         for ((owner, id), d) in self.durations.shown(r, Durations::add) {
-            let (cumulative, count, sum) = d.cumulative();
+            let (cumulative, count, sum) = d.cumulative(bounds);
             let v = owner_labels(&owner, r.view, &[self.names.name(id)]);
             fams.get(&RUN_DURATION).histogram(&v, bounds, &cumulative, count, sum);
         }
@@ -230,10 +180,10 @@ mod tests {
     #[test]
     fn durations_land_in_their_buckets() {
         let mut d = Durations::default();
-        d.record(12_000_000);
-        d.record(12_500_000);
-        d.record(500_000_000_000);
-        let (cumulative, count, sum) = d.cumulative();
+        d.record(bounds(), 12_000_000);
+        d.record(bounds(), 12_500_000);
+        d.record(bounds(), 500_000_000_000);
+        let (cumulative, count, sum) = d.cumulative(bounds());
         let i = bounds().iter().position(|b| *b >= 0.0125).expect("a bound");
         assert_eq!((cumulative[i - 1], cumulative[i]), (0, 2));
         assert_eq!((*cumulative.last().expect("buckets"), count), (2, 3), "500 s is past the last bound");
