@@ -9,11 +9,12 @@
 use std::collections::BTreeMap;
 
 use observer::judge::{
-    solver_runs::{slow_runs, Bound, Cumulative},
+    solver_runs::{slow_runs, Cumulative},
     stats::{
         fisher_greater, fisher_greater_stratified, poisson_ratio_greater, poisson_ratio_greater_stratified,
         Counts,
     },
+    strata::Bound,
 };
 use serde_json::{json, Value};
 use test_support::judge::run_oracle;

@@ -15,12 +15,12 @@
 use std::collections::BTreeMap;
 
 use super::{
-    latency::{self, Bound, Histogram},
+    latency::{self, Histogram},
     prometheus::Series,
     requests::{hold_checks, HeldCheck, RequestTerms},
     signals::{increase, node_of, nothing, per_node, strata, Query},
     stats::Counts,
-    strata::{SignalData, SignalKind, Span, Stratum},
+    strata::{Bound, SignalData, SignalKind, Span, Stratum},
 };
 
 pub const REQUEST_COUNT: &str = "canaryscope_http_server_request_duration_seconds_count";

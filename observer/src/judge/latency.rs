@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{
     requests::{NodeCut, Uncompared, LATENCY_RATIO, MIN_BASELINE_REQUESTS, TAIL_SHARE},
-    strata::Stratum,
+    strata::{Bound, Stratum},
 };
 
 /// One revision's requests on one node over a span: cumulative counts at
@@ -15,30 +15,6 @@ use super::{
 pub struct Histogram {
     pub cumulative: BTreeMap<Bound, f64>,
     pub total: f64,
-}
-
-/// A bucket's upper bound, ordered: `le` as Prometheus spells it, parsed.
-#[derive(Clone, Copy, Debug)]
-pub struct Bound(pub f64);
-
-impl PartialEq for Bound {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other).is_eq()
-    }
-}
-
-impl Eq for Bound {}
-
-impl PartialOrd for Bound {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Bound {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 impl Histogram {

@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     prometheus::Series,
     signals::{increase, node_of},
-    strata::{SignalData, SignalKind, Span, Stratum},
+    strata::{Bound, SignalData, SignalKind, Span, Stratum},
 };
 
 const ENDINGS: &str = "canaryscope_run_endings_total";
@@ -190,24 +190,6 @@ fn strata(
 pub struct Cumulative {
     pub at_or_below: BTreeMap<Bound, f64>,
     pub total: f64,
-}
-
-/// A bucket bound in seconds, ordered as a number.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Bound(pub f64);
-
-impl Eq for Bound {}
-
-impl PartialOrd for Bound {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Bound {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 impl Cumulative {

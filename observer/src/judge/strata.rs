@@ -1,5 +1,6 @@
 //! One signal's counts, node by node, as the verdict takes them: what
-//! counts as an event, its exposure, and the spans each side was read over.
+//! counts as an event, its exposure, and the spans each side was read over;
+//! and the bucket bounds histogram signals stratify by.
 use serde::Serialize;
 
 use super::{requests::RequestTerms, stats::Counts};
@@ -109,5 +110,30 @@ impl SignalData {
             requests: None,
             definition: None,
         }
+    }
+}
+
+/// A histogram bucket's upper bound in seconds (`le` as Prometheus spells
+/// it, parsed), ordered as a number so that a map of bounds reads in order.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound(pub f64);
+
+impl PartialEq for Bound {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Bound {}
+
+impl PartialOrd for Bound {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Bound {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
     }
 }
