@@ -1,6 +1,7 @@
 //! Reading `/proc`: which processes there are, and their `maps`, which
 //! come from processes we do not control. A std-only leaf (the fuzz
 //! targets compile this file on its own).
+use std::path::PathBuf;
 
 /// One mapping line: address range, permissions, offset, device, inode, path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,18 @@ impl Mapping<'_> {
     /// The path without the kernel's " (deleted)" note.
     pub fn file_path(&self) -> &str {
         self.path.strip_suffix(Self::DELETED).unwrap_or(self.path)
+    }
+
+    /// Where process `pid`'s mapped file opens from here: through its
+    /// root while that path still names it, else through the mapping
+    /// itself (/proc/PID/map_files, which needs CAP_SYS_ADMIN).
+    pub fn open_path(&self, pid: u32) -> PathBuf {
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{}", self.file_path()));
+        if !self.deleted() && via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", self.start, self.end))
+        }
     }
 }
 

@@ -50,13 +50,7 @@ pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
         if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
             continue;
         }
-        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let open_path = if !mapping.deleted() && via_root.exists() {
-            via_root
-        } else {
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
-        };
-        out.push((open_path, path.to_string()));
+        out.push((mapping.open_path(pid), path.to_string()));
     }
     out
 }
@@ -86,13 +80,7 @@ pub fn process_code_objects(pid: u32) -> Vec<(PathBuf, String)> {
         {
             continue;
         }
-        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let open_path = if !mapping.deleted() && via_root.exists() {
-            via_root
-        } else {
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end))
-        };
-        out.push((open_path, path.to_string()));
+        out.push((mapping.open_path(pid), path.to_string()));
     }
     out
 }

@@ -88,6 +88,25 @@ impl LibraryTracker {
         probed
     }
 
+    /// The id of `file` when it is to be read for a linked runtime now:
+    /// each inode is read once (the set forgotten past [`MAX_REJECTED`]).
+    /// Otherwise, what its caller answers: the id of a file already probed,
+    /// or nothing for one read before or unreadable.
+    fn first_read(&mut self, file: &std::fs::File) -> Result<FileId, Option<FileId>> {
+        let meta = file.metadata().map_err(|_| None)?;
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
+        if self.probes.is_attached(&id) {
+            return Err(self.probes.is_probed(&id).then_some(id));
+        }
+        if !self.executables_read.insert(id) {
+            return Err(None);
+        }
+        if self.executables_read.len() > MAX_REJECTED {
+            self.executables_read.clear();
+        }
+        Ok(id)
+    }
+
     /// Reads one shared object once per inode for a linked runtime, probes
     /// it, or records why it cannot.
     fn probe_object(
@@ -100,17 +119,10 @@ impl LibraryTracker {
     ) -> Option<FileId> {
         // Held open: a path through /proc/PID/root lasts as long as the process.
         let file = std::fs::File::open(&path).ok()?;
-        let meta = file.metadata().ok()?;
-        let id = FileId { dev: meta.dev(), ino: meta.ino() };
-        if self.probes.is_attached(&id) {
-            return self.probes.is_probed(&id).then_some(id);
-        }
-        if !self.executables_read.insert(id) {
-            return None;
-        }
-        if self.executables_read.len() > MAX_REJECTED {
-            self.executables_read.clear();
-        }
+        let id = match self.first_read(&file) {
+            Ok(id) => id,
+            Err(known) => return known,
+        };
         let held_open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let started = std::time::Instant::now();
         let found = inspect_shared_object(&held_open, &display);
@@ -171,17 +183,10 @@ impl LibraryTracker {
         // The executable through the process, for as long as it lives; an
         // open descriptor keeps the file reachable while it is probed.
         let file = std::fs::File::open(format!("/proc/{pid}/exe")).ok()?;
-        let meta = file.metadata().ok()?;
-        let id = FileId { dev: meta.dev(), ino: meta.ino() };
-        if self.probes.is_attached(&id) {
-            return self.probes.is_probed(&id).then_some(id);
-        }
-        if !self.executables_read.insert(id) {
-            return None;
-        }
-        if self.executables_read.len() > MAX_REJECTED {
-            self.executables_read.clear();
-        }
+        let id = match self.first_read(&file) {
+            Ok(id) => id,
+            Err(known) => return known,
+        };
         let display = std::fs::read_link(format!("/proc/{pid}/exe"))
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| format!("/proc/{pid}/exe"));
