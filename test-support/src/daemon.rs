@@ -1,16 +1,13 @@
 //! A running `canaryscope run` exporter.
 use std::{
     fs,
-    io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
-use crate::free_port;
-
-use crate::{canaryscope, http_get, startup_timeout};
+use crate::{canaryscope, collect_stderr, free_port, http_get, startup_timeout};
 
 /// A running `canaryscope run` exporter on a free loopback port.
 pub struct Daemon {
@@ -31,17 +28,7 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start canaryscope run");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let err = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[canaryscope run] {line}");
-                let mut s = sink.lock().expect("lock");
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
+        let (stderr, _reader) = collect_stderr(&mut child, "canaryscope run");
         let d = Self { child, port, stderr };
         let deadline = Instant::now() + startup_timeout();
         while Instant::now() < deadline {

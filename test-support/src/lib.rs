@@ -24,8 +24,11 @@ pub use tracer::*;
 
 use std::{
     fs,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command},
+    sync::{Arc, Mutex},
+    thread::{self, JoinHandle},
     time::Duration,
 };
 
@@ -56,6 +59,27 @@ pub fn skip(test: &str, why: &str) {
         .open(&file)
         .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
     appended.unwrap_or_else(|e| panic!("cannot note the skip in {}: {e}", file.to_string_lossy()));
+}
+
+/// Echoes each line `child` writes to stderr on the test's own, after
+/// `prefix`, and keeps it in the returned text, for waits on it and for
+/// the message of a test that fails; the thread ends at end of file.
+pub(crate) fn collect_stderr(
+    child: &mut Child,
+    prefix: &'static str,
+) -> (Arc<Mutex<String>>, JoinHandle<()>) {
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let err = child.stderr.take().expect("stderr");
+    let sink = stderr.clone();
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("[{prefix}] {line}");
+            let mut s = sink.lock().expect("lock");
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    (stderr, reader)
 }
 
 /// How long a tracer or daemon may take to load and attach its probes.

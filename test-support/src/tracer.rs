@@ -8,10 +8,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{self_killing_marker, PodCgroup, READ_AT};
 use serde_json::Value;
 
-use crate::{canaryscope, startup_timeout, unix_now_ns};
+use crate::{
+    canaryscope, collect_stderr, self_killing_marker, startup_timeout, unix_now_ns, PodCgroup, READ_AT,
+};
 
 /// A running `canaryscope trace --json`, collecting its output lines.
 pub struct Tracer {
@@ -40,7 +41,6 @@ impl Tracer {
             .spawn()
             .expect("start canaryscope");
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
         let out = child.stdout.take().expect("stdout");
         let sink = lines.clone();
         let stdout_reader = thread::spawn(move || {
@@ -56,16 +56,7 @@ impl Tracer {
                 sink.lock().expect("lock").push(value);
             }
         });
-        let err = child.stderr.take().expect("stderr");
-        let err_sink = stderr.clone();
-        let stderr_reader = thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[canaryscope] {line}");
-                let mut s = err_sink.lock().expect("lock");
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
+        let (stderr, stderr_reader) = collect_stderr(&mut child, "canaryscope");
         let tracer = Self { child, lines, stderr, readers: vec![stdout_reader, stderr_reader] };
         tracer.wait_stderr("tracing;", startup_timeout());
         tracer
