@@ -257,8 +257,7 @@ fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    let daemon = Daemon::on_node(&kubeconfig, &[]);
     let specs = vec![
         scheduled_pod("infer-canaryhash-live1", &random_pod_uid(), "canary", "canaryhash"),
         scheduled_pod("infer-canaryhash-gone1", &random_pod_uid(), "canary", "canaryhash"),
@@ -356,13 +355,7 @@ fn canary_pods_get_hot_call_probes_by_track_label_or_argo_revision() {
     };
     control(api_port, "POST", "/control/rollouts", &rollout("oldhash"));
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::start(&[
-        "--hold",
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-    ]);
+    let daemon = Daemon::on_node(&kubeconfig, &["--hold"]);
     // The pods are scheduled while the daemon runs; a busy kubelet names
     // their containers 1.5 s after their start.
     let specs = vec![

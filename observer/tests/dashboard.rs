@@ -98,16 +98,7 @@ fn every_panel_query_parses_and_the_canary_shows_on_the_panels_of_its_failures()
     // As the DaemonSet runs it, without --hold: the canary's processes are
     // held at its runtime file all the same. A stall threshold of seconds
     // rather than the default ten keeps the stalled call's wait short.
-    let daemon = Daemon::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--stall-threshold",
-        "2s",
-        "--gpu-init-timeout",
-        "2s",
-    ]);
+    let daemon = Daemon::on_node(&kubeconfig, &["--stall-threshold", "2s", "--gpu-init-timeout", "2s"]);
     // A second node's daemon, capped at one cgroup's series, whose reader
     // falls behind below.
     let behind = Daemon::start(&["--no-kubernetes", "--max-cgroups", "1"]);

@@ -16,8 +16,10 @@ use std::{
 
 use serde_json::Value;
 use test_support::{
-    assert_root, canaryscope, fixture, in_vm,
-    k8s::{control, scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod, NS},
+    assert_root, canaryscope, fixture,
+    gate::{gated, wait_gate},
+    in_vm,
+    k8s::{scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod},
     metric_value, out_pid, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
 };
 
@@ -261,18 +263,10 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
     assert_root();
     let dir = scratch_dir();
     let name = "infer-canaryhash-cudart1";
-    let mut spec = scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash");
-    spec["spec"]["readinessGates"] = serde_json::json!([{"conditionType": GATE}]);
+    let spec = gated(scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash"));
     let (_api, api_port) = start_apiserver_with(&dir, None, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let _daemon = Daemon::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--hot-calls",
-        "none",
-    ]);
+    let _daemon = Daemon::on_node(&kubeconfig, &["--hot-calls", "none"]);
     let copies = Copies::new("CUDART13");
     // Scheduled: no container yet.
     let node_pod = NodePod::schedule(api_port, spec, Duration::from_millis(200));
@@ -285,30 +279,15 @@ fn a_gated_pod_whose_runtime_is_newer_than_the_driver_gets_init_failed() {
         version / 1000,
         (version % 1000) / 10
     );
-    let deadline = std::time::Instant::now() + wait();
-    loop {
-        let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
-        let pod: Value = serde_json::from_str(&body).expect("a Pod");
-        let condition = pod["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == GATE).cloned());
-        // The kubelet names the container 0.2 s after its start: a
-        // condition written before says its short ID, and is rewritten.
-        if let Some(c) = &condition {
-            if c["status"] == "False" && c["reason"] == "InitFailed" && c["message"] == want.as_str() {
-                break;
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no False/InitFailed condition {want:?}: {condition:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    // The kubelet names the container 0.2 s after its start: a condition
+    // written before says its short ID, and is rewritten.
+    let matches =
+        |c: &Value| c["status"] == "False" && c["reason"] == "InitFailed" && c["message"] == want.as_str();
+    if let Err((condition, _)) = wait_gate(api_port, name, wait(), matches) {
+        panic!("no False/InitFailed condition {want:?}: {condition:?}");
     }
     let _ = fs::remove_dir_all(&dir);
 }
-
-const GATE: &str = "canaryscope.io/gpu-runtime";
 
 #[test]
 #[ignore = "needs NVIDIA's libraries (tests/nvidia/fetch.sh); run by `cargo xtask test`"]

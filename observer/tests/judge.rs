@@ -85,8 +85,7 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     // while it runs.
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    let daemon = Daemon::on_node(&kubeconfig, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     let deadline = Instant::now() + Duration::from_secs(30);
     while prom_query(prom_port, "up{job=\"canaryscope\"} == 1").is_empty() {

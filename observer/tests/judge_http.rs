@@ -513,8 +513,7 @@ fn real_requests_fail_a_slower_canary_and_a_failing_one_and_not_one_like_stable(
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    let daemon = Daemon::on_node(&kubeconfig, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     let hashes = ["stablehash", "slowhash", "failhash", "alikehash"];
     let (pods, servers) = serve_revisions(api_port, prom_port, &hashes);

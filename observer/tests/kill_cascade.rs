@@ -46,8 +46,7 @@ fn an_oom_cascade_across_three_pods_of_two_revisions_is_named_not_blamed_on_the_
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    let daemon = Daemon::on_node(&kubeconfig, &[]);
     let rules = repo().join("deploy/prometheus/rules.yaml");
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, Some(&rules));
     // Two canary pods and four stable ones.

@@ -14,14 +14,15 @@ use std::{
 
 use serde_json::Value;
 use test_support::{
-    assert_root, in_vm,
-    k8s::{control, scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod, NS},
+    assert_root,
+    gate::{gated, wait_gate},
+    in_vm,
+    k8s::{control, scheduled_pod, scratch_dir, start_apiserver_with, write_kubeconfig, NodePod},
     metric_value, random_hex, random_pod_uid, Daemon, PodCgroup, Tracer,
 };
 
 const MODULE: &str = "cublas.cpython-311-x86_64-linux-gnu.so";
 const MISSING: &str = "libcublas.so.12";
-const GATE: &str = "canaryscope.io/gpu-runtime";
 
 /// Event waits are generous: the VM runs under software emulation.
 fn wait() -> Duration {
@@ -118,18 +119,10 @@ fn a_gated_pod_whose_gpu_library_fails_to_load_gets_library_load_failed() {
     assert_root();
     let dir = scratch_dir();
     let name = "infer-canaryhash-load1";
-    let mut spec = scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash");
-    spec["spec"]["readinessGates"] = serde_json::json!([{"conditionType": GATE}]);
+    let spec = gated(scheduled_pod(name, &random_pod_uid(), "canary", "canaryhash"));
     let (_api, api_port) = start_apiserver_with(&dir, None, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--hot-calls",
-        "none",
-    ]);
+    let daemon = Daemon::on_node(&kubeconfig, &["--hot-calls", "none"]);
     let site = Site::new();
     // Scheduled: no container yet; then the kubelet's order.
     let node_pod = NodePod::schedule(api_port, spec, Duration::from_millis(200));
@@ -146,30 +139,20 @@ fn a_gated_pod_whose_gpu_library_fails_to_load_gets_library_load_failed() {
     });
     assert_eq!(metric_value(&line), 1.0, "{line}");
     let want = format!("container worker: dlopen of {MODULE} failed: {MISSING} not found");
-    let deadline = std::time::Instant::now() + wait();
-    loop {
-        let body = control(api_port, "GET", &format!("/api/v1/namespaces/{NS}/pods/{name}"), "");
-        let pod: Value = serde_json::from_str(&body).expect("a Pod");
-        let condition = pod["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == GATE).cloned());
-        // The kubelet names the container 0.2 s after its start: a
-        // condition written before says its short ID, and is rewritten.
-        let matches = |c: &Value| c["status"] == "False" && c["reason"] == "LibraryLoadFailed";
-        if condition.as_ref().is_some_and(|c| matches(c) && c["message"] == want.as_str()) {
-            break;
-        }
-        if std::time::Instant::now() >= deadline {
-            let gate: Vec<String> = daemon
-                .metrics()
-                .lines()
-                .filter(|l| l.starts_with("canaryscope_readiness_gate_"))
-                .map(str::to_string)
-                .collect();
-            let patches = control(api_port, "GET", "/control/patches", "");
-            panic!("no False/LibraryLoadFailed {want:?}: {condition:?}\npod: {pod}\ngate: {gate:#?}\npatches: {patches}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    // The kubelet names the container 0.2 s after its start: a condition
+    // written before says its short ID, and is rewritten.
+    let matches = |c: &Value| {
+        c["status"] == "False" && c["reason"] == "LibraryLoadFailed" && c["message"] == want.as_str()
+    };
+    if let Err((condition, pod)) = wait_gate(api_port, name, wait(), matches) {
+        let gate: Vec<String> = daemon
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("canaryscope_readiness_gate_"))
+            .map(str::to_string)
+            .collect();
+        let patches = control(api_port, "GET", "/control/patches", "");
+        panic!("no False/LibraryLoadFailed {want:?}: {condition:?}\npod: {pod}\ngate: {gate:#?}\npatches: {patches}");
     }
     let startup = daemon.wait_metric("the revision's failed start-up", wait(), |l| {
         l.starts_with("canaryscope_gpu_startup_failures_total{") && l.contains("revision=\"canaryhash\"")

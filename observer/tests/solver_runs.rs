@@ -234,8 +234,7 @@ fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
     let dir = scratch_dir();
     let (_api, api_port) = start_apiserver(&dir, None);
     let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon =
-        Daemon::start(&["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"]);
+    let daemon = Daemon::on_node(&kubeconfig, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     // Stable, a canary three times as slow, and a canary like stable.
     let (_s, _scg, mut stable) = worker_pod(api_port, "solver-stablehash-0", "stablehash", "stable");

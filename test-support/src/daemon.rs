@@ -1,6 +1,7 @@
 //! A running `canaryscope run` exporter.
 use std::{
     fs,
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     thread,
@@ -38,6 +39,14 @@ impl Daemon {
             thread::sleep(Duration::from_millis(100));
         }
         panic!("daemon not ready; stderr:\n{}", d.stderr.lock().expect("lock"));
+    }
+
+    /// The daemon as the DaemonSet runs it on `node-a`, against the
+    /// stand-in API server of `kubeconfig`, with `extra` arguments.
+    pub fn on_node(kubeconfig: &Path, extra: &[&str]) -> Self {
+        let mut args = vec!["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"];
+        args.extend_from_slice(extra);
+        Self::start(&args)
     }
 
     /// (status code, body) of a GET, or None when nothing answers.

@@ -546,15 +546,7 @@ pub fn wait_prom(port: u16, what: &str, query: &str, pred: impl Fn(f64) -> bool)
 /// API server of `kubeconfig`, holding first calls, with series of deleted
 /// pods kept for `series_grace`.
 pub fn node_daemon(kubeconfig: &Path, series_grace: &str) -> crate::Daemon {
-    crate::Daemon::start(&[
-        "--hold",
-        "--kubeconfig",
-        kubeconfig.to_str().expect("utf8"),
-        "--node-name",
-        "node-a",
-        "--series-grace",
-        series_grace,
-    ])
+    crate::Daemon::on_node(kubeconfig, &["--hold", "--series-grace", series_grace])
 }
 
 /// A rollout's two pods on node-a, each with its `worker` container made.

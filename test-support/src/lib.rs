@@ -2,12 +2,14 @@
 //! fixtures, a tracer child process ([`tracer`]), real cgroups laid out as
 //! kubelet and containerd do ([`cgroups`]), the exporter ([`daemon`]), plain
 //! HTTP ([`http`]), fixture processes stepped through their probes
-//! ([`ptrace`]), a stand-in Kubernetes API server ([`k8s`]), recorded
+//! ([`ptrace`]), a stand-in Kubernetes API server ([`k8s`]) and the
+//! readiness gate's condition it holds ([`gate`]), recorded
 //! series served by a real Prometheus ([`recorded`]), and the judge run
 //! and asked over it ([`judge`]). A test file imports what it uses.
 pub mod cgroups;
 pub mod daemon;
 pub mod dashboard;
+pub mod gate;
 pub mod http;
 pub mod judge;
 pub mod k8s;
