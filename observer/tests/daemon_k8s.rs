@@ -255,9 +255,7 @@ fn host_kill(pid: u64) {
 fn a_host_kill_says_whether_the_pod_was_being_deleted_or_its_container_restarted() {
     assert_root();
     let dir = scratch_dir();
-    let (_api, api_port) = start_apiserver(&dir, None);
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::on_node(&kubeconfig, &[]);
+    let (_api, api_port, daemon) = Daemon::with_apiserver(&dir, &[]);
     let specs = vec![
         scheduled_pod("infer-canaryhash-live1", &random_pod_uid(), "canary", "canaryhash"),
         scheduled_pod("infer-canaryhash-gone1", &random_pod_uid(), "canary", "canaryhash"),

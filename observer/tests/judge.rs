@@ -15,10 +15,7 @@ use serde_json::Value;
 use test_support::{
     assert_root, fixture, http_get, http_request,
     judge::{ask_judge, signal, start_judge},
-    k8s::{
-        prom_query, prom_value, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom,
-        write_kubeconfig, NodePod, NS,
-    },
+    k8s::{prom_query, prom_value, scheduled_pod, scratch_dir, start_prometheus, wait_prom, NodePod, NS},
     random_pod_uid,
     recorded::Blocks,
     Daemon, PodCgroup,
@@ -83,9 +80,7 @@ fn the_judge_fails_failing_start_ups_waits_on_little_data_and_passes_a_healthy_c
     let dir = scratch_dir();
     // The daemon first, as on a node: every pod below is scheduled to it
     // while it runs.
-    let (_api, api_port) = start_apiserver(&dir, None);
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::on_node(&kubeconfig, &[]);
+    let (_api, api_port, daemon) = Daemon::with_apiserver(&dir, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     let deadline = Instant::now() + Duration::from_secs(30);
     while prom_query(prom_port, "up{job=\"canaryscope\"} == 1").is_empty() {

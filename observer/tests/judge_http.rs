@@ -18,10 +18,7 @@ use serde_json::{json, Value};
 use test_support::{
     assert_root, canaryscope, free_port,
     judge::{ask_judge, run_oracle, signal, start_judge},
-    k8s::{
-        prom_query, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, write_kubeconfig,
-        NodePod, Proc, NS,
-    },
+    k8s::{prom_query, repo, scheduled_pod, scratch_dir, start_prometheus, NodePod, Proc, NS},
     random_pod_uid,
     recorded::{Blocks, Rec},
     Daemon, PodCgroup,
@@ -511,9 +508,7 @@ fn serve_revisions(api_port: u16, prom_port: u16, hashes: &[&str]) -> (Vec<NodeP
 fn real_requests_fail_a_slower_canary_and_a_failing_one_and_not_one_like_stable() {
     assert_root();
     let dir = scratch_dir();
-    let (_api, api_port) = start_apiserver(&dir, None);
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::on_node(&kubeconfig, &[]);
+    let (_api, api_port, daemon) = Daemon::with_apiserver(&dir, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     let hashes = ["stablehash", "slowhash", "failhash", "alikehash"];
     let (pods, servers) = serve_revisions(api_port, prom_port, &hashes);

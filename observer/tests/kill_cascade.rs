@@ -12,10 +12,7 @@ use serde_json::Value;
 use test_support::{
     assert_root, fixture,
     judge::{ask_judge, signal, start_judge},
-    k8s::{
-        repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom, write_kubeconfig,
-        NodePod, Proc, NS,
-    },
+    k8s::{repo, scheduled_pod, scratch_dir, start_prometheus, wait_prom, NodePod, Proc, NS},
     random_pod_uid, Daemon, PodCgroup,
 };
 
@@ -44,9 +41,7 @@ fn ask(judge_port: u16) -> Value {
 fn an_oom_cascade_across_three_pods_of_two_revisions_is_named_not_blamed_on_the_canary() {
     assert_root();
     let dir = scratch_dir();
-    let (_api, api_port) = start_apiserver(&dir, None);
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::on_node(&kubeconfig, &[]);
+    let (_api, api_port, daemon) = Daemon::with_apiserver(&dir, &[]);
     let rules = repo().join("deploy/prometheus/rules.yaml");
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, Some(&rules));
     // Two canary pods and four stable ones.

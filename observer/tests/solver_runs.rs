@@ -19,10 +19,7 @@ use serde_json::{json, Value};
 use test_support::{
     assert_root, field, http_get,
     judge::{ask_judge, run_oracle, signal, start_judge},
-    k8s::{
-        prom_value, repo, scheduled_pod, scratch_dir, start_apiserver, start_prometheus, wait_prom,
-        write_kubeconfig, NodePod, NS,
-    },
+    k8s::{prom_value, repo, scheduled_pod, scratch_dir, start_prometheus, wait_prom, NodePod, NS},
     metric_value, random_hex, random_pod_uid, Daemon, PodCgroup,
 };
 
@@ -232,9 +229,7 @@ fn median(v: &[f64]) -> f64 {
 fn a_canary_whose_z3_runs_take_three_times_longer_fails_on_the_run_p99() {
     assert_root();
     let dir = scratch_dir();
-    let (_api, api_port) = start_apiserver(&dir, None);
-    let kubeconfig = write_kubeconfig(&dir, api_port);
-    let daemon = Daemon::on_node(&kubeconfig, &[]);
+    let (_api, api_port, daemon) = Daemon::with_apiserver(&dir, &[]);
     let (_prom, prom_port) = start_prometheus(&dir, daemon.port, None);
     // Stable, a canary three times as slow, and a canary like stable.
     let (_s, _scg, mut stable) = worker_pod(api_port, "solver-stablehash-0", "stablehash", "stable");

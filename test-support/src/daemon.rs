@@ -8,7 +8,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{canaryscope, collect_stderr, free_port, http_get, startup_timeout};
+use crate::{
+    canaryscope, collect_stderr, free_port, http_get,
+    k8s::{start_apiserver, write_kubeconfig, Proc},
+    startup_timeout,
+};
 
 /// A running `canaryscope run` exporter on a free loopback port.
 pub struct Daemon {
@@ -47,6 +51,15 @@ impl Daemon {
         let mut args = vec!["--kubeconfig", kubeconfig.to_str().expect("utf8"), "--node-name", "node-a"];
         args.extend_from_slice(extra);
         Self::start(&args)
+    }
+
+    /// A stand-in API server with no pods, its kubeconfig written in
+    /// `dir`, and the daemon on node-a watching it, started in that order
+    /// as on a node: the server's process and port, and the daemon.
+    pub fn with_apiserver(dir: &Path, extra: &[&str]) -> (Proc, u16, Self) {
+        let (api, api_port) = start_apiserver(dir, None);
+        let kubeconfig = write_kubeconfig(dir, api_port);
+        (api, api_port, Self::on_node(&kubeconfig, extra))
     }
 
     /// (status code, body) of a GET, or None when nothing answers.
