@@ -230,10 +230,14 @@ fn latency_quantiles_match_the_clients_and_a_slower_canary_shows() {
                 run.percentiles.iter().find(|(p, _)| *p == q).map(|(_, ms)| *ms).expect("ab's percentile");
             let (lower, upper) = bucket_of_quantile(&hist, f64::from(q) / 100.0);
             let client = client_ms / 1000.0;
-            // ab rounds to whole milliseconds; the server side lacks the
-            // client's connect and loopback time, well under a millisecond.
+            // ab rounds to whole milliseconds, and the server side lacks the
+            // client's connect and loopback time, so the node's quantile is
+            // never above ab's. ab's tail also holds its own wait for a CPU,
+            // which the server never sees: on a busy two-core node, 2 ms
+            // at p99. The node's p99 may sit one bucket (1.25x) below.
+            let slack = if q == 99 { 1.25 } else { 1.0 };
             assert!(
-                lower < client + 0.001 && client - 0.001 <= upper,
+                lower < client + 0.001 && client - 0.001 <= upper * slack,
                 "{name} p{q}: ab says {client_ms} ms, the histogram's p{q} is in ({lower}, {upper}]"
             );
         }
