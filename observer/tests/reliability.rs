@@ -171,7 +171,21 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    fd_targets(pid).len()
+}
+
+/// What each open descriptor of `pid` names (a file, a socket, an anon
+/// inode such as a BPF map or link), sorted: a leak's failure shows what.
+fn fd_targets(pid: u32) -> Vec<String> {
+    let mut targets: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| std::fs::read_link(e.path()).map(|t| t.display().to_string()).unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default();
+    targets.sort();
+    targets
 }
 
 /// Runs `count` pods, each a real cgroup with a HIP process that fails to
@@ -228,6 +242,7 @@ fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
     let warm = churn(100, "c0f1");
     settle("c0f1", &warm);
     let (rss_before, fds_before) = (rss_kib(pid), open_fds(pid));
+    let targets_before = fd_targets(pid);
     // Per-thread in-flight entries stay while a thread lives; those of
     // exited threads must go.
     let inflight_before = map_entries("GPU_INFLIGHT").len();
@@ -251,7 +266,9 @@ fn a_thousand_short_lived_pods_leave_no_series_map_entries_or_memory_behind() {
     );
     eprintln!("RSS {rss_before} -> {rss_after} KiB; open fds {fds_before} -> {fds_after}");
     assert!(rss_after <= rss_before + 10 * 1024, "RSS grew from {rss_before} to {rss_after} KiB");
-    assert!(fds_after <= fds_before + 2, "file descriptors leaked: {fds_before} -> {fds_after}");
+    let targets_after = fd_targets(pid);
+    let added: Vec<&String> = targets_after.iter().filter(|t| !targets_before.contains(t)).collect();
+    assert!(fds_after <= fds_before + 2, "file descriptors leaked: {fds_before} -> {fds_after}: {added:?}");
     assert!(daemon.stop().success());
 }
 
