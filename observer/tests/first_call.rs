@@ -134,6 +134,19 @@ fn own_ld_cache(lib: &Path) -> String {
     )
 }
 
+/// A tracer holding every process at a new runtime file's mapping, and a
+/// pod to run the processes in.
+fn held_tracer_and_pod() -> (Tracer, PodCgroup) {
+    (Tracer::start(&["--hold", "--all"]), PodCgroup::new(&random_pod_uid(), &random_hex(64)))
+}
+
+/// `loader` run in `pod` on `lib`, to its exit.
+fn load_in(pod: &PodCgroup, loader: &Path, lib: &Path) -> Output {
+    let mut cmd = pod.command(loader);
+    cmd.arg(lib);
+    run_detached(cmd)
+}
+
 fn reason(probed: &Value) -> &str {
     probed["reason"].as_str().unwrap_or_default()
 }
@@ -300,8 +313,7 @@ fn held_dt_needed_program_calling_cu_init_first_is_seen() {
     assert_root();
     let app = fixture("cuda_first");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold", "--all"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let (tracer, pod) = held_tracer_and_pod();
     for run in 0..RUNS {
         let fresh = Fresh::new();
         let copy = fresh.copy(&lib, "lib/libcuda.so.1");
@@ -328,8 +340,7 @@ fn held_dlopen_of_any_path_then_an_immediate_call_is_seen_at_any_delay() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold", "--all"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let (tracer, pod) = held_tracer_and_pod();
     for delay in ["0", "10", "50"] {
         for run in 0..RUNS {
             let fresh = Fresh::new();
@@ -364,13 +375,10 @@ fn a_held_process_has_its_immediate_first_call_seen() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold", "--all"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let (tracer, pod) = held_tracer_and_pod();
     let fresh = Fresh::new();
     let copy = fresh.copy(&lib, "held/libcuda.so.1");
-    let mut cmd = pod.command(&loader);
-    cmd.arg(&copy);
-    let pid = out_pid(&run_detached(cmd).stdout);
+    let pid = out_pid(&load_in(&pod, &loader, &copy).stdout);
     let (call, probed) = first_call(&tracer, pid, "cuInit", copy.to_str().expect("utf8"), 0);
     assert!(reason(&probed).ends_with("held until probed"), "{probed}");
     assert!(probed["held_ns"].as_u64().is_some_and(|ns| ns > 0), "{probed}");
@@ -389,8 +397,7 @@ fn a_runtime_whose_first_mapper_left_unread_is_held_at_its_next_mapping() {
     assert_root();
     let loader = fixture("gpu_dlopen");
     let lib = zluda();
-    let tracer = Tracer::start(&["--hold", "--all"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let (tracer, pod) = held_tracer_and_pod();
     let fresh = Fresh::new();
     let copy = fresh.copy(&lib, "missed/libcuda.so.1");
     let copy_path = copy.to_str().expect("utf8");
@@ -399,15 +406,11 @@ fn a_runtime_whose_first_mapper_left_unread_is_held_at_its_next_mapping() {
     // deadline, calls and exits before its report is read.
     // SAFETY: plain signals to the tracer process this test started.
     assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) }, 0);
-    let mut first = pod.command(&loader);
-    first.arg(&copy);
-    let first = run_detached(first);
+    let first = load_in(&pod, &loader, &copy);
     assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGCONT) }, 0);
     // Reports are read in order: once a later file is announced, the first
     // mapper's report has been handled.
-    let mut later = pod.command(&loader);
-    later.arg(&marker);
-    run_detached(later);
+    load_in(&pod, &loader, &marker);
     probed_after(&tracer, marker.to_str().expect("utf8"), 0);
     let first_pid = out_pid(&first.stdout);
     assert!(
@@ -417,9 +420,7 @@ fn a_runtime_whose_first_mapper_left_unread_is_held_at_its_next_mapping() {
             .any(|e| e["kind"] == "gpu_call" && e["pid"] == first_pid && e["library"] == copy_path),
         "the first mapper ran while the daemon was frozen: its calls into the copy went unseen"
     );
-    let mut next = pod.command(&loader);
-    next.arg(&copy);
-    let pid = out_pid(&run_detached(next).stdout);
+    let pid = out_pid(&load_in(&pod, &loader, &copy).stdout);
     let (_, probed) = first_call(&tracer, pid, "cuInit", copy_path, 0);
     assert!(reason(&probed).ends_with("held until probed"), "{probed}");
 }
@@ -429,8 +430,7 @@ fn a_runtime_whose_first_mapper_left_unread_is_held_at_its_next_mapping() {
 fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
     assert_root();
     let loader = fixture("gpu_dlopen");
-    let tracer = Tracer::start(&["--hold", "--all"]);
-    let pod = PodCgroup::new(&random_pod_uid(), &random_hex(64));
+    let (tracer, pod) = held_tracer_and_pod();
     let expected = if Path::new("/dev/kfd").exists() { 0 } else { 101 };
     // Half the runs in the pod's own mount namespace, half in a private one:
     // the real runtime has 16 probed functions, and each fresh copy's 32
@@ -438,9 +438,7 @@ fn held_copy_of_the_real_hip_runtime_is_seen_from_its_first_call() {
     for run in 0..RUNS / 2 {
         let fresh = Fresh::new();
         let copy = fresh.copy(Path::new(HIP_RUNTIME), "hip/libamdhip64.so.5");
-        let mut cmd = pod.command(&loader);
-        cmd.arg(&copy);
-        let pid = out_pid(&run_detached(cmd).stdout);
+        let pid = out_pid(&load_in(&pod, &loader, &copy).stdout);
         let (call, _) = first_call(&tracer, pid, "hipInit", copy.to_str().expect("utf8"), 0);
         assert_eq!(call["result"], expected, "run {run}: {call}");
         let script = format!(
