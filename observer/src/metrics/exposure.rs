@@ -15,7 +15,7 @@ use std::{
 
 use observer_common::gpu::Api;
 
-use super::revision::{revision_key, RevisionKey};
+use super::revision::RevisionKey;
 use crate::attribution::labels::WorkloadLabels;
 
 pub const GPU_STARTUPS: MetricDecl = decl(
@@ -84,6 +84,50 @@ impl RevisionExposure {
     }
 }
 
+/// A pod as the exposure counts it: by name, or by its cgroup where there
+/// are no pods (without Kubernetes).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum PodId<'a> {
+    Named(&'a str),
+    Cgroup(u64),
+}
+
+/// What one refresh adds to a revision's totals.
+#[derive(Default)]
+struct RevisionChange {
+    /// Its pods live now, each once however many containers it has.
+    pods: u32,
+    process_starts: u64,
+    startups: Vec<&'static str>,
+    startup_failures: Vec<&'static str>,
+}
+
+impl RevisionChange {
+    /// Adds this to `totals`, `elapsed` seconds per live pod; whether the
+    /// exposition changes.
+    fn apply(self, totals: &mut RevisionExposure, elapsed: f64) -> bool {
+        let mut moved = false;
+        if elapsed > 0.0 && self.pods > 0 {
+            let before = (totals.pod_seconds / POD_SECONDS_QUANTUM).floor();
+            totals.pod_seconds += elapsed * f64::from(self.pods);
+            moved |= (totals.pod_seconds / POD_SECONDS_QUANTUM).floor() != before;
+        }
+        if self.process_starts > 0 {
+            totals.process_starts += self.process_starts;
+            moved = true;
+        }
+        for api in self.startups {
+            *totals.startups.entry(api).or_default() += 1;
+            moved = true;
+        }
+        for api in self.startup_failures {
+            *totals.startup_failures.entry(api).or_default() += 1;
+            moved = true;
+        }
+        moved
+    }
+}
+
 #[derive(Default)]
 pub struct Exposure {
     /// By cgroup: a container start is a new cgroup, so one start-up each.
@@ -126,6 +170,11 @@ impl Exposure {
     /// Adds what happened since the last refresh to the revisions of the
     /// live cgroups `live` (their labels are known now), and the time since
     /// then to each live pod. Returns whether a total moved enough to render.
+    ///
+    /// Runs every refresh over every tracked cgroup, so it gathers by
+    /// revision with borrowed label values first and touches each
+    /// revision's totals once: per cgroup, owned keys and a search of the
+    /// totals were most of an idle daemon's CPU at a thousand pods.
     pub fn account<'a>(
         &mut self,
         now: Instant,
@@ -137,40 +186,36 @@ impl Exposure {
             .filter(|s| *s <= MAX_GAP_SECS)
             .unwrap_or(0.0);
         self.last_account = Some(now);
-        let mut moved = false;
-        let mut pods_seen: HashSet<(RevisionKey, String)> = HashSet::new();
+        let mut pods_seen: HashSet<([&str; 4], PodId<'_>)> = HashSet::new();
+        let mut changes: HashMap<[&str; 4], RevisionChange> = HashMap::new();
         for (cgroup, labels) in live {
-            let key = revision_key(labels);
+            let [namespace, pod, _container, workload, revision, track] = labels.values();
+            let key = [namespace, workload, revision, track];
             // Without Kubernetes every cgroup is its own pod.
-            let pod = match labels.values()[1] {
-                "" => format!("cgroup:{cgroup}"),
-                name => name.to_string(),
-            };
-            let totals = self.totals.entry(key.clone()).or_default();
-            if elapsed > 0.0 && pods_seen.insert((key, pod)) {
-                let before = (totals.pod_seconds / POD_SECONDS_QUANTUM).floor();
-                totals.pod_seconds += elapsed;
-                moved |= (totals.pod_seconds / POD_SECONDS_QUANTUM).floor() != before;
+            let pod = if pod.is_empty() { PodId::Cgroup(cgroup) } else { PodId::Named(pod) };
+            let change = changes.entry(key).or_default();
+            if pods_seen.insert((key, pod)) {
+                change.pods += 1;
             }
-            if let Some(n) = self.pending_starts.remove(&cgroup) {
-                totals.process_starts += n;
-                moved = true;
-            }
+            change.process_starts += self.pending_starts.remove(&cgroup).unwrap_or(0);
             if let Some(startup) = self.startups.get_mut(&cgroup) {
                 if !startup.counted {
                     startup.counted = true;
-                    *totals.startups.entry(startup.api.as_str()).or_default() += 1;
-                    moved = true;
+                    change.startups.push(startup.api.as_str());
                 }
                 if startup.failed && !startup.failure_counted {
                     startup.failure_counted = true;
-                    *totals.startup_failures.entry(startup.api.as_str()).or_default() += 1;
-                    moved = true;
+                    change.startup_failures.push(startup.api.as_str());
                 }
             }
         }
         // Starts in cgroups that are not tracked belong to no workload here.
         self.pending_starts.clear();
+        let mut moved = false;
+        for (key, change) in changes {
+            let totals = self.totals.entry(key.map(str::to_string)).or_default();
+            moved |= change.apply(totals, elapsed);
+        }
         moved
     }
 

@@ -48,11 +48,17 @@ pub struct KernelRead {
 
 /// How often the CPU limits of cgroups are sampled for the exporter.
 const CPU_SAMPLE_EVERY: Duration = Duration::from_secs(1);
-/// How often each tracked cgroup's directory is checked for removal. A stat
-/// of a long path per tracked cgroup on every refresh was, with a thousand
-/// pods, a fifth of an idle daemon's CPU; a removal seen two seconds later
-/// changes nothing within a series grace of a minute or more.
-const GONE_CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How often each tracked cgroup's directory is checked for removal: a
+/// tenth of the series grace, within these bounds. A stat of a long path
+/// per tracked cgroup on every refresh was, with a thousand pods, a fifth
+/// of an idle daemon's CPU, and every two seconds still an eighth; a
+/// removal seen a tenth of the grace late keeps a gone pod's series that
+/// much longer and changes nothing else.
+const GONE_CHECK_BOUNDS: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(30));
+
+fn gone_check_every(series_grace: Duration) -> Duration {
+    (series_grace / 10).clamp(GONE_CHECK_BOUNDS.0, GONE_CHECK_BOUNDS.1)
+}
 
 pub struct Recorder {
     published: SharedMetrics,
@@ -169,6 +175,9 @@ impl Recorder {
         // Once a second, as `trace` samples: the counters are cumulative,
         // so `rate()` loses nothing, and a thousand limited pods cost half
         // the file reads of sampling on every refresh.
+        if let Some((_, runq, _)) = &aggregates {
+            pipeline.note_run_queue(runq);
+        }
         if self.last_cpu_sample.is_none_or(|t| t.elapsed() >= CPU_SAMPLE_EVERY) {
             self.last_cpu_sample = Some(Instant::now());
             pipeline.sample_cpu();
@@ -180,7 +189,8 @@ impl Recorder {
         let counters = pipeline.counters();
         let http_lost = pipeline.http_segments_lost();
         let (statuses, hot) = (pipeline.statuses(), pipeline.hot_counts());
-        let check_removed = self.last_gone_check.is_none_or(|t| t.elapsed() >= GONE_CHECK_EVERY);
+        let check_removed =
+            self.last_gone_check.is_none_or(|t| t.elapsed() >= gone_check_every(self.series_grace));
         if check_removed {
             self.last_gone_check = Some(Instant::now());
         }
@@ -271,4 +281,17 @@ fn relabel(
             .filter(|id| !metrics.is_tracked(*id) && (resolver.path(*id).is_none() || !resolver.exists(*id))),
     );
     purged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removals_are_checked_a_tenth_of_the_grace_apart_within_bounds() {
+        assert_eq!(gone_check_every(Duration::from_secs(5)), Duration::from_secs(2));
+        assert_eq!(gone_check_every(Duration::from_secs(100)), Duration::from_secs(10));
+        assert_eq!(gone_check_every(Duration::from_secs(300)), Duration::from_secs(30));
+        assert_eq!(gone_check_every(Duration::from_secs(3600)), Duration::from_secs(30));
+    }
 }

@@ -8,6 +8,7 @@ pub mod http;
 pub mod kill_reasons;
 pub mod never_initialized;
 mod oom_groups;
+mod ran_since;
 pub mod reader;
 pub mod runq_scope;
 mod runs;
@@ -20,7 +21,7 @@ use crate::{
     attribution::{kube::PodCache, CgroupResolver},
     config,
     config::Families,
-    cpu::{CpuFinding, CpuMonitor, CpuSnapshot},
+    cpu::{CpuFinding, CpuMonitor, CpuSnapshot, RunActivity},
     discovery::hold_scope::{PodChoice, PodHold},
     discovery::{
         hold::{Hold, HoldError},
@@ -149,6 +150,8 @@ pub struct Pipeline {
     statuses: Vec<ProbeStatus>,
     last_kfd_refresh: std::time::Instant,
     runq_scope: Option<runq_scope::RunqScope>,
+    /// Cgroups whose tasks ran since the last CPU sample.
+    ran_since: ran_since::RanSince,
     /// Programs started (exec records) per cgroup since the last
     /// [`Pipeline::take_process_starts`]: the judge's exposure.
     process_starts: std::collections::HashMap<u64, u64>,
@@ -212,6 +215,7 @@ impl Pipeline {
             statuses,
             last_kfd_refresh: std::time::Instant::now(),
             runq_scope,
+            ran_since: Default::default(),
             process_starts: Default::default(),
             kill_reasons: Default::default(),
             http: None,
@@ -467,9 +471,27 @@ impl Pipeline {
         }
     }
 
+    /// Notes a read of the run-queue histograms, for the next CPU sample.
+    pub fn note_run_queue(&mut self, runq: &[(u64, observer_common::sched::RunqHistogram)]) {
+        self.ran_since.note(runq);
+    }
+
     /// Samples the CPU limits of cgroups; returns what a person should hear.
+    /// Where the scheduler probe counts the tasks below its roots, limited
+    /// cgroups there whose tasks did not run are not read.
     pub fn sample_cpu(&mut self) -> Vec<CpuFinding> {
-        self.cpu.as_mut().map(CpuMonitor::sample).unwrap_or_default()
+        let Some(cpu) = self.cpu.as_mut() else { return Vec::new() };
+        let ran_ids = self.ran_since.take();
+        let counting = self.statuses.iter().any(|s| s.attached && s.target == "sched_switch");
+        let Some(scope) = self.runq_scope.as_ref().filter(|_| counting) else { return cpu.sample(None) };
+        let mut ran = std::collections::HashSet::new();
+        for id in ran_ids {
+            // A cgroup gone since has nothing left to read.
+            if let Some(path) = self.attribution.cgroups_mut().path(id) {
+                crate::cpu::with_ancestors(&path, &mut ran);
+            }
+        }
+        cpu.sample(Some(&RunActivity { roots: scope.roots(), ran: &ran }))
     }
 
     /// A CPU finding as an event.
