@@ -87,6 +87,13 @@ fn prog_names(env: &Env) -> BTreeMap<u64, String> {
         .collect()
 }
 
+/// One program's runs and time over a profiled stretch.
+pub(super) struct ProgRuns {
+    pub(super) name: String,
+    pub(super) runs: u64,
+    pub(super) ns: u64,
+}
+
 /// BPF program time of `pid`'s programs while `work` runs, with statistics
 /// enabled: (total ns, per-program "name: ns/run × runs" lines).
 /// `None` (and a warning) when the statistics cannot be switched on.
@@ -95,6 +102,25 @@ pub(super) fn profile_programs(
     pid: u32,
     work: impl FnOnce() -> Result<()>,
 ) -> Result<Option<(u64, Vec<String>)>> {
+    let Some(programs) = program_runs(env, pid, work)? else { return Ok(None) };
+    let total = programs.iter().map(|p| p.ns).sum();
+    Ok(Some((total, programs.iter().map(ProgRuns::line).collect())))
+}
+
+impl ProgRuns {
+    /// `name: ns/run × runs`.
+    pub(super) fn line(&self) -> String {
+        format!("{}: {} ns/run × {} runs", self.name, num(self.ns as f64 / self.runs as f64), self.runs)
+    }
+}
+
+/// Each of `pid`'s programs that ran while `work` ran, with statistics
+/// enabled; `None` (and a warning) when they cannot be switched on.
+pub(super) fn program_runs(
+    env: &Env,
+    pid: u32,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<Option<Vec<ProgRuns>>> {
     let stats = match BpfStats::enable() {
         Ok(s) => s,
         Err(e) => {
@@ -107,19 +133,17 @@ pub(super) fn profile_programs(
     let after = prog_counters(pid);
     drop(stats);
     let names = prog_names(env);
-    let mut total = 0;
-    let mut lines = Vec::new();
+    let mut programs = Vec::new();
     for (id, (cnt, ns)) in &after {
         let (c0, n0) = before.get(id).copied().unwrap_or((0, 0));
-        let (dc, dn) = (cnt.saturating_sub(c0), ns.saturating_sub(n0));
-        if dc == 0 {
+        let (runs, ns) = (cnt.saturating_sub(c0), ns.saturating_sub(n0));
+        if runs == 0 {
             continue;
         }
-        total += dn;
         let name = names.get(id).cloned().unwrap_or_else(|| format!("prog {id}"));
-        lines.push(format!("{name}: {} ns/run × {dc} runs", num(dn as f64 / dc as f64)));
+        programs.push(ProgRuns { name, runs, ns });
     }
-    Ok(Some((total, lines)))
+    Ok(Some(programs))
 }
 
 /// (maps, bytes of memlock) of the BPF maps `pid` holds.

@@ -34,8 +34,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{
-    bpf_stats::profile_programs, div, first_call::start_tracer, median, report::num, step,
-    stop::stop_and_await_release, Env, Plan, Row, Target,
+    bpf_stats::profile_programs, div, first_call::start_tracer, median, process::process_cpu_ms, report::num,
+    step, stop::stop_and_await_release, Env, Plan, Row, Target,
 };
 use crate::{root, run};
 
@@ -77,16 +77,6 @@ fn children_cpu_ms() -> f64 {
     }
     let ms = |tv: [i64; 2]| tv[0] as f64 * 1e3 + tv[1] as f64 / 1e3;
     ms(usage.utime) + ms(usage.stime)
-}
-
-/// CPU ms (user and system) process `pid` has used so far.
-fn process_cpu_ms(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    // After the command: state is field 3, utime 14 and stime 15.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks * 1e3 / super::process::clock_ticks())
 }
 
 /// The figures of one side: wall and CPU ms per run.

@@ -6,16 +6,18 @@
 //! cgroup the daemon follows as a pod's (`--cgroup`) and in one it does not
 //! (a system service's). Three ways, rounds interleaved: bare, under
 //! `canaryscope run` without the request hooks (`--probes gpu,kfd,cpu,exits`)
-//! and with them (all families). CPU is the whole machine's busy time over
-//! the run (`/proc/stat`): the server, wrk, the kernel's programs and the
-//! daemon's parsing alike, per request wrk completed. Targets: outside pods
-//! the hooks add at most 1% over canaryscope without them; in a pod their
-//! added CPU per request is reported in ns beside Beyla's published 500 ns,
-//! and their added p99 at most 2%.
+//! and with them (all families); and the floor, in the followed cgroup
+//! only: two empty programs on the same hooks and no daemon (empty_skb.rs).
+//! CPU is the whole machine's busy time over the run (`/proc/stat`): the
+//! server, wrk, the kernel's programs and the daemon's parsing alike, per
+//! request wrk completed. Targets: outside pods the hooks add at most 1%
+//! over canaryscope without them; in a pod their added CPU per request is
+//! at most 1.2x the floor's over bare (http_floor.rs, beside Beyla's
+//! published 500 ns), and their added p99 at most 2%.
 use std::{
     collections::BTreeMap,
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -23,9 +25,12 @@ use std::{
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::{
+    bpf_stats::{program_runs, ProgRuns},
     cgroups::own_cgroup,
     daemon::Daemon,
     div,
+    empty_skb::EmptySkbPair,
+    process::process_cpu_ms,
     rounds::{Config, Rounds},
     step, Env, Plan, Row, Target,
 };
@@ -37,26 +42,30 @@ pub(super) const HTTP_POD_CGROUP: &str = "canaryscope-bench-http-pod";
 pub(super) const HTTP_SYSTEM_CGROUP: &str = "canaryscope-bench-http-system";
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-enum Tool {
+pub(super) enum Tool {
     Bare,
+    /// Empty programs on the hooks, no daemon.
+    Floor,
     WithoutHooks,
     WithHooks,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-enum Place {
+pub(super) enum Place {
     Pod,
     System,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-struct HttpCfg(Tool, Place);
+pub(super) struct HttpCfg(pub(super) Tool, pub(super) Place);
 
 impl Config for HttpCfg {
     fn label(self) -> &'static str {
         match self {
             HttpCfg(Tool::Bare, Place::Pod) => "bare/pod",
             HttpCfg(Tool::Bare, Place::System) => "bare/system",
+            HttpCfg(Tool::Floor, Place::Pod) => "floor/pod",
+            HttpCfg(Tool::Floor, Place::System) => "floor/system",
             HttpCfg(Tool::WithoutHooks, Place::Pod) => "no-http/pod",
             HttpCfg(Tool::WithoutHooks, Place::System) => "no-http/system",
             HttpCfg(Tool::WithHooks, Place::Pod) => "http/pod",
@@ -119,8 +128,16 @@ fn busy_jiffies() -> Result<u64> {
     Ok([0, 1, 2, 5, 6, 7].iter().filter_map(|i| fields.get(*i)).sum())
 }
 
-/// One wrk run: (CPU ns per request, requests per second, p99 in µs).
-fn wrk(port: u16, secs: u64) -> Result<(f64, f64, f64)> {
+/// What one wrk run measured.
+struct WrkRun {
+    /// The machine's busy CPU per request completed.
+    cpu_ns: f64,
+    requests: f64,
+    rate: f64,
+    p99_us: f64,
+}
+
+fn wrk(port: u16, secs: u64) -> Result<WrkRun> {
     let ticks = 100.0; // USER_HZ on Linux
     let before = busy_jiffies()?;
     let out = Command::new("wrk")
@@ -139,7 +156,7 @@ fn wrk(port: u16, secs: u64) -> Result<(f64, f64, f64)> {
         .ok_or_else(|| anyhow!("wrk printed no request count: {text}"))?;
     let rate: f64 = field("Requests/sec:").and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let p99 = field("99%").and_then(micros).ok_or_else(|| anyhow!("wrk printed no p99: {text}"))?;
-    Ok((busy * 1e9 / requests, rate, p99))
+    Ok(WrkRun { cpu_ns: busy * 1e9 / requests, requests, rate, p99_us: p99 })
 }
 
 /// wrk's `812.00us`, `1.20ms`, `2.00s` in microseconds.
@@ -154,79 +171,154 @@ fn micros(v: &str) -> Option<f64> {
     n.parse::<f64>().ok().map(|n| n * scale)
 }
 
-pub(super) fn http_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
-    let (_pod_tree, pod_procs, pod_rel) = own_cgroup(HTTP_POD_CGROUP)?;
-    let (_system_tree, system_procs, _) = own_cgroup(HTTP_SYSTEM_CGROUP)?;
-    let secs = if plan.quick { 2 } else { 8 };
-    let rounds = if plan.quick { 1 } else { plan.sched_rounds };
-    let dir = env.out.join("http");
-    fs::create_dir_all(&dir)?;
-    let configs: Vec<HttpCfg> = [Tool::Bare, Tool::WithoutHooks, Tool::WithHooks]
-        .iter()
-        .flat_map(|t| [HttpCfg(*t, Place::Pod), HttpCfg(*t, Place::System)])
-        .collect();
-    step(&format!("http_overhead: nginx under wrk for {secs} s, in a followed and an unfollowed cgroup, {rounds} rounds"));
-    let mut p99s: BTreeMap<HttpCfg, Vec<f64>> = BTreeMap::new();
-    let mut rates: BTreeMap<HttpCfg, Vec<f64>> = BTreeMap::new();
-    let result = Rounds::run(&configs, rounds, "CPU ns/request", |cfg, _, _| {
+/// What one case's runs share.
+struct Setup<'a> {
+    env: &'a Env,
+    dir: PathBuf,
+    pod_dir: PathBuf,
+    pod_procs: PathBuf,
+    pod_rel: String,
+    system_procs: PathBuf,
+    secs: u64,
+}
+
+/// What the rounds gather beside the CPU figure, per configuration.
+#[derive(Default)]
+pub(super) struct Gathered {
+    p99s: BTreeMap<HttpCfg, Vec<f64>>,
+    rates: BTreeMap<HttpCfg, Vec<f64>>,
+    /// The daemon's own CPU (user and system), ns per request.
+    pub(super) daemon_cpu: BTreeMap<HttpCfg, Vec<f64>>,
+    /// The programs' runs in a run of their own with the statistics on,
+    /// and the requests of that run (the last round only).
+    pub(super) programs: BTreeMap<HttpCfg, (Vec<ProgRuns>, f64)>,
+}
+
+impl Setup<'_> {
+    /// One timed run of `cfg`: its CPU ns per request.
+    fn run(&self, cfg: HttpCfg, last: bool, gathered: &mut Gathered) -> Result<f64> {
         let HttpCfg(tool, place) = cfg;
-        let procs = if place == Place::Pod { &pod_procs } else { &system_procs };
+        let procs = if place == Place::Pod { &self.pod_procs } else { &self.system_procs };
         let port = super::daemon::free_port()?;
-        let server = Nginx::start(&dir, procs, port)?;
+        let server = Nginx::start(&self.dir, procs, port)?;
+        // Only in the pod's cgroup, where the daemon attaches its hooks.
+        let floor = match cfg {
+            HttpCfg(Tool::Floor, Place::Pod) => Some(EmptySkbPair::attach(&self.pod_dir)?),
+            _ => None,
+        };
         let probes = match tool {
             Tool::WithoutHooks => Some("gpu,kfd,cpu,exits"),
             Tool::WithHooks => Some("gpu,kfd,cpu,exits,http"),
-            Tool::Bare => None,
+            Tool::Bare | Tool::Floor => None,
         };
         let daemon = match probes {
-            Some(p) => Some(Daemon::start(env, "canaryscope-http", &["--cgroup", &pod_rel, "--probes", p])?),
+            Some(p) => Some(Daemon::start(
+                self.env,
+                "canaryscope-http",
+                &["--cgroup", &self.pod_rel, "--probes", p],
+            )?),
             None => None,
         };
-        let (cpu, rate, p99) = wrk(port, secs)?;
+        let daemon_before = daemon.as_ref().and_then(|d| process_cpu_ms(d.pid()));
+        let run = wrk(port, self.secs)?;
+        if let (Some(before), Some(after)) =
+            (daemon_before, daemon.as_ref().and_then(|d| process_cpu_ms(d.pid())))
+        {
+            gathered.daemon_cpu.entry(cfg).or_default().push((after - before) * 1e6 / run.requests);
+        }
+        // The programs' own time, from a run of its own: the statistics
+        // add clock reads to every program run.
+        let profiled = matches!(cfg, HttpCfg(Tool::WithHooks | Tool::Floor, Place::Pod));
+        if last && profiled {
+            let pid = daemon.as_ref().map_or(std::process::id(), Daemon::pid);
+            let mut requests = 0.0;
+            let programs = program_runs(self.env, pid, || {
+                requests = wrk(port, self.secs)?.requests;
+                Ok(())
+            })?;
+            if let Some(programs) = programs {
+                gathered.programs.insert(cfg, (programs, requests));
+            }
+        }
         if let Some(d) = daemon {
             d.stop();
         }
+        drop(floor);
         drop(server);
-        p99s.entry(cfg).or_default().push(p99);
-        rates.entry(cfg).or_default().push(rate);
-        Ok(Some(cpu))
-    })?;
-    let med = |m: &BTreeMap<HttpCfg, Vec<f64>>, c| m.get(&c).and_then(|v| super::median(v));
-    for place in [Place::Pod, Place::System] {
-        let name = if place == Place::Pod { "http_overhead_pod" } else { "http_overhead_system" };
-        let mut row = Row::new(name, "CPU ns/request");
-        row.baseline = result.median(HttpCfg(Tool::WithoutHooks, place));
-        row.canaryscope = result.median(HttpCfg(Tool::WithHooks, place));
-        let added = row.canaryscope.zip(row.baseline).map(|(c, b)| c - b);
-        row.ratio("hooks_added_cpu_ns_per_request", added);
-        row.ratio("hooks_vs_without", div(row.canaryscope, row.baseline));
-        row.ratio("without_hooks_vs_bare", div(row.baseline, result.median(HttpCfg(Tool::Bare, place))));
-        let p99_ratio =
-            div(med(&p99s, HttpCfg(Tool::WithHooks, place)), med(&p99s, HttpCfg(Tool::WithoutHooks, place)));
-        row.ratio("hooks_p99_vs_without", p99_ratio);
-        row.ratio("requests_per_s_with_hooks", med(&rates, HttpCfg(Tool::WithHooks, place)));
-        row.target = Some(match place {
-            Place::Pod => Target::new("in a pod: added p99 ≤ 2% (hooks/without ≤ 1.02)", 1.02, p99_ratio, ""),
-            Place::System => Target::new(
-                "outside pods: the hooks add ≤ 1% CPU per request (hooks/without ≤ 1.01)",
-                1.01,
-                div(row.canaryscope, row.baseline),
-                "",
-            ),
-        });
-        result.add_samples_of(
-            &mut row,
-            &[
-                HttpCfg(Tool::Bare, place),
-                HttpCfg(Tool::WithoutHooks, place),
-                HttpCfg(Tool::WithHooks, place),
-            ],
-        );
-        row.notes.push(format!(
-            "nginx-light (1 worker) answering `200 ok` to wrk -t2 -c16 for {secs} s on loopback; CPU is the \
-             machine's busy time per request wrk completed; Beyla publishes about 500 ns per request"
-        ));
-        out.push(row);
+        gathered.p99s.entry(cfg).or_default().push(run.p99_us);
+        gathered.rates.entry(cfg).or_default().push(run.rate);
+        Ok(run.cpu_ns)
     }
+}
+
+pub(super) fn http_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()> {
+    let (pod_tree, pod_procs, pod_rel) = own_cgroup(HTTP_POD_CGROUP)?;
+    let (_system_tree, system_procs, _) = own_cgroup(HTTP_SYSTEM_CGROUP)?;
+    let secs = if plan.quick { 2 } else { 8 };
+    let rounds = if plan.quick { 1 } else { plan.sched_rounds };
+    let setup = Setup {
+        env,
+        dir: env.out.join("http"),
+        pod_dir: pod_tree.dir.clone(),
+        pod_procs,
+        pod_rel,
+        system_procs,
+        secs,
+    };
+    fs::create_dir_all(&setup.dir)?;
+    let mut configs: Vec<HttpCfg> = [Tool::Bare, Tool::WithoutHooks, Tool::WithHooks]
+        .iter()
+        .flat_map(|t| [HttpCfg(*t, Place::Pod), HttpCfg(*t, Place::System)])
+        .collect();
+    configs.push(HttpCfg(Tool::Floor, Place::Pod));
+    step(&format!(
+        "http_overhead: nginx under wrk for {secs} s, in a followed and an unfollowed cgroup, and under \
+         empty programs on the followed one's hooks, {rounds} rounds"
+    ));
+    let mut gathered = Gathered::default();
+    let result = Rounds::run(&configs, rounds, "CPU ns/request", |cfg, _, last| {
+        setup.run(cfg, last, &mut gathered).map(Some)
+    })?;
+    for place in [Place::Pod, Place::System] {
+        out.push(overhead_row(&result, &gathered, place, secs));
+    }
+    out.push(super::http_floor::floor_row(&result, &gathered, secs));
     Ok(())
+}
+
+/// The hooks against canaryscope without them, in one placement.
+fn overhead_row(result: &Rounds<HttpCfg>, gathered: &Gathered, place: Place, secs: u64) -> Row {
+    let med = |m: &BTreeMap<HttpCfg, Vec<f64>>, c| m.get(&c).and_then(|v| super::median(v));
+    let name = if place == Place::Pod { "http_overhead_pod" } else { "http_overhead_system" };
+    let mut row = Row::new(name, "CPU ns/request");
+    row.baseline = result.median(HttpCfg(Tool::WithoutHooks, place));
+    row.canaryscope = result.median(HttpCfg(Tool::WithHooks, place));
+    let added = row.canaryscope.zip(row.baseline).map(|(c, b)| c - b);
+    row.ratio("hooks_added_cpu_ns_per_request", added);
+    row.ratio("hooks_vs_without", div(row.canaryscope, row.baseline));
+    row.ratio("without_hooks_vs_bare", div(row.baseline, result.median(HttpCfg(Tool::Bare, place))));
+    let p99_ratio = div(
+        med(&gathered.p99s, HttpCfg(Tool::WithHooks, place)),
+        med(&gathered.p99s, HttpCfg(Tool::WithoutHooks, place)),
+    );
+    row.ratio("hooks_p99_vs_without", p99_ratio);
+    row.ratio("requests_per_s_with_hooks", med(&gathered.rates, HttpCfg(Tool::WithHooks, place)));
+    row.target = Some(match place {
+        Place::Pod => Target::new("in a pod: added p99 ≤ 2% (hooks/without ≤ 1.02)", 1.02, p99_ratio, ""),
+        Place::System => Target::new(
+            "outside pods: the hooks add ≤ 1% CPU per request (hooks/without ≤ 1.01)",
+            1.01,
+            div(row.canaryscope, row.baseline),
+            "",
+        ),
+    });
+    result.add_samples_of(
+        &mut row,
+        &[HttpCfg(Tool::Bare, place), HttpCfg(Tool::WithoutHooks, place), HttpCfg(Tool::WithHooks, place)],
+    );
+    row.notes.push(format!(
+        "nginx-light (1 worker) answering `200 ok` to wrk -t2 -c16 for {secs} s on loopback; CPU is the \
+         machine's busy time per request wrk completed; Beyla publishes about 500 ns per request"
+    ));
+    row
 }

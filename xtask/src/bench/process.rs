@@ -48,6 +48,16 @@ pub(super) fn clock_ticks() -> f64 {
     }
 }
 
+/// CPU ms (user and system) process `pid` has used so far.
+pub(super) fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    // After the command: state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 1e3 / clock_ticks())
+}
+
 pub(super) fn is_root() -> bool {
     fs::read_to_string("/proc/self/status")
         .ok()
