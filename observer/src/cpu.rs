@@ -330,7 +330,7 @@ impl CpuMonitor {
         }
         // A set: with a thousand limited pods, a list's `contains` at the
         // end was a million path comparisons per sample.
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::with_capacity(self.limited.len());
         let mut findings = Vec::new();
         for Limited { dir, rel, quota_cores } in &self.limited {
             if let Some(known) = self.cgroups.get_mut(rel.as_str()) {

@@ -134,8 +134,13 @@ pub struct Exposure {
     startups: HashMap<u64, Startup>,
     /// Execs per cgroup since the last refresh.
     pending_starts: HashMap<u64, u64>,
-    totals: BTreeMap<RevisionKey, RevisionExposure>,
+    /// Hashed, not ordered: every refresh looks up each live revision, and
+    /// a thousand revisions whose names share long prefixes made an ordered
+    /// map's comparisons most of the lookup. Rendering sorts instead.
+    totals: HashMap<RevisionKey, RevisionExposure>,
     last_account: Option<Instant>,
+    /// Pods seen by the last `account`.
+    pods_last: usize,
 }
 
 impl Exposure {
@@ -186,8 +191,10 @@ impl Exposure {
             .filter(|s| *s <= MAX_GAP_SECS)
             .unwrap_or(0.0);
         self.last_account = Some(now);
-        let mut pods_seen: HashSet<([&str; 4], PodId<'_>)> = HashSet::new();
-        let mut changes: HashMap<[&str; 4], RevisionChange> = HashMap::new();
+        // Sized for a refresh like the last: growing a table rehashes every
+        // key, and these keys are four label values long.
+        let mut pods_seen: HashSet<([&str; 4], PodId<'_>)> = HashSet::with_capacity(self.pods_last);
+        let mut changes: HashMap<[&str; 4], RevisionChange> = HashMap::with_capacity(self.totals.len());
         for (cgroup, labels) in live {
             let [namespace, pod, _container, workload, revision, track] = labels.values();
             let key = [namespace, workload, revision, track];
@@ -211,6 +218,7 @@ impl Exposure {
         }
         // Starts in cgroups that are not tracked belong to no workload here.
         self.pending_starts.clear();
+        self.pods_last = pods_seen.len();
         let mut moved = false;
         for (key, change) in changes {
             let totals = self.totals.entry(key.map(str::to_string)).or_default();
@@ -230,8 +238,12 @@ impl Exposure {
         self.totals.retain(|k, _| live.contains(k));
     }
 
+    /// The revisions' totals in the order of their keys, so that renders
+    /// of the same totals are the same bytes.
     pub fn totals(&self) -> impl Iterator<Item = (&RevisionKey, &RevisionExposure)> {
-        self.totals.iter()
+        let mut sorted: Vec<_> = self.totals.iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        sorted.into_iter()
     }
 }
 
