@@ -1,6 +1,7 @@
 //! HTTP requests of pods' servers: every TCP segment with a payload, a FIN
 //! or a RST that passes a pod's cgroup, in either direction, is copied to
-//! the `HTTP_SEGMENTS` ring with the start and the end of its payload.
+//! the `HTTP_SEGMENTS` ring with the start and the end of its payload, in
+//! a record sized to the start it copies.
 //! Userspace follows the connections and parses HTTP/1.x.
 //!
 //! Attached as cgroup_skb programs to the pods' parent cgroups
@@ -16,9 +17,10 @@ use aya_ebpf::{
     programs::SkBuffContext,
     EbpfContext,
 };
+use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
 use observer_common::http::{
-    HttpSegment, HTTP_HEAD_BYTES, HTTP_RING_BYTES, HTTP_TAIL_BYTES, SEGMENT_FIN, SEGMENT_INGRESS,
-    SEGMENT_RST, SEGMENT_SYN,
+    HttpRecord, HTTP_HEAD_BYTES, HTTP_HEAD_CLASSES, HTTP_RING_BYTES, HTTP_TAIL_BYTES,
+    HTTP_WAKE_BYTES, SEGMENT_FIN, SEGMENT_INGRESS, SEGMENT_RST, SEGMENT_SYN,
 };
 
 #[map(name = "HTTP_SEGMENTS")] // observer_common::http::HTTP_RING_MAP
@@ -101,43 +103,78 @@ fn try_segment(ctx: &SkBuffContext, direction: u32) -> Option<()> {
         return None;
     }
     let seq: [u8; 4] = ctx.load(tcp.header + 4).ok()?;
-    let Some(mut slot) = HTTP_SEGMENTS.reserve::<HttpSegment>(0) else {
+    let segment = Segment { payload: tcp.payload, total, len, seq: u32::from_be_bytes(seq), flags };
+    // The smallest head class that holds the copy: a reservation's size
+    // must be a constant, so each class is its own call.
+    let [c64, c128, c256, _] = HTTP_HEAD_CLASSES;
+    match len {
+        0 => record::<0>(ctx, &segment),
+        l if l <= c64 => record::<{ HTTP_HEAD_CLASSES[0] }>(ctx, &segment),
+        l if l <= c128 => record::<{ HTTP_HEAD_CLASSES[1] }>(ctx, &segment),
+        l if l <= c256 => record::<{ HTTP_HEAD_CLASSES[2] }>(ctx, &segment),
+        _ => record::<{ HTTP_HEAD_CLASSES[3] }>(ctx, &segment),
+    }
+}
+
+/// What a record says of a segment, read before its ring slot is taken.
+struct Segment {
+    payload: usize,
+    total: usize,
+    len: usize,
+    seq: u32,
+    flags: u32,
+}
+
+/// Reserves a record with an `N`-byte head (a power of two, or 0), fills
+/// and submits it.
+#[inline(always)]
+fn record<const N: usize>(ctx: &SkBuffContext, s: &Segment) -> Option<()> {
+    let Some(mut slot) = HTTP_SEGMENTS.reserve::<HttpRecord<N>>(0) else {
         count_lost();
         return None;
     };
-    let segment = slot.as_mut_ptr();
-    // SAFETY: the slot is a reserved, exclusively owned HttpSegment; the
+    let record = slot.as_mut_ptr();
+    // SAFETY: the slot is a reserved, exclusively owned HttpRecord; the
     // fields are written before it is submitted, and a failed copy leaves
-    // zeroes the userspace side reads as "not copied" (head_len).
+    // head_len 0, which userspace reads as "not copied".
     unsafe {
+        let segment = core::ptr::addr_of_mut!((*record).segment);
         (*segment).ts_ns = bpf_ktime_get_ns();
         (*segment).cookie = bpf_get_socket_cookie(ctx.as_ptr());
         (*segment).cgroup_id = bpf_skb_cgroup_id(ctx.skb.skb);
-        (*segment).seq = u32::from_be_bytes(seq);
-        (*segment).len = len as u32;
-        (*segment).flags = flags;
+        (*segment).seq = s.seq;
+        (*segment).len = s.len as u32;
+        (*segment).flags = s.flags;
         (*segment).head_len = 0;
         (*segment).tail = [0; HTTP_TAIL_BYTES];
-        if len > 0 {
-            // 1 to HTTP_HEAD_BYTES in a shape the verifier follows: LLVM
-            // turns a plain `n > 0` test into one on other registers.
+        if N > 0 && s.len > 0 {
+            // 1 to N in a shape the verifier follows: LLVM turns a plain
+            // `n > 0` test into one on other registers.
             let mut copied = 0u32;
             // Through memory LLVM must not see into, so the bounds below
             // are computed on the value the verifier tracks.
-            core::ptr::write_volatile(&mut copied, len.min(HTTP_HEAD_BYTES) as u32);
-            let n = (core::ptr::read_volatile(&copied).wrapping_sub(1) & (HTTP_HEAD_BYTES as u32 - 1)) + 1;
-            let head = (*segment).head.as_mut_ptr().cast();
-            if bpf_skb_load_bytes(ctx.skb.skb.cast(), tcp.payload as u32, head, n) == 0 {
+            core::ptr::write_volatile(&mut copied, s.len.min(N) as u32);
+            let n = (core::ptr::read_volatile(&copied).wrapping_sub(1) & (N as u32 - 1)) + 1;
+            let head = (*record).head.as_mut_ptr().cast();
+            if bpf_skb_load_bytes(ctx.skb.skb.cast(), s.payload as u32, head, n) == 0 {
                 (*segment).head_len = n;
             }
         }
-        if len > HTTP_HEAD_BYTES {
-            if let Ok(tail) = ctx.load::<[u8; HTTP_TAIL_BYTES]>(total - HTTP_TAIL_BYTES) {
+        if s.len > HTTP_HEAD_BYTES {
+            if let Ok(tail) = ctx.load::<[u8; HTTP_TAIL_BYTES]>(s.total - HTTP_TAIL_BYTES) {
                 (*segment).tail = tail;
             }
         }
     }
-    slot.submit(0);
+    // The daemon drains on its tick; it is woken early only when a quarter
+    // of the ring waits, so a busy server costs it one wake-up per batch,
+    // not one per segment.
+    let wake = if HTTP_SEGMENTS.query(BPF_RB_AVAIL_DATA as u64) >= HTTP_WAKE_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    slot.submit(wake as u64);
     Some(())
 }
 

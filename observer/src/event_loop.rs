@@ -1,9 +1,10 @@
-//! The event loop `trace` and `run` share: wake on ring-buffer records and
-//! on a tick, stop on Ctrl-C, SIGTERM, a deadline, or when the consumer says
-//! so. What happens to the events is the consumer's.
-use std::{sync::Arc, time::Duration};
+//! The event loop `trace` and `run` share: wake on ring-buffer records, on
+//! the HTTP ring's wake-ups and on a tick, stop on Ctrl-C, SIGTERM, a
+//! deadline, or when the consumer says so. What happens to the events is the consumer's.
+use std::{os::fd::OwnedFd, sync::Arc, time::Duration};
 
 use tokio::{
+    io::{unix::AsyncFd, Interest},
     signal::unix::{signal, Signal, SignalKind},
     sync::Notify,
 };
@@ -92,6 +93,7 @@ pub async fn run<C: Consumer>(
     schedule: Schedule,
 ) -> Result<(), C::Error> {
     let mut reader = RingReader::new(ring).map_err(LoopError::Ring)?;
+    let http_ring = http_ring(pipeline).map_err(LoopError::Ring)?;
     let mut stop = StopSignals::new()?;
     let mut tick = tokio::time::interval(schedule.tick);
     let deadline = schedule.deadline.map(|d| tokio::time::Instant::now() + d);
@@ -108,6 +110,12 @@ pub async fn run<C: Consumer>(
                 None => std::future::pending().await,
             }
         };
+        let http_ready = async {
+            match &http_ring {
+                Some(ring) => ring.readable().await,
+                None => std::future::pending().await,
+            }
+        };
         let flow = tokio::select! {
             _ = stop.recv() => Flow::Stop,
             _ = until_deadline => {
@@ -118,6 +126,13 @@ pub async fn run<C: Consumer>(
             batch = reader.next_batch() => {
                 let records = batch.map_err(LoopError::Ring)?;
                 let events = pipeline.handle(&records);
+                consumer.events(pipeline, events)?
+            }
+            ready = http_ready => {
+                // Cleared before the drain: a record submitted after the
+                // drain's last read wakes the loop again.
+                ready.map_err(LoopError::Ring)?.clear_ready();
+                let events = pipeline.handle(&[]);
                 consumer.events(pipeline, events)?
             }
             _ = woken => consumer.wake(pipeline)?,
@@ -134,6 +149,21 @@ pub async fn run<C: Consumer>(
             return Ok(());
         }
     }
+}
+
+/// The HTTP ring, registered with the reactor, when the family runs. The
+/// pipeline keeps draining it on each tick; this wakes the loop between
+/// ticks when the programs say a quarter of the ring waits.
+fn http_ring(pipeline: &Pipeline) -> std::io::Result<Option<AsyncFd<OwnedFd>>> {
+    pipeline
+        .http_ring_fd()
+        .map(|fd| {
+            // SAFETY: the AsyncFd owns the descriptor (a dup of the ring
+            // map's), which stays open for as long as it lives.
+            unsafe { AsyncFd::register_with_interest(fd?, Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)
+        })
+        .transpose()
 }
 
 /// For a command a person stops (`trace`, `top`): gives the prompt back at

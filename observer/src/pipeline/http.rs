@@ -57,7 +57,7 @@ impl HttpStage {
     pub fn drain(&mut self, mut origin: impl FnMut(u64) -> Origin, out: &mut Vec<Event>) {
         let mut found = Vec::new();
         let tracker = &mut self.tracker;
-        self.probes.drain(|s| tracker.segment(&segment(s), &mut found));
+        self.probes.drain(|s, head| tracker.segment(&segment(s, head), &mut found));
         for f in found {
             let (cgroup_id, detail) = match f {
                 Found::Request(r) => (
@@ -85,14 +85,19 @@ impl HttpStage {
         self.probes.status()
     }
 
+    /// A descriptor of the ring that turns readable when the programs wake
+    /// the daemon.
+    pub fn ring_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.probes.ring_fd()
+    }
+
     pub fn segments_lost(&self) -> u64 {
         self.probes.lost()
     }
 }
 
 /// A ring record as the tracker reads it.
-fn segment(s: &HttpSegment) -> Segment<'_> {
-    let head_len = (s.head_len as usize).min(s.head.len());
+fn segment<'a>(s: &'a HttpSegment, head: &'a [u8]) -> Segment<'a> {
     Segment {
         ts_ns: s.ts_ns,
         cookie: s.cookie,
@@ -102,7 +107,7 @@ fn segment(s: &HttpSegment) -> Segment<'_> {
         ingress: s.flags & SEGMENT_INGRESS != 0,
         fin: s.flags & SEGMENT_FIN != 0,
         rst: s.flags & SEGMENT_RST != 0,
-        head: &s.head[..head_len],
+        head,
         tail: &s.tail,
     }
 }

@@ -321,6 +321,12 @@ impl Pipeline {
         out
     }
 
+    /// A descriptor of the HTTP ring to wait on, when the family runs: the
+    /// programs wake it when the ring fills faster than the tick drains.
+    pub fn http_ring_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        self.http.as_ref().map(http::HttpStage::ring_fd)
+    }
+
     /// TCP segments of pods the kernel had no ring room for.
     pub fn http_segments_lost(&self) -> u64 {
         self.http.as_ref().map_or(0, http::HttpStage::segments_lost)

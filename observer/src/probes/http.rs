@@ -9,6 +9,7 @@
 use std::{
     collections::BTreeMap,
     fs::File,
+    os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -77,17 +78,27 @@ impl HttpProbes {
         }
     }
 
-    /// Every segment the ring holds now.
-    pub fn drain(&mut self, mut each: impl FnMut(&HttpSegment)) {
+    /// Every segment the ring holds now, with the payload bytes its record
+    /// copied (`head_len` of them; none when the record is shorter, which
+    /// the programs never write).
+    pub fn drain(&mut self, mut each: impl FnMut(&HttpSegment, &[u8])) {
+        const FIXED: usize = std::mem::size_of::<HttpSegment>();
         while let Some(item) = self.ring.next() {
-            if item.len() < std::mem::size_of::<HttpSegment>() {
+            if item.len() < FIXED {
                 continue;
             }
             // SAFETY: the record is at least one HttpSegment long, the
             // type is plain data, and the read copies it unaligned.
             let segment: HttpSegment = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            each(&segment);
+            let head = item.get(FIXED..FIXED + segment.head_len as usize).unwrap_or_default();
+            each(&segment, head);
         }
+    }
+
+    /// A descriptor of the ring for a reactor to wait on: readable when the
+    /// programs wake the daemon (a quarter of the ring waiting).
+    pub fn ring_fd(&self) -> std::io::Result<OwnedFd> {
+        self.ring.as_fd().try_clone_to_owned()
     }
 
     /// Segments the ring had no room for, since the start.
