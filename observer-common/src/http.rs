@@ -10,15 +10,16 @@ pub const HTTP_RING_MAP: &str = "HTTP_SEGMENTS";
 pub const HTTP_LOST_MAP: &str = "HTTP_LOST";
 /// 2 MiB. A record is the 48 fixed bytes of [`HttpSegment`], the copied
 /// head (a size class of [`HTTP_HEAD_CLASSES`]) and the ring's 8-byte
-/// header: 120 bytes for a pure FIN or a 64-byte head, 184/312/568 for
-/// heads up to 128/256/512 bytes. At a typical 312 bytes a record the ring
-/// holds some 6,700 segments; the programs wake the daemon when a quarter
-/// of it (about 1,700 segments) waits, and the tick drains it every 100 ms
-/// besides, so a server sending 40,000 segments a second (20,000 requests)
-/// fills a quarter in 40 ms and the rest of the ring covers the daemon's
-/// reaction time. Userspace maps a ring's data pages twice in a row: 4 MiB
-/// of RSS once the ring has been written round, against 16 MiB for the
-/// 8 MiB ring of fixed 568-byte records this replaced.
+/// header: 56 bytes for a FIN or RST without payload, 120/184/312/568 for
+/// heads up to 64/128/256/512 bytes. At a typical 312 bytes a record, the
+/// ring holds some 6,700 segments; the programs wake the daemon when a
+/// quarter of it (about 1,700 segments) waits, and the tick drains it
+/// every 100 ms besides, so a server sending 40,000 segments a second
+/// (20,000 requests) fills a quarter in 40 ms and the rest of the ring
+/// covers the daemon's reaction time. Userspace maps a ring's data pages
+/// twice in a row, and the kernel maps them all at once: 4 MiB of the
+/// daemon's RSS, against 16 MiB for the 8 MiB ring of fixed 568-byte
+/// records this replaced.
 pub const HTTP_RING_BYTES: u32 = 2 << 20;
 /// Data waiting in the ring past which a submit wakes the daemon at once
 /// (below it the programs submit without a wake-up and the daemon's tick

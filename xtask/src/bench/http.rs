@@ -27,7 +27,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::{
     bpf_stats::{program_runs, ProgRuns},
     cgroups::own_cgroup,
-    daemon::Daemon,
+    daemon::{metric_sum, Daemon},
     div,
     empty_skb::EmptySkbPair,
     process::process_cpu_ms,
@@ -187,6 +187,9 @@ struct Setup<'a> {
 pub(super) struct Gathered {
     p99s: BTreeMap<HttpCfg, Vec<f64>>,
     rates: BTreeMap<HttpCfg, Vec<f64>>,
+    /// Segments the kernel had no ring room for, summed over the runs with
+    /// the hooks (the daemon's own counter): a ring drained too late.
+    segments_lost: BTreeMap<HttpCfg, f64>,
     /// The daemon's own CPU (user and system), ns per request.
     pub(super) daemon_cpu: BTreeMap<HttpCfg, Vec<f64>>,
     /// The programs' runs in a run of their own with the statistics on,
@@ -225,6 +228,10 @@ impl Setup<'_> {
             (daemon_before, daemon.as_ref().and_then(|d| process_cpu_ms(d.pid())))
         {
             gathered.daemon_cpu.entry(cfg).or_default().push((after - before) * 1e6 / run.requests);
+        }
+        if let (Tool::WithHooks, Some(d)) = (tool, &daemon) {
+            let lost = metric_sum(&d.metrics()?, "canaryscope_node_http_segments_lost_total", &[]);
+            *gathered.segments_lost.entry(cfg).or_default() += lost;
         }
         // The programs' own time, from a run of its own: the statistics
         // add clock reads to every program run.
@@ -303,6 +310,7 @@ fn overhead_row(result: &Rounds<HttpCfg>, gathered: &Gathered, place: Place, sec
     );
     row.ratio("hooks_p99_vs_without", p99_ratio);
     row.ratio("requests_per_s_with_hooks", med(&gathered.rates, HttpCfg(Tool::WithHooks, place)));
+    row.ratio("segments_lost", gathered.segments_lost.get(&HttpCfg(Tool::WithHooks, place)).copied());
     row.target = Some(match place {
         Place::Pod => Target::new("in a pod: added p99 ≤ 2% (hooks/without ≤ 1.02)", 1.02, p99_ratio, ""),
         Place::System => Target::new(
