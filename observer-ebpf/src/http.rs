@@ -10,6 +10,7 @@
 //! tracepoints of peers, which put every task on the syscall slow path. A
 //! pure ACK returns after reading two headers. The programs never drop a
 //! packet: they return 1 on every path.
+use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
 use aya_ebpf::{
     helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_skb_cgroup_id, bpf_skb_load_bytes},
     macros::{cgroup_skb, map},
@@ -17,10 +18,9 @@ use aya_ebpf::{
     programs::SkBuffContext,
     EbpfContext,
 };
-use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
 use observer_common::http::{
-    HttpRecord, HTTP_HEAD_BYTES, HTTP_HEAD_CLASSES, HTTP_RING_BYTES, HTTP_TAIL_BYTES,
-    HTTP_WAKE_BYTES, SEGMENT_FIN, SEGMENT_INGRESS, SEGMENT_RST, SEGMENT_SYN,
+    HttpRecord, HTTP_HEAD_BYTES, HTTP_HEAD_CLASSES, HTTP_RING_BYTES, HTTP_TAIL_BYTES, HTTP_WAKE_BYTES,
+    SEGMENT_FIN, SEGMENT_INGRESS, SEGMENT_RST, SEGMENT_SYN,
 };
 
 #[map(name = "HTTP_SEGMENTS")] // observer_common::http::HTTP_RING_MAP

@@ -160,8 +160,7 @@ fn http_ring(pipeline: &Pipeline) -> std::io::Result<Option<AsyncFd<OwnedFd>>> {
         .map(|fd| {
             // SAFETY: the AsyncFd owns the descriptor (a dup of the ring
             // map's), which stays open for as long as it lives.
-            unsafe { AsyncFd::register_with_interest(fd?, Interest::READABLE) }
-                .map_err(|e| e.into_parts().1)
+            unsafe { AsyncFd::register_with_interest(fd?, Interest::READABLE) }.map_err(|e| e.into_parts().1)
         })
         .transpose()
 }
