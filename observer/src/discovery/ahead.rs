@@ -18,7 +18,7 @@ use std::{
 };
 
 use super::ldcache;
-use crate::gpu_library::{candidate_api, dynamic_strings, linked_runtime::carries_runtime_mark};
+use crate::gpu_library::{candidate_api, dynamic_strings, linked_runtime::file_carries_runtime_mark};
 
 /// Directories a loader or a ROCm/ZLUDA install puts these libraries in.
 pub const STANDARD_DIRS: &[&str] = &[
@@ -183,13 +183,19 @@ impl AheadOfTime {
         if let Some(dirs) = self.runpaths.get(&key) {
             return Some((exe, dirs.clone()));
         }
-        let data = if meta.len() <= MAX_EXE_BYTES { fs::read(format!("/proc/{pid}/exe")).ok() } else { None };
-        let dirs = data.as_deref().map(run_path).unwrap_or_default();
+        // The run path comes from the dynamic section alone; the mark is
+        // searched a chunk at a time. Neither holds the file in memory.
+        let exe_file = || fs::File::open(format!("/proc/{pid}/exe")).ok();
+        let small_enough = meta.len() <= MAX_EXE_BYTES;
+        let dirs = exe_file().filter(|_| small_enough).map(run_path_of_file).unwrap_or_default();
         if self.runpaths.len() > 4096 {
             self.runpaths.clear();
             self.runtime_marked.clear();
         }
-        if data.as_deref().is_some_and(carries_runtime_mark) {
+        let marked = exe_file()
+            .filter(|_| small_enough)
+            .is_some_and(|mut file| file_carries_runtime_mark(&mut file).unwrap_or(false));
+        if marked {
             self.runtime_marked.insert(key);
         }
         self.runpaths.insert(key, dirs.clone());
@@ -264,8 +270,14 @@ pub(super) fn environ_var(pid: u32, name: &[u8]) -> Option<String> {
     })
 }
 
+/// `DT_RUNPATH` and `DT_RPATH` entries of an ELF file, in order, reading
+/// only its headers and dynamic section.
+pub fn run_path_of_file(file: fs::File) -> Vec<String> {
+    run_path(&object::ReadCache::new(file))
+}
+
 /// `DT_RUNPATH` and `DT_RPATH` entries of an ELF file, in order.
-pub fn run_path(data: &[u8]) -> Vec<String> {
+pub fn run_path<'data, R: object::ReadRef<'data>>(data: R) -> Vec<String> {
     let Ok(file) = object::File::parse(data) else { return Vec::new() };
     let mut dirs = Vec::new();
     for value in dynamic_strings(&file, &[object::elf::DT_RUNPATH, object::elf::DT_RPATH]) {
@@ -300,8 +312,8 @@ mod tests {
 
     #[test]
     fn run_path_of_garbage_is_empty() {
-        assert!(run_path(b"").is_empty());
-        assert!(run_path(b"\x7fELF garbage").is_empty());
+        assert!(run_path(&b""[..]).is_empty());
+        assert!(run_path(&b"\x7fELF garbage"[..]).is_empty());
     }
 
     #[test]

@@ -42,17 +42,49 @@ pub fn carries_runtime_mark(data: &[u8]) -> bool {
     memchr::memmem::find(data, RUNTIME_MARK).is_some()
 }
 
+/// Bytes read at a time when a whole file is searched for the mark.
+const MARK_SCAN_CHUNK: usize = 1 << 20;
+
+/// Whether a file carries the CUDA runtime's error names, searched a
+/// chunk at a time: executables run to hundreds of megabytes, and the
+/// daemon's memory must not grow with the largest one a node starts.
+pub fn file_carries_runtime_mark(file: &mut impl std::io::Read) -> std::io::Result<bool> {
+    let finder = memchr::memmem::Finder::new(RUNTIME_MARK);
+    // A mark split across two reads is found in the next window, which
+    // starts with the last `overlap` bytes of this one.
+    let overlap = RUNTIME_MARK.len() - 1;
+    let mut window = vec![0u8; MARK_SCAN_CHUNK + overlap];
+    let mut kept = 0;
+    loop {
+        let read = match file.read(&mut window[kept..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let filled = kept + read;
+        if finder.find(&window[..filled]).is_some() {
+            return Ok(true);
+        }
+        kept = overlap.min(filled);
+        window.copy_within(filled - kept..filled, 0);
+    }
+}
+
 pub fn inspect_executable(path: &Path, display_path: &str) -> Result<LinkedRuntime, LibraryError> {
     let io_err = |source| LibraryError::Io { path: display_path.to_string(), source };
     let meta = fs::metadata(path).map_err(io_err)?;
     if meta.len() > MAX_EXE_BYTES {
         return Ok(LinkedRuntime::Absent);
     }
-    let data = fs::read(path).map_err(io_err)?;
-    let file = object::File::parse(&*data)
+    // Only the headers and the symbol table are read, never the whole file.
+    let handle = fs::File::open(path).map_err(io_err)?;
+    let cache = ReadCache::new(handle);
+    let file = object::File::parse(&cache)
         .map_err(|e| LibraryError::NotElf { path: display_path.to_string(), reason: e.to_string() })?;
     if file.symbol_table().is_none() {
-        let stripped = carries_runtime_mark(&data);
+        let mut handle = fs::File::open(path).map_err(io_err)?;
+        let stripped = file_carries_runtime_mark(&mut handle).map_err(io_err)?;
         return Ok(if stripped { LinkedRuntime::Stripped } else { LinkedRuntime::Absent });
     }
     // Undefined references (an executable that calls a runtime file's
@@ -131,6 +163,28 @@ mod tests {
         let me = std::env::current_exe().expect("test binary");
         let found = inspect_executable(&me, "test").expect("an ELF file");
         assert!(matches!(found, LinkedRuntime::Absent), "{found:?}");
+    }
+
+    #[test]
+    fn the_mark_is_found_across_a_chunk_boundary() {
+        // The mark placed at every offset around the first chunk's end,
+        // and at the file's very end.
+        for at in [
+            0,
+            MARK_SCAN_CHUNK - RUNTIME_MARK.len(),
+            MARK_SCAN_CHUNK - 5,
+            MARK_SCAN_CHUNK,
+            2 * MARK_SCAN_CHUNK + 7,
+        ] {
+            let mut data = vec![b'x'; at];
+            data.extend_from_slice(RUNTIME_MARK);
+            let found = file_carries_runtime_mark(&mut &data[..]).expect("read");
+            assert!(found, "mark at {at} not found");
+            // One byte of it changed: not found.
+            let last = data.len() - 1;
+            data[last] = b'?';
+            assert!(!file_carries_runtime_mark(&mut &data[..]).expect("read"), "changed mark at {at} found");
+        }
     }
 
     #[test]

@@ -111,9 +111,13 @@ pub const STRIPPED_RUNTIME: &str =
 /// Opens and inspects one library file.
 pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryError> {
     let io_err = |source| LibraryError::Io { path: display_path.to_string(), source };
-    let meta = fs::metadata(path).map_err(io_err)?;
-    let data = fs::read(path).map_err(io_err)?;
-    let file = object::File::parse(&*data)
+    // Only what is parsed is read (headers, the dynamic symbols and
+    // strings, the dynamic section): a driver library is tens of
+    // megabytes, and the daemon's peak memory must not follow it.
+    let handle = fs::File::open(path).map_err(io_err)?;
+    let meta = handle.metadata().map_err(io_err)?;
+    let cache = object::ReadCache::new(handle);
+    let file = object::File::parse(&cache)
         .map_err(|e| LibraryError::NotElf { path: display_path.to_string(), reason: e.to_string() })?;
 
     let file_name = Path::new(display_path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
@@ -165,11 +169,11 @@ pub fn inspect(path: &Path, display_path: &str) -> Result<GpuLibrary, LibraryErr
     })
 }
 
-fn has_symbol(file: &object::File<'_>, name: &str) -> bool {
+fn has_symbol<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>, name: &str) -> bool {
     file.dynamic_symbols().any(|s| s.name() == Ok(name) && s.is_definition())
 }
 
-fn needs_library(file: &object::File<'_>, prefix: &str) -> bool {
+fn needs_library<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>, prefix: &str) -> bool {
     // object exposes DT_NEEDED only through the ELF-specific API; the
     // imports list carries the library of each imported symbol on ELF files
     // that use symbol versioning, so check both.

@@ -40,9 +40,51 @@ pub struct Published {
 }
 
 /// The exposition in the encoding the client asked for.
-pub struct Body {
-    pub bytes: bytes::Bytes,
-    pub gzip: bool,
+pub enum Body {
+    /// As held, for a client that takes gzip (Prometheus).
+    Gzip(Bytes),
+    /// Text held whole.
+    Text(Bytes),
+    /// The held gzip, unpacked a piece at a time as it is sent: at a
+    /// thousand pods the text is 20 MB, which a `curl` must not make the
+    /// daemon hold.
+    Unpacked(Bytes),
+}
+
+/// Text unpacked per piece sent to a client that takes no gzip.
+const UNPACKED_PIECE: usize = 64 * 1024;
+
+/// The text of a gzip member, in pieces of at most `UNPACKED_PIECE`; it
+/// ends early, logged, if the member is damaged (the daemon's own bytes:
+/// a bug).
+fn unpacked(gzip: Bytes) -> impl Iterator<Item = Bytes> + Send + Sync {
+    use std::io::Read;
+    let mut reader = flate2::read::GzDecoder::new(bytes::Buf::reader(gzip));
+    std::iter::from_fn(move || {
+        let mut piece = vec![0u8; UNPACKED_PIECE];
+        let mut filled = 0;
+        while filled < piece.len() {
+            match reader.read(&mut piece[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("the held exposition does not unpack: {e}");
+                    break;
+                }
+            }
+        }
+        piece.truncate(filled);
+        (filled > 0).then(|| Bytes::from(piece))
+    })
+}
+
+/// The length of a gzip member's text, from its trailer (`ISIZE`, the
+/// length modulo 2^32; an exposition is far below that).
+fn unpacked_length(gzip: &[u8]) -> Option<u64> {
+    // A member has a 10-byte header and an 8-byte trailer at least.
+    let trailer: [u8; 4] = gzip.get(gzip.len().checked_sub(4)?..)?.try_into().ok()?;
+    (gzip.len() >= 18).then(|| u64::from(u32::from_le_bytes(trailer)))
 }
 
 impl Published {
@@ -63,14 +105,14 @@ impl Published {
             // SAFETY: malloc_trim has no preconditions.
             unsafe { libc::malloc_trim(0) };
         }
-        if accepts_gzip {
-            return Body { bytes: self.gzip.clone(), gzip: true };
+        if self.gzip.is_empty() {
+            // The compressor failed (a bug): render the text instead.
+            return Body::Text(self.metrics.render(View::Scrape, 0).into());
         }
-        let mut text = Vec::new();
-        match std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&self.gzip[..]), &mut text) {
-            Ok(_) => Body { bytes: text.into(), gzip: false },
-            // Our own bytes: a failure here is a bug; render the text instead.
-            Err(_) => Body { bytes: self.metrics.render(View::Scrape, 0).into(), gzip: false },
+        if accepts_gzip {
+            Body::Gzip(self.gzip.clone())
+        } else {
+            Body::Unpacked(self.gzip.clone())
         }
     }
 
@@ -139,19 +181,22 @@ async fn exposition(per_pod: bool, gzip: bool, metrics: SharedMetrics) -> Answer
     let rendered = tokio::task::spawn_blocking(move || {
         let mut published = metrics.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if per_pod {
-            Body { bytes: published.per_pod(), gzip: false }
+            Body::Text(published.per_pod())
         } else {
             published.scrape(gzip)
         }
     })
     .await;
     match rendered {
-        Ok(body) => {
-            let mut exposition = answer(StatusCode::OK, EXPOSITION, body.bytes);
-            if body.gzip {
-                exposition.headers_mut().insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            }
+        Ok(Body::Gzip(bytes)) => {
+            let mut exposition = answer(StatusCode::OK, EXPOSITION, bytes);
+            exposition.headers_mut().insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
             exposition
+        }
+        Ok(Body::Text(bytes)) => answer(StatusCode::OK, EXPOSITION, bytes),
+        Ok(Body::Unpacked(gzip)) => {
+            let length = unpacked_length(&gzip);
+            server::answer_in_pieces(StatusCode::OK, EXPOSITION, unpacked(gzip), length)
         }
         Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("rendering failed: {e}\n")),
     }
@@ -169,18 +214,40 @@ mod tests {
         metrics.node.events_lost = 3;
         let text = metrics.render(View::Scrape, 0);
         let mut published = Published::new(metrics);
-        let gzip = published.scrape(true);
-        assert!(gzip.gzip);
-        assert!(gzip.bytes.len() < text.len());
-        let mut unpacked = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gzip.bytes[..]), &mut unpacked)
+        let Body::Gzip(gzip) = published.scrape(true) else { panic!("gzip asked for, not given") };
+        assert!(gzip.len() < text.len());
+        let mut whole = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gzip[..]), &mut whole)
             .expect("valid gzip");
-        assert_eq!(unpacked, text);
-        let plain = published.scrape(false);
-        assert!(!plain.gzip);
-        assert_eq!(&plain.bytes[..], &text[..]);
+        assert_eq!(whole, text);
+        let Body::Unpacked(held) = published.scrape(false) else { panic!("plain text not unpacked") };
+        let pieces: Vec<Bytes> = unpacked(held.clone()).collect();
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(unpacked_length(&held), Some(text.len() as u64));
         // Unchanged: the same bytes, not rendered again.
-        assert_eq!(published.scrape(true).bytes, gzip.bytes);
+        let Body::Gzip(again) = published.scrape(true) else { panic!("gzip asked for, not given") };
+        assert_eq!(again, gzip);
+    }
+
+    #[test]
+    fn a_large_text_is_unpacked_in_bounded_pieces() {
+        // Text of several pieces that compresses well, as an exposition does.
+        let text: Vec<u8> =
+            (0..40_000).flat_map(|i| format!("canaryscope_x{{pod=\"p{i}\"}} {i}\n").into_bytes()).collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &text).expect("compress");
+        let gzip = Bytes::from(gz.finish().expect("compress"));
+        let pieces: Vec<Bytes> = unpacked(gzip.clone()).collect();
+        assert!(pieces.len() > 10, "{} pieces", pieces.len());
+        assert!(pieces.iter().all(|p| p.len() <= UNPACKED_PIECE));
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(unpacked_length(&gzip), Some(text.len() as u64));
+        // A damaged member ends the text early instead of panicking.
+        let mut damaged = gzip.to_vec();
+        let middle = damaged.len() / 2;
+        damaged[middle..].fill(0xff);
+        assert!(unpacked(Bytes::from(damaged)).map(|p| p.len()).sum::<usize>() < text.len());
+        assert_eq!(unpacked_length(b"short"), None);
     }
 
     #[test]

@@ -53,11 +53,66 @@ pub struct Limits {
 /// hyper's smallest read buffer; it holds the head, then the body's chunks.
 const MIN_BUFFER: usize = 8192;
 
-pub type Answer = Response<Full<Bytes>>;
+pub type Answer = Response<AnswerBody>;
+
+/// An answer's body: held whole, or made a piece at a time as the client
+/// reads it, so that a large one (an exposition unpacked for a client
+/// without gzip) never sits in memory whole.
+pub enum AnswerBody {
+    Whole(Full<Bytes>),
+    Pieces { pieces: Box<dyn Iterator<Item = Bytes> + Send + Sync>, length: Option<u64> },
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Self::Whole(full) => std::pin::Pin::new(full).poll_frame(cx),
+            Self::Pieces { pieces, .. } => {
+                std::task::Poll::Ready(pieces.next().map(|piece| Ok(hyper::body::Frame::data(piece))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Whole(full) => full.is_end_stream(),
+            Self::Pieces { .. } => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Self::Whole(full) => full.size_hint(),
+            Self::Pieces { length: Some(length), .. } => hyper::body::SizeHint::with_exact(*length),
+            Self::Pieces { length: None, .. } => hyper::body::SizeHint::default(),
+        }
+    }
+}
 
 /// An answer of `status` with `body` as `content_type`.
 pub fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
-    let mut answer = Response::new(Full::new(body.into()));
+    with_body(status, content_type, AnswerBody::Whole(Full::new(body.into())))
+}
+
+/// An answer of `status` whose body comes in `pieces`; `length`, where
+/// known, is their total, sent as the `Content-Length` (chunked otherwise).
+pub fn answer_in_pieces(
+    status: StatusCode,
+    content_type: &'static str,
+    pieces: impl Iterator<Item = Bytes> + Send + Sync + 'static,
+    length: Option<u64>,
+) -> Answer {
+    with_body(status, content_type, AnswerBody::Pieces { pieces: Box::new(pieces), length })
+}
+
+fn with_body(status: StatusCode, content_type: &'static str, body: AnswerBody) -> Answer {
+    let mut answer = Response::new(body);
     *answer.status_mut() = status;
     answer.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     answer
