@@ -29,7 +29,7 @@ use super::{
     cgroups::own_cgroup,
     daemon::{metric_sum, Daemon},
     div,
-    empty_skb::EmptySkbPair,
+    empty_skb::{SkbBody, SkbPair},
     process::process_cpu_ms,
     rounds::{Config, Rounds},
     step, Env, Plan, Row, Target,
@@ -46,6 +46,9 @@ pub(super) enum Tool {
     Bare,
     /// Empty programs on the hooks, no daemon.
     Floor,
+    /// Programs that read the clock and nothing else, no daemon: less than
+    /// any hook that times requests does.
+    Least,
     WithoutHooks,
     WithHooks,
 }
@@ -66,6 +69,8 @@ impl Config for HttpCfg {
             HttpCfg(Tool::Bare, Place::System) => "bare/system",
             HttpCfg(Tool::Floor, Place::Pod) => "floor/pod",
             HttpCfg(Tool::Floor, Place::System) => "floor/system",
+            HttpCfg(Tool::Least, Place::Pod) => "least/pod",
+            HttpCfg(Tool::Least, Place::System) => "least/system",
             HttpCfg(Tool::WithoutHooks, Place::Pod) => "no-http/pod",
             HttpCfg(Tool::WithoutHooks, Place::System) => "no-http/system",
             HttpCfg(Tool::WithHooks, Place::Pod) => "http/pod",
@@ -206,13 +211,14 @@ impl Setup<'_> {
         let server = Nginx::start(&self.dir, procs, port)?;
         // Only in the pod's cgroup, where the daemon attaches its hooks.
         let floor = match cfg {
-            HttpCfg(Tool::Floor, Place::Pod) => Some(EmptySkbPair::attach(&self.pod_dir)?),
+            HttpCfg(Tool::Floor, Place::Pod) => Some(SkbPair::attach(&self.pod_dir, SkbBody::Empty)?),
+            HttpCfg(Tool::Least, Place::Pod) => Some(SkbPair::attach(&self.pod_dir, SkbBody::Clock)?),
             _ => None,
         };
         let probes = match tool {
             Tool::WithoutHooks => Some("gpu,kfd,cpu,exits"),
             Tool::WithHooks => Some("gpu,kfd,cpu,exits,http"),
-            Tool::Bare | Tool::Floor => None,
+            Tool::Bare | Tool::Floor | Tool::Least => None,
         };
         let daemon = match probes {
             Some(p) => Some(Daemon::start(
@@ -235,7 +241,7 @@ impl Setup<'_> {
         }
         // The programs' own time, from a run of its own: the statistics
         // add clock reads to every program run.
-        let profiled = matches!(cfg, HttpCfg(Tool::WithHooks | Tool::Floor, Place::Pod));
+        let profiled = matches!(cfg, HttpCfg(Tool::WithHooks | Tool::Floor | Tool::Least, Place::Pod));
         if last && profiled {
             let pid = daemon.as_ref().map_or(std::process::id(), Daemon::pid);
             let mut requests = 0.0;
@@ -278,6 +284,7 @@ pub(super) fn http_case(env: &Env, plan: &Plan, out: &mut Vec<Row>) -> Result<()
         .flat_map(|t| [HttpCfg(*t, Place::Pod), HttpCfg(*t, Place::System)])
         .collect();
     configs.push(HttpCfg(Tool::Floor, Place::Pod));
+    configs.push(HttpCfg(Tool::Least, Place::Pod));
     step(&format!(
         "http_overhead: nginx under wrk for {secs} s, in a followed and an unfollowed cgroup, and under \
          empty programs on the followed one's hooks, {rounds} rounds"
