@@ -88,6 +88,18 @@ pub const SERIES_OVERFLOW: MetricDecl = decl(
 pub const TRACKED_CGROUPS: MetricDecl =
     decl("tracked_cgroups", "Cgroups with series on this node.", Gauge, Node, &[]);
 
+/// One answer per label set: two files can share a path (two containers'
+/// images, a process in another root), each with a status of its own, and
+/// an exposition must not hold two samples with one label set. A label
+/// set is attached only if every probe under it is.
+fn probes_by_label(probes: &[ProbeStatus]) -> BTreeMap<(&'static str, &str), bool> {
+    let mut by_label: BTreeMap<(&'static str, &str), bool> = BTreeMap::new();
+    for p in probes {
+        *by_label.entry((p.probe, p.target.as_str())).or_insert(true) &= p.attached;
+    }
+    by_label
+}
+
 #[derive(Default, PartialEq)]
 pub struct NodeState {
     pub probes: Vec<ProbeStatus>,
@@ -104,8 +116,8 @@ pub struct NodeState {
 
 impl NodeState {
     pub fn render(&self, fams: &mut FamilySet, series: &Series) {
-        for p in &self.probes {
-            fams.get(&PROBE_ATTACHED).value(&[p.probe, &p.target], if p.attached { 1.0 } else { 0.0 });
+        for ((probe, target), attached) in probes_by_label(&self.probes) {
+            fams.get(&PROBE_ATTACHED).value(&[probe, target], if attached { 1.0 } else { 0.0 });
         }
         // The daemon's two reasons always have a series, so a rule can
         // tell "none selected" from "not exported".

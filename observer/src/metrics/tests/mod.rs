@@ -132,6 +132,28 @@ fn label_values_are_escaped() {
     assert!(text.contains(r#"workload="a\"b\\c\nd""#), "{text}");
 }
 
+#[test]
+fn two_files_at_one_path_give_one_probe_sample() {
+    // The same path in two roots: two files, two statuses, one label set.
+    let status = |attached| ProbeStatus {
+        probe: "gpu",
+        target: "/lib/x86_64-linux-gnu/libamdhip64.so.5".into(),
+        attached,
+        detail: String::new(),
+    };
+    for (statuses, want) in
+        [(vec![status(true), status(true)], "1"), (vec![status(true), status(false)], "0")]
+    {
+        let mut m = Metrics::new(10);
+        m.node.probes = statuses;
+        let text = m.render_text();
+        let samples: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("canaryscope_probe_attached{")).collect();
+        assert_eq!(samples.len(), 1, "{text}");
+        assert!(samples[0].ends_with(&format!(" {want}")), "{samples:?}");
+    }
+}
+
 /// A gigabyte left on GPU 48879 by a process that held two and faulted.
 fn stranded(attributed: bool) -> Detail {
     Detail::GpuVramStranded {
