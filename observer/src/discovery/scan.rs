@@ -28,23 +28,29 @@ pub fn host_libraries() -> Vec<PathBuf> {
     out
 }
 
-/// GPU libraries mapped by one process, as (path to open, path it sees).
+/// A process's maps, as text; empty once it has exited. Any file name may
+/// be mapped, UTF-8 or not; the libraries looked for have ASCII names, so a
+/// lossy view loses none of them.
+pub fn read_maps(pid: u32) -> String {
+    match fs::read(format!("/proc/{pid}/maps")) {
+        Ok(maps) => {
+            String::from_utf8(maps).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// GPU libraries mapped by one process (`maps`, from [`read_maps`]), as
+/// (path to open, path it sees).
 ///
 /// The file is reached through /proc/PID/root, so a container's own copy is
 /// found with the path the container uses. When that path no longer leads
 /// to the mapped file (unlinked or replaced since it was mapped), the
 /// mapping itself is opened through /proc/PID/map_files, which needs
 /// CAP_SYS_ADMIN; without it such a library is skipped.
-pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
-    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
-        // The process exited between the event and this scan.
-        return Vec::new();
-    };
-    // Any file name may be mapped, UTF-8 or not; the libraries we look for
-    // have ASCII names, so a lossy view loses none of them.
-    let maps = String::from_utf8_lossy(&maps);
+pub fn process_libraries(pid: u32, maps: &str) -> Vec<(PathBuf, String)> {
     let mut out: Vec<(PathBuf, String)> = Vec::new();
-    for mapping in file_mappings(&maps) {
+    for mapping in file_mappings(maps) {
         let path = mapping.file_path();
         let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if candidate_api(name).is_none() || out.iter().any(|(_, p)| p == path) {
@@ -59,13 +65,9 @@ pub fn process_libraries(pid: u32) -> Vec<(PathBuf, String)> {
 /// that is neither named like a GPU runtime (those are [`process_libraries`])
 /// nor the process's executable, as (path to open, path it sees), each
 /// once. A runtime linked into one of them is found by its symbol table.
-pub fn process_code_objects(pid: u32) -> Vec<(PathBuf, String)> {
+pub fn process_code_objects(pid: u32, maps: &str) -> Vec<(PathBuf, String)> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(maps) = fs::read(format!("/proc/{pid}/maps")) else {
-        return Vec::new();
-    };
     let exe = fs::metadata(format!("/proc/{pid}/exe")).map(|m| m.ino()).ok();
-    let maps = String::from_utf8_lossy(&maps);
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for mapping in maps.lines().filter_map(crate::procfs::parse_line) {

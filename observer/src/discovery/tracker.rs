@@ -12,7 +12,7 @@ use std::{
 use log::{debug, warn};
 use observer_common::{
     comm_str,
-    discovery::{is_gpu_library_name, GpuFileKey, GpuMapEvent, MAP_SCAN_DELAY_MS},
+    discovery::{is_gpu_library_name, GpuFileKey, GpuMapEvent},
     EventHeader,
 };
 
@@ -20,7 +20,7 @@ use super::{
     ahead::{self, AheadOfTime},
     hold::Hold,
     hot::{process_cgroup, Candidate, ExitWatch, HotCounts, KernelScope, Policy, Reason, Selection},
-    scan::process_libraries,
+    scan::{process_libraries, read_maps},
 };
 use crate::{
     gpu_library::{self, FileId, Flavor, GpuLibrary},
@@ -33,6 +33,7 @@ use crate::{
 mod hot_scopes;
 mod linked;
 mod loaders;
+mod pending;
 
 /// How often probed library files are checked for deletion.
 const RETIRE_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -66,13 +67,6 @@ enum Scan<'a> {
     CodeMapped { header: &'a EventHeader, second_look: bool },
     /// The kernel reported its mapping of a runtime file.
     GpuMapped(&'a EventHeader),
-}
-
-/// A process whose maps are read once its loader is likely done.
-struct PendingScan {
-    due: Instant,
-    header: EventHeader,
-    second_look: bool,
 }
 
 /// Whether a scan leaves a runtime file it found to the kernel's report of
@@ -118,7 +112,7 @@ pub struct LibraryTracker {
     /// ([`linked`]).
     executables_read: HashSet<FileId>,
     /// Processes whose maps are read once their loader is likely done.
-    pending_scans: Vec<PendingScan>,
+    pending_scans: pending::PendingScans,
     /// The loader libraries probed at `dlopen` ([`loaders`]).
     loaders: crate::probes::library_load::LoaderProbes,
     /// The kernel side reports mappings of runtime files by name (see
@@ -165,7 +159,7 @@ impl LibraryTracker {
             ahead: AheadOfTime::default(),
             rejected: HashMap::new(),
             executables_read: HashSet::new(),
-            pending_scans: Vec::new(),
+            pending_scans: Default::default(),
             loaders: Default::default(),
             kernel_names_mappings: false,
             last_retire_check: Instant::now(),
@@ -271,15 +265,9 @@ impl LibraryTracker {
         self.scan_later(*header, false);
     }
 
-    /// One pending scan per process and kind: a second look must not turn
-    /// a first look at newer mappings into one that probes what the
-    /// kernel is about to report.
+    /// Folds into the process's pending read of that kind ([`pending`]).
     fn scan_later(&mut self, header: EventHeader, second_look: bool) {
-        if self.pending_scans.iter().any(|p| p.header.pid == header.pid && p.second_look == second_look) {
-            return;
-        }
-        let due = Instant::now() + Duration::from_millis(MAP_SCAN_DELAY_MS);
-        self.pending_scans.push(PendingScan { due, header, second_look });
+        self.pending_scans.note(header, second_look, Instant::now());
     }
 
     /// A program was exec'd: probe what its loader could find before it runs.
@@ -373,12 +361,9 @@ impl LibraryTracker {
     /// Due map scans, expired holds, and every few seconds the retirement
     /// of deleted library files.
     pub fn housekeeping(&mut self, kernel: &mut Loaded) {
-        let now = Instant::now();
-        let (due, later): (Vec<PendingScan>, Vec<PendingScan>) =
-            std::mem::take(&mut self.pending_scans).into_iter().partition(|p| p.due <= now);
-        self.pending_scans = later;
-        for PendingScan { header, second_look, .. } in due {
-            self.scan_process(kernel, header.pid, Scan::CodeMapped { header: &header, second_look });
+        for pending in self.pending_scans.take_due(Instant::now()) {
+            let scan = Scan::CodeMapped { header: &pending.header, second_look: pending.second_look };
+            self.scan_process(kernel, pending.header.pid, scan);
         }
         if self.reselect_now || self.last_reselect.elapsed() >= RESELECT_EVERY {
             self.reselect(kernel);
@@ -422,9 +407,13 @@ impl LibraryTracker {
             }
             Scan::GpuMapped(header) => (format!("mapped by {}[{pid}]", comm_str(&header.comm)), Some(header)),
         };
+        // Read once for every look below: a process that maps hundreds of
+        // objects has thousands of lines, and each read holds its mapping
+        // lock against its own mmap calls.
+        let maps = read_maps(pid);
         let mut probed = BTreeSet::new();
         let mut left = false;
-        for (path, display) in process_libraries(pid) {
+        for (path, display) in process_libraries(pid, &maps) {
             if leave_to_kernel_report(scan, self.kernel_names_mappings, self.is_known(&path)) {
                 debug!("{display}: left to the kernel's report of its mapping by pid {pid}");
                 left = true;
@@ -440,9 +429,9 @@ impl LibraryTracker {
         if let Some(executable) = self.consider_linked_runtime(kernel, pid, &probed, origin) {
             probed.insert(executable);
         }
-        let linked = self.consider_linked_objects(kernel, pid, &probed, origin);
+        let linked = self.consider_linked_objects(kernel, pid, &maps, &probed, origin);
         probed.extend(linked);
-        self.watch_loaders(kernel, pid);
+        self.watch_loaders(kernel, pid, &maps);
         if !probed.is_empty() {
             self.register(pid, probed);
             self.apply(kernel, pid, Instant::now());

@@ -71,6 +71,7 @@ impl LibraryTracker {
         &mut self,
         kernel: &mut Loaded,
         pid: u32,
+        maps: &str,
         mapped: &BTreeSet<FileId>,
         origin: Option<&EventHeader>,
     ) -> Vec<FileId> {
@@ -80,7 +81,7 @@ impl LibraryTracker {
         let who =
             origin.map(|h| format!("{}[{pid}]", comm_str(&h.comm))).unwrap_or_else(|| format!("pid {pid}"));
         let mut probed = Vec::new();
-        for (path, display) in process_code_objects(pid) {
+        for (path, display) in process_code_objects(pid, maps) {
             if let Some(id) = self.probe_object(kernel, path, display, &who, origin) {
                 probed.push(id);
             }

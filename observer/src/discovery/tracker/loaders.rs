@@ -17,10 +17,8 @@ use crate::{
 
 impl LibraryTracker {
     /// Probes the loader libraries `pid` maps that are not probed yet.
-    pub(super) fn watch_loaders(&mut self, kernel: &mut Loaded, pid: u32) {
-        let Ok(maps) = std::fs::read(format!("/proc/{pid}/maps")) else { return };
-        let maps = String::from_utf8_lossy(&maps);
-        for mapping in file_mappings(&maps) {
+    pub(super) fn watch_loaders(&mut self, kernel: &mut Loaded, pid: u32, maps: &str) {
+        for mapping in file_mappings(maps) {
             let path = mapping.file_path();
             if !is_loader_library(path.rsplit('/').next().unwrap_or_default()) {
                 continue;
