@@ -46,6 +46,9 @@ pub(super) const STOP_FLOOD_CGROUP: &str = "canaryscope-bench-stop-flood";
 /// is, given to the daemon with `--cgroup`), one not (a system service's).
 pub(super) const SCHED_POD_CGROUP: &str = "canaryscope-bench-sched-pod";
 pub(super) const SCHED_SYSTEM_CGROUP: &str = "canaryscope-bench-sched-system";
+/// The HTTP bench's two placements: followed as a pod's, and not.
+pub(super) const HTTP_POD_CGROUP: &str = "canaryscope-bench-http-pod";
+pub(super) const HTTP_SYSTEM_CGROUP: &str = "canaryscope-bench-http-system";
 
 /// Removes a cgroup directory tree (children first), killing stray
 /// processes left in it and retrying while exiting ones still hold it.
@@ -91,8 +94,8 @@ pub(super) fn cleanup_stale_cgroups() {
             STOP_FLOOD_CGROUP.to_string(),
             SCHED_POD_CGROUP.to_string(),
             SCHED_SYSTEM_CGROUP.to_string(),
-            super::http::HTTP_POD_CGROUP.to_string(),
-            super::http::HTTP_SYSTEM_CGROUP.to_string(),
+            HTTP_POD_CGROUP.to_string(),
+            HTTP_SYSTEM_CGROUP.to_string(),
         ];
         for name in names {
             let dir = base.join(name);

@@ -25,59 +25,18 @@ use std::{
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::{
-    bpf_stats::{program_runs, ProgRuns},
-    cgroups::own_cgroup,
+    bpf_stats::program_runs,
+    cgroups::{own_cgroup, HTTP_POD_CGROUP, HTTP_SYSTEM_CGROUP},
     daemon::{metric_sum, Daemon},
     div,
     empty_skb::{SkbBody, SkbPair},
+    http_config::{Gathered, HttpCfg, Place, Tool},
     process::process_cpu_ms,
-    rounds::{Config, Rounds},
+    rounds::Rounds,
     step, Env, Plan, Row, Target,
 };
 
 const SIGQUIT: i32 = 3;
-
-/// The two placements: followed as a pod's, and not.
-pub(super) const HTTP_POD_CGROUP: &str = "canaryscope-bench-http-pod";
-pub(super) const HTTP_SYSTEM_CGROUP: &str = "canaryscope-bench-http-system";
-
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub(super) enum Tool {
-    Bare,
-    /// Empty programs on the hooks, no daemon.
-    Floor,
-    /// Programs that read the clock and nothing else, no daemon: less than
-    /// any hook that times requests does.
-    Least,
-    WithoutHooks,
-    WithHooks,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub(super) enum Place {
-    Pod,
-    System,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub(super) struct HttpCfg(pub(super) Tool, pub(super) Place);
-
-impl Config for HttpCfg {
-    fn label(self) -> &'static str {
-        match self {
-            HttpCfg(Tool::Bare, Place::Pod) => "bare/pod",
-            HttpCfg(Tool::Bare, Place::System) => "bare/system",
-            HttpCfg(Tool::Floor, Place::Pod) => "floor/pod",
-            HttpCfg(Tool::Floor, Place::System) => "floor/system",
-            HttpCfg(Tool::Least, Place::Pod) => "least/pod",
-            HttpCfg(Tool::Least, Place::System) => "least/system",
-            HttpCfg(Tool::WithoutHooks, Place::Pod) => "no-http/pod",
-            HttpCfg(Tool::WithoutHooks, Place::System) => "no-http/system",
-            HttpCfg(Tool::WithHooks, Place::Pod) => "http/pod",
-            HttpCfg(Tool::WithHooks, Place::System) => "http/system",
-        }
-    }
-}
 
 /// nginx answering on `port`, its master put in the cgroup of `procs`
 /// before it forks its worker; stopped when dropped.
@@ -185,21 +144,6 @@ struct Setup<'a> {
     pod_rel: String,
     system_procs: PathBuf,
     secs: u64,
-}
-
-/// What the rounds gather beside the CPU figure, per configuration.
-#[derive(Default)]
-pub(super) struct Gathered {
-    p99s: BTreeMap<HttpCfg, Vec<f64>>,
-    rates: BTreeMap<HttpCfg, Vec<f64>>,
-    /// Segments the kernel had no ring room for, summed over the runs with
-    /// the hooks (the daemon's own counter): a ring drained too late.
-    segments_lost: BTreeMap<HttpCfg, f64>,
-    /// The daemon's own CPU (user and system), ns per request.
-    pub(super) daemon_cpu: BTreeMap<HttpCfg, Vec<f64>>,
-    /// The programs' runs in a run of their own with the statistics on,
-    /// and the requests of that run (the last round only).
-    pub(super) programs: BTreeMap<HttpCfg, (Vec<ProgRuns>, f64)>,
 }
 
 impl Setup<'_> {

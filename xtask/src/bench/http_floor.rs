@@ -15,7 +15,7 @@
 //!   the caches the copies evict, and the run's noise.
 use super::{
     empty_skb::SkbBody,
-    http::{Gathered, HttpCfg, Place, Tool},
+    http_config::{Gathered, HttpCfg, Place, Tool},
     median,
     rounds::Rounds,
     Row, Target,

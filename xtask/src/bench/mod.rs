@@ -87,6 +87,7 @@ mod first_call;
 mod footprint;
 mod gpu_calls;
 mod http;
+mod http_config;
 mod http_floor;
 mod judge;
 mod launch_loop;
