@@ -93,12 +93,20 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Reads pending after events of (pid, second look, ms after the start).
+    fn after(events: &[(u32, bool, u64)]) -> (Instant, PendingScans) {
+        let t0 = Instant::now();
+        let mut pending = PendingScans::default();
+        for &(pid, second_look, at) in events {
+            pending.note(header(pid), second_look, t0 + ms(at));
+        }
+        (t0, pending)
+    }
+
     /// A lone burst is read one delay after its event, as before.
     #[test]
     fn a_single_event_is_read_one_delay_later() {
-        let t0 = Instant::now();
-        let mut pending = PendingScans::default();
-        pending.note(header(7), false, t0);
+        let (t0, mut pending) = after(&[(7, false, 0)]);
         assert!(pending.take_due(t0 + ms(99)).is_empty());
         let due = pending.take_due(t0 + ms(100));
         assert_eq!(due.len(), 1);
@@ -109,10 +117,7 @@ mod tests {
     /// window: a mapping made there would come after a read at the old time.
     #[test]
     fn a_later_event_moves_the_read_past_its_window() {
-        let t0 = Instant::now();
-        let mut pending = PendingScans::default();
-        pending.note(header(7), false, t0);
-        pending.note(header(7), false, t0 + ms(60));
+        let (t0, mut pending) = after(&[(7, false, 0), (7, false, 60)]);
         assert!(pending.take_due(t0 + ms(100)).is_empty());
         assert_eq!(pending.take_due(t0 + ms(160)).len(), 1);
         assert!(pending.due_of(7).is_empty());
@@ -148,11 +153,8 @@ mod tests {
     /// no event of its own.
     #[test]
     fn a_read_cut_short_is_followed_up() {
-        let t0 = Instant::now();
-        let mut pending = PendingScans::default();
-        for n in 0..=20 {
-            pending.note(header(7), false, t0 + ms(50 * n));
-        }
+        let every_50_ms: Vec<(u32, bool, u64)> = (0..=20).map(|n| (7, false, 50 * n)).collect();
+        let (t0, mut pending) = after(&every_50_ms);
         assert_eq!(pending.take_due(t0 + MAX_SCAN_WAIT).len(), 1);
         assert_eq!(pending.due_of(7), vec![t0 + ms(1000) + SCAN_DELAY]);
         assert_eq!(pending.take_due(t0 + ms(1100)).len(), 1);
@@ -162,11 +164,7 @@ mod tests {
     /// Processes and kinds are read apart.
     #[test]
     fn each_process_and_kind_has_its_own_read() {
-        let t0 = Instant::now();
-        let mut pending = PendingScans::default();
-        pending.note(header(7), false, t0);
-        pending.note(header(8), false, t0 + ms(30));
-        pending.note(header(7), true, t0 + ms(40));
+        let (t0, mut pending) = after(&[(7, false, 0), (8, false, 30), (7, true, 40)]);
         assert_eq!(pending.take_due(t0 + ms(100)).len(), 1);
         assert_eq!(pending.take_due(t0 + ms(140)).len(), 2);
     }
